@@ -1,0 +1,214 @@
+// attention.wgsl: causal grouped-query attention over the KV cache without a
+// score matrix, split over key chunks (flash-decoding style) and merged.
+//
+// Every entry point works in key chunks of CHUNK cache slots, for two reasons:
+// long contexts get parallelism across workgroups, and no invocation runs more
+// than ~20k loop iterations (lavapipe silently stops a shader invocation after
+// 65535 loop iterations in total; see docs/ARCHITECTURE.md).
+//
+//   prefill_partial  many queries: invocation = one query row of one head; it
+//                    streams the chunk's keys with an online softmax (running
+//                    max, running sum, rescaled accumulator, in tiles of BK keys).
+//                    Dispatch (ceil(n_tokens / 64), n_heads, n_chunks).
+//   decode_partial   one query: workgroup = one KV head x one chunk; it scores all
+//                    query heads of the KV group against the chunk (keys read once
+//                    per group). Dispatch (n_chunks, n_kv, 1).
+//   merge            combines the chunks of each (query, head).
+//                    Dispatch (n_tokens, n_heads, 1), 32 invocations each.
+// n_chunks = ceil((step.start_slot + step.n_tokens) / CHUNK).
+// Query t of the step sits in slot step.start_slot + t and attends slots 0 ..= that slot.
+//
+// Bindings (group 0), all entry points:
+//   0 step  uniform Step
+//   1 p     uniform AttnParams
+//   2 q     storage read  [n_tokens, n_heads * head_dim/4] vec4<f32> (after RoPE)
+//   3 kc    storage read  [slots, n_kv * head_dim/4] vec4<f32>
+//   4 vc    storage read  [slots, n_kv * head_dim/4] vec4<f32>
+//   5 part  storage rw    [n_tokens, n_heads, n_chunks, head_dim/4 + 1] vec4<f32>
+//                         (accumulator, then (max, sum, 0, 0))
+//   6 out   storage rw    [n_tokens, n_heads * head_dim/4] vec4<f32>
+//   7 lse   storage rw    [n_tokens, n_heads] f32  log-sum-exp of the scaled scores
+// Limits: head_dim <= 128 (a multiple of 4), n_heads / n_kv <= 8.
+// Workgroup memory: 12 KiB (decode_partial).
+struct AttnParams {
+    n_heads: u32,
+    n_kv: u32,
+    hd4: u32,
+    scale: f32,
+}
+
+@group(0) @binding(0) var<uniform> step: Step;
+@group(0) @binding(1) var<uniform> p: AttnParams;
+@group(0) @binding(2) var<storage, read> q: array<vec4<f32>>;
+@group(0) @binding(3) var<storage, read> kc: array<vec4<f32>>;
+@group(0) @binding(4) var<storage, read> vc: array<vec4<f32>>;
+@group(0) @binding(5) var<storage, read_write> part: array<vec4<f32>>;
+@group(0) @binding(6) var<storage, read_write> out: array<vec4<f32>>;
+@group(0) @binding(7) var<storage, read_write> lse: array<f32>;
+
+const CHUNK: u32 = 256u;
+const BK: u32 = 16u;
+const HD4_MAX: u32 = 32u;
+const GMAX: u32 = 8u;
+const NEG: f32 = -3.0e38;
+
+fn n_chunks() -> u32 {
+    return (step.start_slot + step.n_tokens + CHUNK - 1u) / CHUNK;
+}
+
+// Index of the (max, sum) entry of query t, head h, chunk c in `part`.
+fn part_base(t: u32, h: u32, c: u32) -> u32 {
+    return ((t * p.n_heads + h) * n_chunks() + c) * (p.hd4 + 1u);
+}
+
+@compute @workgroup_size(64)
+fn prefill_partial(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let t = wid.x * 64u + lid;
+    let h = wid.y;
+    let c = wid.z;
+    if (t >= step.n_tokens) {
+        return;
+    }
+    let kvh = h / (p.n_heads / p.n_kv);
+    let hd4 = p.hd4;
+    let kv_stride = p.n_kv * hd4;
+    let last_slot = step.start_slot + t;
+    let k_begin = c * CHUNK;
+    let k_end = min(k_begin + CHUNK, last_slot + 1u);
+    let base = part_base(t, h, c);
+
+    var qv: array<vec4<f32>, HD4_MAX>;
+    var acc: array<vec4<f32>, HD4_MAX>;
+    let qbase = (t * p.n_heads + h) * hd4;
+    for (var d = 0u; d < hd4; d++) {
+        qv[d] = q[qbase + d] * p.scale;
+        acc[d] = vec4<f32>(0.0);
+    }
+    var m = NEG;
+    var l = 0.0;
+    for (var k0 = k_begin; k0 < k_end; k0 += BK) {
+        let n = min(BK, k_end - k0);
+        var s: array<f32, BK>;
+        var tile_max = NEG;
+        for (var j = 0u; j < n; j++) {
+            let kb = (k0 + j) * kv_stride + kvh * hd4;
+            var dotv = 0.0;
+            for (var d = 0u; d < hd4; d++) {
+                dotv += dot(qv[d], kc[kb + d]);
+            }
+            s[j] = dotv;
+            tile_max = max(tile_max, dotv);
+        }
+        let m_new = max(m, tile_max);
+        let corr = exp(m - m_new);
+        l *= corr;
+        for (var d = 0u; d < hd4; d++) {
+            acc[d] *= corr;
+        }
+        for (var j = 0u; j < n; j++) {
+            let pj = exp(s[j] - m_new);
+            l += pj;
+            let vb = (k0 + j) * kv_stride + kvh * hd4;
+            for (var d = 0u; d < hd4; d++) {
+                acc[d] += pj * vc[vb + d];
+            }
+        }
+        m = m_new;
+    }
+    // A chunk entirely after this query's slot leaves (NEG, 0): it adds nothing.
+    for (var d = 0u; d < hd4; d++) {
+        part[base + d] = acc[d];
+    }
+    part[base + hd4] = vec4<f32>(m, l, 0.0, 0.0);
+}
+
+var<workgroup> qs: array<vec4<f32>, 256>;  // GMAX * HD4_MAX
+var<workgroup> sc: array<f32, 2048>;       // GMAX * CHUNK
+var<workgroup> ml: array<vec2<f32>, GMAX>;
+
+@compute @workgroup_size(64)
+fn decode_partial(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let c = wid.x;
+    let kvh = wid.y;
+    let g_n = p.n_heads / p.n_kv;
+    let hd4 = p.hd4;
+    let kv_stride = p.n_kv * hd4;
+    let n_keys = step.start_slot + 1u;
+    let k0 = c * CHUNK;
+
+    for (var i = lid; i < g_n * hd4; i += 64u) {
+        qs[i] = q[kvh * g_n * hd4 + i] * p.scale;
+    }
+    workgroupBarrier();
+    for (var j = lid; j < CHUNK; j += 64u) {
+        let slot = k0 + j;
+        for (var g = 0u; g < g_n; g++) {
+            var v = NEG;
+            if (slot < n_keys) {
+                var dotv = 0.0;
+                let kb = slot * kv_stride + kvh * hd4;
+                for (var d = 0u; d < hd4; d++) {
+                    dotv += dot(qs[g * hd4 + d], kc[kb + d]);
+                }
+                v = dotv;
+            }
+            sc[g * CHUNK + j] = v;
+        }
+    }
+    workgroupBarrier();
+    if (lid < g_n) {
+        var m = NEG;
+        for (var j = 0u; j < CHUNK; j++) {
+            m = max(m, sc[lid * CHUNK + j]);
+        }
+        var l = 0.0;
+        for (var j = 0u; j < CHUNK; j++) {
+            let e = exp(sc[lid * CHUNK + j] - m);
+            sc[lid * CHUNK + j] = e;
+            l += e;
+        }
+        ml[lid] = vec2<f32>(m, l);
+    }
+    workgroupBarrier();
+    let n_valid = min(CHUNK, n_keys - k0);
+    for (var i = lid; i < g_n * hd4; i += 64u) {
+        let g = i / hd4;
+        let d = i % hd4;
+        var a = vec4<f32>(0.0);
+        for (var j = 0u; j < n_valid; j++) {
+            a += sc[g * CHUNK + j] * vc[(k0 + j) * kv_stride + kvh * hd4 + d];
+        }
+        part[part_base(0u, kvh * g_n + g, c) + d] = a;
+    }
+    if (lid < g_n) {
+        part[part_base(0u, kvh * g_n + lid, c) + hd4] = vec4<f32>(ml[lid].x, ml[lid].y, 0.0, 0.0);
+    }
+}
+
+@compute @workgroup_size(32)
+fn merge(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let t = wid.x;
+    let h = wid.y;
+    let hd4 = p.hd4;
+    let nc = n_chunks();
+    var m = NEG;
+    for (var c = 0u; c < nc; c++) {
+        m = max(m, part[part_base(t, h, c) + hd4].x);
+    }
+    var l = 0.0;
+    for (var c = 0u; c < nc; c++) {
+        let s = part[part_base(t, h, c) + hd4];
+        l += s.y * exp(s.x - m);
+    }
+    for (var d = lid; d < hd4; d += 32u) {
+        var a = vec4<f32>(0.0);
+        for (var c = 0u; c < nc; c++) {
+            let b = part_base(t, h, c);
+            a += part[b + d] * exp(part[b + hd4].x - m);
+        }
+        out[(t * p.n_heads + h) * hd4 + d] = a / l;
+    }
+    if (lid == 0u) {
+        lse[t * p.n_heads + h] = m + log(l);
+    }
+}

@@ -1,0 +1,22 @@
+// common.wgsl: prepended to every kernel (see src/shaders.rs).
+//
+// `Step` is the per-forward-step uniform shared by all kernels of one submission:
+//   n_tokens   tokens processed in this step (prefill chunk length, 1 when decoding)
+//   start_slot cache slot of the first of those tokens (= entries cached before the step)
+//   logit_row0 first row (within the step) whose logits are computed
+//   n_logits   number of rows whose logits are computed
+struct Step {
+    n_tokens: u32,
+    start_slot: u32,
+    logit_row0: u32,
+    n_logits: u32,
+}
+
+// Kernels that can run on either all step rows or only the logit rows select
+// their row count with a `count_sel` parameter: 0 = n_tokens, 1 = n_logits.
+fn step_rows(s: Step, count_sel: u32) -> u32 {
+    if (count_sel == 1u) {
+        return s.n_logits;
+    }
+    return s.n_tokens;
+}

@@ -1,0 +1,120 @@
+// matmul.wgsl: y[t, c0 + r] (+)= sum_k W[r, k] * x[t, k] + bias[c0 + r]
+// (needs a weight-format prelude). W is one row part of a [out, in] weight
+// (nn.Linear layout); a weight too large for one binding is split into row
+// parts and launched once per part with its own c0.
+//
+// Bindings (group 0):
+//   0 step  uniform Step
+//   1 p     uniform MatmulParams
+//   2 w     storage read  [rows, k/4] WPacked
+//   3 bias  storage read  [out_stride] f32   (a dummy when flags bit 1 is clear)
+//   4 x     storage read  [n, k/4] vec4<f32>
+//   5 y     storage rw    [n, out_stride] f32
+// n = step_rows(step, p.count_sel).
+// Entry points and dispatch:
+//   matmul: 4 rows x 4 tokens per invocation, for prefill.
+//           Dispatch (ceil(ceil(rows/4) / 64), ceil(n/4), 1).
+//   matvec: 1 row x 1 token per invocation, for decode (n = 1).
+//           Dispatch (ceil(rows / 64), n, 1).
+// flags: bit 0 adds into y (residual connection fused), bit 1 adds the bias.
+struct MatmulParams {
+    rows: u32,
+    k4: u32,
+    col0: u32,
+    out_stride: u32,
+    flags: u32,
+    count_sel: u32,
+    _p0: u32,
+    _p1: u32,
+}
+
+@group(0) @binding(0) var<uniform> step: Step;
+@group(0) @binding(1) var<uniform> p: MatmulParams;
+@group(0) @binding(2) var<storage, read> w: array<WPacked>;
+@group(0) @binding(3) var<storage, read> bias: array<f32>;
+@group(0) @binding(4) var<storage, read> x: array<vec4<f32>>;
+@group(0) @binding(5) var<storage, read_write> y: array<f32>;
+
+fn store(t: u32, r: u32, v: f32) {
+    let col = p.col0 + r;
+    var val = v;
+    if ((p.flags & 2u) != 0u) {
+        val += bias[col];
+    }
+    let idx = t * p.out_stride + col;
+    if ((p.flags & 1u) != 0u) {
+        val += y[idx];
+    }
+    y[idx] = val;
+}
+
+@compute @workgroup_size(64)
+fn matmul(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let r0 = gid.x * 4u;
+    let t0 = gid.y * 4u;
+    let n = step_rows(step, p.count_sel);
+    if (r0 >= p.rows || t0 >= n) {
+        return;
+    }
+    // Clamp out-of-range rows and tokens to valid ones; their results are not stored.
+    let w0 = r0 * p.k4;
+    let w1 = min(r0 + 1u, p.rows - 1u) * p.k4;
+    let w2 = min(r0 + 2u, p.rows - 1u) * p.k4;
+    let w3 = min(r0 + 3u, p.rows - 1u) * p.k4;
+    let x0 = t0 * p.k4;
+    let x1 = min(t0 + 1u, n - 1u) * p.k4;
+    let x2 = min(t0 + 2u, n - 1u) * p.k4;
+    let x3 = min(t0 + 3u, n - 1u) * p.k4;
+    var a0 = vec4<f32>(0.0);
+    var a1 = vec4<f32>(0.0);
+    var a2 = vec4<f32>(0.0);
+    var a3 = vec4<f32>(0.0);
+    for (var k = 0u; k < p.k4; k++) {
+        let wa = unpack_w(w[w0 + k]);
+        let wb = unpack_w(w[w1 + k]);
+        let wc = unpack_w(w[w2 + k]);
+        let wd = unpack_w(w[w3 + k]);
+        let xa = x[x0 + k];
+        let xb = x[x1 + k];
+        let xc = x[x2 + k];
+        let xd = x[x3 + k];
+        a0 += vec4<f32>(dot(wa, xa), dot(wb, xa), dot(wc, xa), dot(wd, xa));
+        a1 += vec4<f32>(dot(wa, xb), dot(wb, xb), dot(wc, xb), dot(wd, xb));
+        a2 += vec4<f32>(dot(wa, xc), dot(wb, xc), dot(wc, xc), dot(wd, xc));
+        a3 += vec4<f32>(dot(wa, xd), dot(wb, xd), dot(wc, xd), dot(wd, xd));
+    }
+    let acc = array<vec4<f32>, 4>(a0, a1, a2, a3);
+    for (var ti = 0u; ti < 4u; ti++) {
+        if (t0 + ti >= n) {
+            break;
+        }
+        for (var ri = 0u; ri < 4u; ri++) {
+            if (r0 + ri < p.rows) {
+                store(t0 + ti, r0 + ri, acc[ti][ri]);
+            }
+        }
+    }
+}
+
+@compute @workgroup_size(64)
+fn matvec(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let r = gid.x;
+    let t = gid.y;
+    if (r >= p.rows || t >= step_rows(step, p.count_sel)) {
+        return;
+    }
+    let wb = r * p.k4;
+    let xb = t * p.k4;
+    // Two accumulators shorten the dependency chain of the sum.
+    var a = 0.0;
+    var b = 0.0;
+    var k = 0u;
+    for (; k + 1u < p.k4; k += 2u) {
+        a += dot(unpack_w(w[wb + k]), x[xb + k]);
+        b += dot(unpack_w(w[wb + k + 1u]), x[xb + k + 1u]);
+    }
+    if (k < p.k4) {
+        a += dot(unpack_w(w[wb + k]), x[xb + k]);
+    }
+    store(t, r, a + b);
+}

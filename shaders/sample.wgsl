@@ -1,0 +1,223 @@
+// sample.wgsl: picks the next token on the GPU from one row of logits, so only
+// the chosen id returns to the host. One workgroup of 256 invocations.
+// Order as in Hugging Face generate: repetition penalty, temperature, top-k, top-p.
+// temperature == 0 means greedy (argmax; ties go to the lowest id).
+// Top-k and top-p thresholds are found by bisection on the logit value (no sort);
+// ties at a threshold keep all tied tokens. The chosen id is also marked in `seen`
+// for the repetition penalty of later steps.
+//
+// Bindings (group 0):
+//   0 p       uniform SampleParams
+//   1 logits  storage read  [rows, vocab] f32  (row p.row is used)
+//   2 seen    storage rw    [ceil(vocab/32)] u32 bitmask of tokens seen so far
+//   3 result  storage rw    [1] u32
+// Dispatch: (1, 1, 1).
+struct SampleParams {
+    vocab: u32,
+    row: u32,
+    top_k: u32,        // 0 = off
+    seed: u32,
+    temperature: f32,  // 0 = greedy
+    top_p: f32,        // 1 = off
+    rep_penalty: f32,  // 1 = off
+    counter: u32,      // step number, mixed into the random stream
+}
+
+@group(0) @binding(0) var<uniform> p: SampleParams;
+@group(0) @binding(1) var<storage, read> logits: array<f32>;
+@group(0) @binding(2) var<storage, read_write> seen: array<u32>;
+@group(0) @binding(3) var<storage, read_write> result: array<u32>;
+
+const WG: u32 = 256u;
+const NEG: f32 = -3.0e38;
+// 30 halvings of the logit range; also keeps the per-invocation loop count
+// under lavapipe's 65535 limit for vocabularies up to ~200k.
+const ITERS: u32 = 30u;
+
+var<workgroup> red_f: array<f32, WG>;
+var<workgroup> red_i: array<u32, WG>;
+var<workgroup> chosen: u32;
+
+fn adjusted(v: u32) -> f32 {
+    var x = logits[p.row * p.vocab + v];
+    if (p.rep_penalty != 1.0 && ((seen[v / 32u] >> (v % 32u)) & 1u) == 1u) {
+        if (x > 0.0) {
+            x = x / p.rep_penalty;
+        } else {
+            x = x * p.rep_penalty;
+        }
+    }
+    if (p.temperature > 0.0) {
+        x = x / p.temperature;
+    }
+    return x;
+}
+
+fn reduce_sum(v: f32, lid: u32) -> f32 {
+    workgroupBarrier();
+    red_f[lid] = v;
+    workgroupBarrier();
+    for (var s = WG / 2u; s > 0u; s = s / 2u) {
+        if (lid < s) {
+            red_f[lid] += red_f[lid + s];
+        }
+        workgroupBarrier();
+    }
+    // workgroupUniformLoad makes the result uniform, so callers may branch on it
+    // around barriers.
+    return workgroupUniformLoad(&red_f[0]);
+}
+
+fn reduce_min(v: f32, lid: u32) -> f32 {
+    workgroupBarrier();
+    red_f[lid] = v;
+    workgroupBarrier();
+    for (var s = WG / 2u; s > 0u; s = s / 2u) {
+        if (lid < s) {
+            red_f[lid] = min(red_f[lid], red_f[lid + s]);
+        }
+        workgroupBarrier();
+    }
+    // workgroupUniformLoad makes the result uniform, so callers may branch on it
+    // around barriers.
+    return workgroupUniformLoad(&red_f[0]);
+}
+
+// Sum over the vocabulary of exp(x - m) for x >= thr (or the count when as_count).
+fn mass_above(thr: f32, m: f32, as_count: bool, lid: u32) -> f32 {
+    var s = 0.0;
+    for (var v = lid; v < p.vocab; v += WG) {
+        let x = adjusted(v);
+        if (x >= thr) {
+            if (as_count) {
+                s += 1.0;
+            } else {
+                s += exp(x - m);
+            }
+        }
+    }
+    return reduce_sum(s, lid);
+}
+
+fn pcg(v: u32) -> u32 {
+    let state = v * 747796405u + 2891336453u;
+    let word = ((state >> ((state >> 28u) + 4u)) ^ state) * 277803737u;
+    return (word >> 22u) ^ word;
+}
+
+@compute @workgroup_size(256)
+fn main(@builtin(local_invocation_index) lid: u32) {
+    // Argmax (needed by every mode: greedy, and the fallback of sampling).
+    var best = NEG;
+    var best_i = 0u;
+    for (var v = lid; v < p.vocab; v += WG) {
+        let x = adjusted(v);
+        if (x > best) {
+            best = x;
+            best_i = v;
+        }
+    }
+    red_f[lid] = best;
+    red_i[lid] = best_i;
+    workgroupBarrier();
+    for (var s = WG / 2u; s > 0u; s = s / 2u) {
+        if (lid < s) {
+            let o = red_f[lid + s];
+            let oi = red_i[lid + s];
+            if (o > red_f[lid] || (o == red_f[lid] && oi < red_i[lid])) {
+                red_f[lid] = o;
+                red_i[lid] = oi;
+            }
+        }
+        workgroupBarrier();
+    }
+    let m = red_f[0];
+    let arg = red_i[0];
+    if (lid == 0u) {
+        chosen = arg;
+    }
+
+    if (p.temperature > 0.0) {
+        // Top-k threshold: the largest value with at least k tokens at or above it.
+        var thr = NEG;
+        if (p.top_k > 0u && p.top_k < p.vocab) {
+            var lo = reduce_min(best, lid);
+            var hi = m;
+            if (mass_above(hi, m, true, lid) < f32(p.top_k)) {
+                for (var it = 0u; it < ITERS; it++) {
+                    let mid = 0.5 * (lo + hi);
+                    if (mass_above(mid, m, true, lid) >= f32(p.top_k)) {
+                        lo = mid;
+                    } else {
+                        hi = mid;
+                    }
+                }
+                thr = lo;
+            } else {
+                thr = hi;
+            }
+        }
+        // Top-p threshold: the largest value whose set keeps at least top_p of the mass.
+        if (p.top_p < 1.0) {
+            let total = mass_above(thr, m, false, lid);
+            var lo = max(thr, m - 80.0);
+            var hi = m;
+            for (var it = 0u; it < ITERS; it++) {
+                let mid = 0.5 * (lo + hi);
+                if (mass_above(mid, m, false, lid) >= p.top_p * total) {
+                    lo = mid;
+                } else {
+                    hi = mid;
+                }
+            }
+            thr = max(thr, lo);
+        }
+        // Inverse-CDF draw over contiguous slices of the vocabulary.
+        let per = (p.vocab + WG - 1u) / WG;
+        let begin = min(lid * per, p.vocab);
+        let end = min(begin + per, p.vocab);
+        var s = 0.0;
+        for (var v = begin; v < end; v++) {
+            let x = adjusted(v);
+            if (x >= thr) {
+                s += exp(x - m);
+            }
+        }
+        workgroupBarrier();
+        red_f[lid] = s;
+        workgroupBarrier();
+        if (lid == 0u) {
+            var z = 0.0;
+            for (var i = 0u; i < WG; i++) {
+                z += red_f[i];
+            }
+            let r = f32(pcg(p.seed ^ pcg(p.counter)) >> 8u) / 16777216.0;
+            var u = r * z;
+            for (var i = 0u; i < WG; i++) {
+                if (u < red_f[i]) {
+                    let b = min(i * per, p.vocab);
+                    let e = min(b + per, p.vocab);
+                    for (var v = b; v < e; v++) {
+                        let x = adjusted(v);
+                        if (x >= thr) {
+                            let w = exp(x - m);
+                            if (u < w) {
+                                chosen = v;
+                                break;
+                            }
+                            u -= w;
+                        }
+                    }
+                    break;
+                }
+                u -= red_f[i];
+            }
+        }
+    }
+    workgroupBarrier();
+    if (lid == 0u) {
+        let c = chosen;
+        result[0] = c;
+        seen[c / 32u] = seen[c / 32u] | (1u << (c % 32u));
+    }
+}

@@ -1,0 +1,251 @@
+//! Model configuration from a Hugging Face `config.json` (Llama and Qwen2 families).
+
+use anyhow::{bail, Context, Result};
+use serde_json::Value;
+use std::path::Path;
+
+/// The architectures sieve runs.
+pub const SUPPORTED_ARCHITECTURES: &[&str] = &["LlamaForCausalLM", "Qwen2ForCausalLM"];
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum RopeScaling {
+    None,
+    /// Llama 3.x frequency-dependent scaling.
+    Llama3 {
+        factor: f64,
+        low_freq_factor: f64,
+        high_freq_factor: f64,
+        original_max_position_embeddings: f64,
+    },
+}
+
+#[derive(Clone, Debug)]
+pub struct ModelConfig {
+    pub architecture: String,
+    pub hidden_size: usize,
+    pub intermediate_size: usize,
+    pub num_layers: usize,
+    pub num_heads: usize,
+    pub num_kv_heads: usize,
+    pub head_dim: usize,
+    pub vocab_size: usize,
+    pub rms_norm_eps: f64,
+    pub rope_theta: f64,
+    pub rope_scaling: RopeScaling,
+    pub max_position_embeddings: usize,
+    pub tie_word_embeddings: bool,
+    /// q, k and v projections have biases (Qwen2).
+    pub qkv_bias: bool,
+    pub bos_token_id: Option<u32>,
+    pub eos_token_ids: Vec<u32>,
+}
+
+fn get_usize(v: &Value, key: &str, file: &Path) -> Result<usize> {
+    v.get(key)
+        .and_then(Value::as_u64)
+        .map(|x| x as usize)
+        .with_context(|| format!("{}: missing or non-integer field '{key}'", file.display()))
+}
+
+fn token_ids(v: Option<&Value>) -> Vec<u32> {
+    match v {
+        Some(Value::Number(n)) => n.as_u64().map(|x| vec![x as u32]).unwrap_or_default(),
+        Some(Value::Array(a)) => a.iter().filter_map(Value::as_u64).map(|x| x as u32).collect(),
+        _ => vec![],
+    }
+}
+
+impl ModelConfig {
+    pub fn from_file(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        let v: Value = serde_json::from_str(&text).with_context(|| format!("{}: not valid JSON", path.display()))?;
+        Self::from_json(&v, path)
+    }
+
+    pub fn from_json(v: &Value, path: &Path) -> Result<Self> {
+        let arch = v
+            .get("architectures")
+            .and_then(|a| a.get(0))
+            .and_then(Value::as_str)
+            .with_context(|| format!("{}: no 'architectures' entry", path.display()))?;
+        if !SUPPORTED_ARCHITECTURES.contains(&arch) {
+            bail!(
+                "{}: architecture '{arch}' is not supported; supported: {}",
+                path.display(),
+                SUPPORTED_ARCHITECTURES.join(", ")
+            );
+        }
+        let hidden_size = get_usize(v, "hidden_size", path)?;
+        let num_heads = get_usize(v, "num_attention_heads", path)?;
+        let num_kv_heads = v
+            .get("num_key_value_heads")
+            .and_then(Value::as_u64)
+            .map(|x| x as usize)
+            .unwrap_or(num_heads);
+        let head_dim = v
+            .get("head_dim")
+            .and_then(Value::as_u64)
+            .map(|x| x as usize)
+            .unwrap_or(hidden_size / num_heads.max(1));
+        // transformers >= 5 moves rope settings into rope_parameters; accept both.
+        let rope_params = v.get("rope_parameters");
+        let rope_theta = v
+            .get("rope_theta")
+            .and_then(Value::as_f64)
+            .or_else(|| rope_params.and_then(|r| r.get("rope_theta")).and_then(Value::as_f64))
+            .unwrap_or(10000.0);
+        let scaling = match v.get("rope_scaling").filter(|s| !s.is_null()) {
+            Some(s) => Some(s),
+            None => rope_params.filter(|r| {
+                r.get("rope_type").and_then(Value::as_str).is_some_and(|t| t != "default")
+            }),
+        };
+        let rope_scaling = match scaling {
+            None => RopeScaling::None,
+            Some(s) => {
+                let kind = s
+                    .get("rope_type")
+                    .or_else(|| s.get("type"))
+                    .and_then(Value::as_str)
+                    .unwrap_or("");
+                let f = |k: &str| -> Result<f64> {
+                    s.get(k)
+                        .and_then(Value::as_f64)
+                        .with_context(|| format!("{}: rope_scaling lacks '{k}'", path.display()))
+                };
+                match kind {
+                    "llama3" => RopeScaling::Llama3 {
+                        factor: f("factor")?,
+                        low_freq_factor: f("low_freq_factor")?,
+                        high_freq_factor: f("high_freq_factor")?,
+                        original_max_position_embeddings: f("original_max_position_embeddings")?,
+                    },
+                    "default" | "" => RopeScaling::None,
+                    other => bail!(
+                        "{}: rope_scaling type '{other}' is not supported (supported: llama3)",
+                        path.display()
+                    ),
+                }
+            }
+        };
+        let is_qwen2 = arch == "Qwen2ForCausalLM";
+        let cfg = ModelConfig {
+            architecture: arch.to_string(),
+            hidden_size,
+            intermediate_size: get_usize(v, "intermediate_size", path)?,
+            num_layers: get_usize(v, "num_hidden_layers", path)?,
+            num_heads,
+            num_kv_heads,
+            head_dim,
+            vocab_size: get_usize(v, "vocab_size", path)?,
+            rms_norm_eps: v.get("rms_norm_eps").and_then(Value::as_f64).unwrap_or(1e-6),
+            rope_theta,
+            rope_scaling,
+            max_position_embeddings: v
+                .get("max_position_embeddings")
+                .and_then(Value::as_u64)
+                .unwrap_or(4096) as usize,
+            tie_word_embeddings: v.get("tie_word_embeddings").and_then(Value::as_bool).unwrap_or(false),
+            qkv_bias: is_qwen2 || v.get("attention_bias").and_then(Value::as_bool).unwrap_or(false),
+            bos_token_id: token_ids(v.get("bos_token_id")).first().copied(),
+            eos_token_ids: token_ids(v.get("eos_token_id")),
+        };
+        cfg.validate(path)?;
+        Ok(cfg)
+    }
+
+    fn validate(&self, path: &Path) -> Result<()> {
+        let p = path.display();
+        if self.num_heads == 0 || self.num_kv_heads == 0 || self.num_heads % self.num_kv_heads != 0 {
+            bail!(
+                "{p}: num_attention_heads ({}) must be a positive multiple of num_key_value_heads ({})",
+                self.num_heads,
+                self.num_kv_heads
+            );
+        }
+        if self.num_heads / self.num_kv_heads > 8 {
+            bail!("{p}: more than 8 query heads per KV head is not supported");
+        }
+        if self.head_dim % 4 != 0 || self.head_dim > 128 {
+            bail!("{p}: head_dim {} must be a multiple of 4 and at most 128", self.head_dim);
+        }
+        if self.hidden_size % 4 != 0 || self.intermediate_size % 4 != 0 {
+            bail!("{p}: hidden_size and intermediate_size must be multiples of 4");
+        }
+        Ok(())
+    }
+
+    /// Width of the fused q|k|v projection output.
+    pub fn qkv_dim(&self) -> usize {
+        (self.num_heads + 2 * self.num_kv_heads) * self.head_dim
+    }
+
+    /// Inverse RoPE frequencies for pair index j (0..head_dim/2), with rope
+    /// scaling applied exactly as transformers' `_compute_llama3_parameters`.
+    pub fn rope_inv_freq(&self) -> Vec<f32> {
+        let d = self.head_dim as f64;
+        (0..self.head_dim / 2)
+            .map(|j| {
+                // transformers computes the base frequencies in float32.
+                let base = (1.0f32 / (self.rope_theta as f32).powf((2 * j) as f32 / d as f32)) as f64;
+                let f = match &self.rope_scaling {
+                    RopeScaling::None => base,
+                    RopeScaling::Llama3 {
+                        factor,
+                        low_freq_factor,
+                        high_freq_factor,
+                        original_max_position_embeddings: old,
+                    } => {
+                        let low_wavelen = old / low_freq_factor;
+                        let high_wavelen = old / high_freq_factor;
+                        let wavelen = 2.0 * std::f64::consts::PI / base;
+                        if wavelen < high_wavelen {
+                            base
+                        } else if wavelen > low_wavelen {
+                            base / factor
+                        } else {
+                            let smooth = (old / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor);
+                            (1.0 - smooth) * base / factor + smooth * base
+                        }
+                    }
+                };
+                f as f32
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unknown_architecture_is_named() {
+        let v: Value = serde_json::json!({"architectures": ["MistralForCausalLM"]});
+        let err = ModelConfig::from_json(&v, Path::new("x/config.json")).unwrap_err().to_string();
+        assert!(err.contains("MistralForCausalLM") && err.contains("LlamaForCausalLM"), "{err}");
+    }
+
+    #[test]
+    fn llama3_scaling_matches_reference_values() {
+        // Llama 3.1 8B settings; the reference numbers are transformers' llama3 rule
+        // evaluated by hand: j = 0 (short wavelength) unchanged, last pair divided by 8.
+        let v = serde_json::json!({
+            "architectures": ["LlamaForCausalLM"], "hidden_size": 4096, "intermediate_size": 14336,
+            "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+            "vocab_size": 128256, "rope_theta": 500000.0,
+            "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                             "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+        });
+        let cfg = ModelConfig::from_json(&v, Path::new("config.json")).unwrap();
+        let f = cfg.rope_inv_freq();
+        assert_eq!(f.len(), 64);
+        assert!((f[0] - 1.0).abs() < 1e-7);
+        let base_last = 1.0 / 500000f64.powf(126.0 / 128.0);
+        assert!(((f[63] as f64) - base_last / 8.0).abs() < 1e-9 * 1e3);
+        // A pair in the smooth band lies strictly between base/8 and base.
+        let j = 32; // wavelength 2 pi / 500000^-0.5 = 4443, between 2048 and 8192
+        let base = 1.0 / 500000f64.powf(2.0 * j as f64 / 128.0);
+        assert!((f[j] as f64) < base && (f[j] as f64) > base / 8.0);
+    }
+}

@@ -1,0 +1,367 @@
+//! GPU runtime: adapter and device selection, pipeline cache, buffer helpers.
+//!
+//! One [`Gpu`] owns the wgpu device and queue. Pipelines are compiled once per
+//! (shader, entry point, constants) key and cached. Limits are requested from the
+//! adapter's real limits so that large GPUs are not held to WebGPU defaults, and
+//! every size the engine needs is checked against them before a buffer is made
+//! (wgpu does not check workgroup memory itself, see `check_workgroup_memory`).
+
+use anyhow::{anyhow, bail, Context, Result};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use crate::shaders;
+
+/// How to choose the adapter. Both fields can also come from the environment:
+/// `SIEVE_BACKEND` (vulkan, metal, dx12, gl) and `SIEVE_ADAPTER` (a substring of
+/// the adapter name).
+#[derive(Clone, Debug, Default)]
+pub struct GpuOptions {
+    pub backend: Option<String>,
+    pub adapter: Option<String>,
+    /// Pretend the device's largest storage binding is this many bytes (never more
+    /// than the real limit). Used by tests to exercise tensor splitting.
+    pub max_binding_override: Option<u64>,
+}
+
+impl GpuOptions {
+    pub fn from_env() -> Self {
+        GpuOptions {
+            backend: std::env::var("SIEVE_BACKEND").ok().filter(|s| !s.is_empty()),
+            adapter: std::env::var("SIEVE_ADAPTER").ok().filter(|s| !s.is_empty()),
+            max_binding_override: None,
+        }
+    }
+}
+
+pub struct Gpu {
+    pub device: wgpu::Device,
+    pub queue: wgpu::Queue,
+    pub info: wgpu::AdapterInfo,
+    pub features: wgpu::Features,
+    pub limits: wgpu::Limits,
+    /// Largest storage binding the engine will use, in bytes.
+    pub max_binding: u64,
+    pipelines: Mutex<HashMap<String, Arc<wgpu::ComputePipeline>>>,
+}
+
+fn parse_backend(name: &str) -> Result<wgpu::Backends> {
+    Ok(match name.to_ascii_lowercase().as_str() {
+        "vulkan" | "vk" => wgpu::Backends::VULKAN,
+        "metal" => wgpu::Backends::METAL,
+        "dx12" | "d3d12" => wgpu::Backends::DX12,
+        "gl" | "gles" | "opengl" => wgpu::Backends::GL,
+        other => bail!("unknown backend '{other}' (option --backend or SIEVE_BACKEND): expected one of vulkan, metal, dx12, gl"),
+    })
+}
+
+fn device_rank(t: wgpu::DeviceType) -> u32 {
+    match t {
+        wgpu::DeviceType::DiscreteGpu => 0,
+        wgpu::DeviceType::IntegratedGpu => 1,
+        wgpu::DeviceType::VirtualGpu => 2,
+        wgpu::DeviceType::Cpu => 3,
+        wgpu::DeviceType::Other => 4,
+    }
+}
+
+fn backend_rank(b: wgpu::Backend) -> u32 {
+    // GL lacks the features we prefer (f16, subgroups); take it only when nothing else exists.
+    if b == wgpu::Backend::Gl {
+        1
+    } else {
+        0
+    }
+}
+
+impl Gpu {
+    /// Picks an adapter (discrete GPU first, GL last) and opens a device with the
+    /// adapter's own limits.
+    pub fn new(opts: &GpuOptions) -> Result<Arc<Self>> {
+        let env = GpuOptions::from_env();
+        let backend = opts.backend.clone().or(env.backend);
+        let wanted_name = opts.adapter.clone().or(env.adapter);
+        let backends = match &backend {
+            Some(b) => parse_backend(b)?,
+            None => wgpu::Backends::all(),
+        };
+        let instance = wgpu::Instance::new(wgpu::InstanceDescriptor {
+            backends,
+            flags: wgpu::InstanceFlags::empty(),
+            ..wgpu::InstanceDescriptor::new_without_display_handle()
+        });
+        let mut adapters = pollster::block_on(instance.enumerate_adapters(backends));
+        if adapters.is_empty() {
+            bail!(
+                "no GPU adapter found (backends: {}). On Linux install a Vulkan driver, e.g. \
+                 `apt-get install mesa-vulkan-drivers` for the CPU driver lavapipe",
+                backend.as_deref().unwrap_or("all")
+            );
+        }
+        let names: Vec<String> = adapters
+            .iter()
+            .map(|a| {
+                let i = a.get_info();
+                format!("{} ({:?}, {:?})", i.name, i.backend, i.device_type)
+            })
+            .collect();
+        if let Some(want) = &wanted_name {
+            let want_l = want.to_ascii_lowercase();
+            adapters.retain(|a| a.get_info().name.to_ascii_lowercase().contains(&want_l));
+            if adapters.is_empty() {
+                bail!(
+                    "no adapter name contains '{want}' (SIEVE_ADAPTER / --adapter); available: {}",
+                    names.join("; ")
+                );
+            }
+        }
+        adapters.sort_by_key(|a| {
+            let i = a.get_info();
+            (backend_rank(i.backend), device_rank(i.device_type))
+        });
+        let adapter = adapters.remove(0);
+        let info = adapter.get_info();
+        let want_features = wgpu::Features::SHADER_F16
+            | wgpu::Features::TIMESTAMP_QUERY
+            | wgpu::Features::TIMESTAMP_QUERY_INSIDE_ENCODERS
+            | wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES;
+        let features = adapter.features() & want_features;
+        let limits = adapter.limits();
+        let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
+            label: Some("sieve"),
+            required_features: features,
+            required_limits: limits.clone(),
+            experimental_features: wgpu::ExperimentalFeatures::disabled(),
+            memory_hints: wgpu::MemoryHints::Performance,
+            trace: wgpu::Trace::Off,
+        }))
+        .with_context(|| format!("opening a device on adapter '{}'", info.name))?;
+        let real_max_binding = (limits.max_storage_buffer_binding_size as u64).min(limits.max_buffer_size);
+        let max_binding = match opts.max_binding_override {
+            Some(v) => v.min(real_max_binding),
+            None => real_max_binding,
+        };
+        Ok(Arc::new(Gpu {
+            device,
+            queue,
+            info,
+            features,
+            limits,
+            max_binding,
+            pipelines: Mutex::new(HashMap::new()),
+        }))
+    }
+
+    /// One line naming the adapter, for logs and `sieve info`.
+    pub fn describe(&self) -> String {
+        format!(
+            "{} ({:?}, {:?}, driver {} {})",
+            self.info.name, self.info.backend, self.info.device_type, self.info.driver, self.info.driver_info
+        )
+    }
+
+    /// Compiles (once) and returns the pipeline for `entry` of a shader assembled
+    /// by [`shaders::source`], with the given override constants.
+    pub fn pipeline(
+        &self,
+        shader: &shaders::Shader,
+        weights: Option<shaders::WeightFormat>,
+        entry: &str,
+        constants: &[(&str, f64)],
+    ) -> Result<Arc<wgpu::ComputePipeline>> {
+        let key = format!("{}:{:?}:{}:{:?}", shader.name, weights, entry, constants);
+        if let Some(p) = self.pipelines.lock().unwrap().get(&key) {
+            return Ok(p.clone());
+        }
+        let src = shaders::source(shader, weights);
+        let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let module = self.device.create_shader_module(wgpu::ShaderModuleDescriptor {
+            label: Some(shader.name),
+            source: wgpu::ShaderSource::Wgsl(src.as_str().into()),
+        });
+        let layout = self.layout_for(&src, shader.file)?;
+        let pipeline = self.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+            label: Some(&key),
+            layout: Some(&layout),
+            module: &module,
+            entry_point: Some(entry),
+            compilation_options: wgpu::PipelineCompilationOptions {
+                constants,
+                zero_initialize_workgroup_memory: false,
+            },
+            cache: None,
+        });
+        if let Some(err) = pollster::block_on(scope.pop()) {
+            bail!("compiling shader {} entry {entry}: {err}", shader.file);
+        }
+        let p = Arc::new(pipeline);
+        self.pipelines.lock().unwrap().insert(key, p.clone());
+        Ok(p)
+    }
+
+    /// An explicit layout with every binding the shader declares, so that all
+    /// entry points of one file share it (wgpu's automatic layouts keep only the
+    /// bindings each entry point uses).
+    fn layout_for(&self, src: &str, file: &str) -> Result<wgpu::PipelineLayout> {
+        let module = naga::front::wgsl::parse_str(src).map_err(|e| anyhow!("{file}: {}", e.emit_to_string(src)))?;
+        let mut entries = Vec::new();
+        for (_, var) in module.global_variables.iter() {
+            let Some(binding) = &var.binding else { continue };
+            if binding.group != 0 {
+                bail!("{file}: only bind group 0 is used by sieve's kernels");
+            }
+            let ty = match var.space {
+                naga::AddressSpace::Uniform => wgpu::BufferBindingType::Uniform,
+                naga::AddressSpace::Storage { access } => wgpu::BufferBindingType::Storage {
+                    read_only: !access.contains(naga::StorageAccess::STORE),
+                },
+                other => bail!("{file}: unsupported binding address space {other:?}"),
+            };
+            entries.push(wgpu::BindGroupLayoutEntry {
+                binding: binding.binding,
+                visibility: wgpu::ShaderStages::COMPUTE,
+                ty: wgpu::BindingType::Buffer {
+                    ty,
+                    has_dynamic_offset: false,
+                    min_binding_size: None,
+                },
+                count: None,
+            });
+        }
+        entries.sort_by_key(|e| e.binding);
+        let bgl = self.device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+            label: Some(file),
+            entries: &entries,
+        });
+        Ok(self.device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+            label: Some(file),
+            bind_group_layouts: &[Some(&bgl)],
+            immediate_size: 0,
+        }))
+    }
+
+    /// wgpu does not check workgroup memory against the device limit (some drivers
+    /// accept more than they report); callers check their kernels here.
+    pub fn check_workgroup_memory(&self, kernel: &str, bytes: u64) -> Result<()> {
+        let limit = self.limits.max_compute_workgroup_storage_size as u64;
+        if bytes > limit {
+            bail!("kernel {kernel} needs {bytes} bytes of workgroup memory; this device allows {limit}");
+        }
+        Ok(())
+    }
+
+    /// Checks that a storage buffer of `bytes` can be bound; names the tensor.
+    pub fn check_binding(&self, what: &str, bytes: u64) -> Result<()> {
+        if bytes > self.max_binding {
+            bail!(
+                "{what} needs a {bytes}-byte storage binding; this device allows {} bytes per binding",
+                self.max_binding
+            );
+        }
+        Ok(())
+    }
+
+    /// A zero-initialised storage buffer (at least 16 bytes, so that empty tensors bind).
+    pub fn storage(&self, label: &str, bytes: u64) -> wgpu::Buffer {
+        self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some(label),
+            size: bytes.max(16).next_multiple_of(4),
+            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::COPY_SRC,
+            mapped_at_creation: false,
+        })
+    }
+
+    /// A storage buffer holding `data`.
+    pub fn storage_from<T: bytemuck::Pod>(&self, label: &str, data: &[T]) -> wgpu::Buffer {
+        let bytes: &[u8] = bytemuck::cast_slice(data);
+        let buf = self.storage(label, bytes.len() as u64);
+        if !bytes.is_empty() {
+            self.write(&buf, 0, bytes);
+        }
+        buf
+    }
+
+    /// Writes bytes, padding the tail to 4 bytes as wgpu requires.
+    pub fn write(&self, buf: &wgpu::Buffer, offset: u64, bytes: &[u8]) {
+        if bytes.len() % 4 == 0 {
+            self.queue.write_buffer(buf, offset, bytes);
+        } else {
+            let mut padded = bytes.to_vec();
+            padded.resize(bytes.len().next_multiple_of(4), 0);
+            self.queue.write_buffer(buf, offset, &padded);
+        }
+    }
+
+    /// A uniform buffer holding one parameter struct.
+    pub fn uniform<T: bytemuck::Pod>(&self, label: &str, value: &T) -> wgpu::Buffer {
+        let bytes = bytemuck::bytes_of(value);
+        let buf = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some(label),
+            size: (bytes.len() as u64).next_multiple_of(16),
+            usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        self.write(&buf, 0, bytes);
+        buf
+    }
+
+    /// Bind group for group 0 of `pipeline`: binding i is the whole of `buffers[i]`.
+    pub fn bind_group(&self, pipeline: &wgpu::ComputePipeline, buffers: &[&wgpu::Buffer]) -> wgpu::BindGroup {
+        let layout = pipeline.get_bind_group_layout(0);
+        let entries: Vec<wgpu::BindGroupEntry> = buffers
+            .iter()
+            .enumerate()
+            .map(|(i, b)| wgpu::BindGroupEntry {
+                binding: i as u32,
+                resource: b.as_entire_binding(),
+            })
+            .collect();
+        self.device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: None,
+            layout: &layout,
+            entries: &entries,
+        })
+    }
+
+    /// Copies `bytes` bytes at `offset` of `src` back to the host (blocking).
+    pub fn read_bytes(&self, src: &wgpu::Buffer, offset: u64, bytes: u64) -> Result<Vec<u8>> {
+        let size = bytes.next_multiple_of(4);
+        let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("readback"),
+            size: size.max(4),
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        let mut enc = self.device.create_command_encoder(&Default::default());
+        enc.copy_buffer_to_buffer(src, offset, &staging, 0, size);
+        self.queue.submit([enc.finish()]);
+        self.map_and_read(&staging, bytes)
+    }
+
+    /// Maps a MAP_READ buffer whose copy has been submitted and returns its first bytes.
+    pub fn map_and_read(&self, staging: &wgpu::Buffer, bytes: u64) -> Result<Vec<u8>> {
+        let slice = staging.slice(..);
+        let (tx, rx) = std::sync::mpsc::channel();
+        slice.map_async(wgpu::MapMode::Read, move |r| {
+            let _ = tx.send(r);
+        });
+        self.device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .map_err(|e| anyhow!("waiting for the GPU: {e}"))?;
+        rx.recv()
+            .map_err(|_| anyhow!("GPU readback was dropped"))?
+            .map_err(|e| anyhow!("mapping a readback buffer: {e}"))?;
+        let out = slice
+            .get_mapped_range()
+            .map_err(|e| anyhow!("reading a mapped buffer: {e:?}"))?[..bytes as usize]
+            .to_vec();
+        staging.unmap();
+        Ok(out)
+    }
+
+    pub fn read<T: bytemuck::Pod>(&self, src: &wgpu::Buffer, offset_elems: u64, n: usize) -> Result<Vec<T>> {
+        let es = std::mem::size_of::<T>() as u64;
+        let bytes = self.read_bytes(src, offset_elems * es, n as u64 * es)?;
+        Ok(bytemuck::pod_collect_to_vec(&bytes))
+    }
+}

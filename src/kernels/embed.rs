@@ -1,0 +1,96 @@
+//! `shaders/embed.wgsl`: token embedding lookup.
+
+use anyhow::Result;
+use bytemuck::{Pod, Zeroable};
+use std::sync::Arc;
+
+use super::{ceil_div, dispatch};
+use crate::gpu::Gpu;
+use crate::shaders;
+use crate::weights::GpuMatrix;
+
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+struct Params {
+    hidden4: u32,
+    row_begin: u32,
+    row_end: u32,
+    _p: u32,
+}
+
+pub struct Embed {
+    pipeline: Arc<wgpu::ComputePipeline>,
+    groups: Vec<wgpu::BindGroup>,
+    hidden4: u32,
+}
+
+impl Embed {
+    /// `table` is `[vocab, hidden]`, `ids` `[n]` u32, `x` `[n, hidden]` f32.
+    pub fn new(gpu: &Gpu, step: &wgpu::Buffer, table: &GpuMatrix, ids: &wgpu::Buffer, x: &wgpu::Buffer) -> Result<Self> {
+        let pipeline = gpu.pipeline(&shaders::EMBED, Some(table.format), "main", &[])?;
+        let hidden4 = (table.cols / 4) as u32;
+        let groups = table
+            .parts
+            .iter()
+            .map(|part| {
+                let params = gpu.uniform(
+                    "embed-params",
+                    &Params {
+                        hidden4,
+                        row_begin: part.row0 as u32,
+                        row_end: (part.row0 + part.rows) as u32,
+                        _p: 0,
+                    },
+                );
+                gpu.bind_group(&pipeline, &[step, &params, &part.buffer, ids, x])
+            })
+            .collect();
+        Ok(Embed { pipeline, groups, hidden4 })
+    }
+
+    pub fn encode(&self, pass: &mut wgpu::ComputePass, n_tokens: u32) {
+        for g in &self.groups {
+            dispatch(pass, &self.pipeline, g, (ceil_div(self.hidden4, 64), n_tokens, 1));
+        }
+    }
+}
+
+/// CPU reference: rows of the table by id.
+pub fn reference(table: &[f32], hidden: usize, ids: &[u32]) -> Vec<f32> {
+    ids.iter()
+        .flat_map(|&id| table[id as usize * hidden..(id as usize + 1) * hidden].iter().copied())
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gpu::GpuOptions;
+    use crate::kernels::testutil::*;
+    use crate::kernels::Step;
+    use crate::shaders::WeightFormat;
+
+    #[test]
+    fn gathers_rows_across_table_parts() {
+        // 256-byte bindings split a 37 x 12 f16 table into parts of 8 rows.
+        let gpu = Gpu::new(&GpuOptions { max_binding_override: Some(256), ..Default::default() }).unwrap();
+        let (vocab, hidden) = (37, 12);
+        let table: Vec<f32> = rand_vec(vocab * hidden, 5, 2.0)
+            .iter()
+            .map(|&v| half::f16::from_f32(v).to_f32())
+            .collect();
+        let m = GpuMatrix::new(&gpu, "emb", vocab, hidden, WeightFormat::F16).unwrap();
+        assert!(m.parts.len() > 1);
+        m.write_rows(&gpu, 0, &table, "emb").unwrap();
+        for ids in [vec![0u32], vec![36, 0, 8, 7, 9, 16, 35]] {
+            let n = ids.len();
+            let step = step_buffer(&gpu, Step { n_tokens: n as u32, ..Default::default() });
+            let idb = gpu.storage_from("ids", &ids);
+            let x = gpu.storage("x", (n * hidden * 4) as u64);
+            let e = Embed::new(&gpu, &step, &m, &idb, &x).unwrap();
+            run_pass(&gpu, |pass| e.encode(pass, n as u32));
+            let got: Vec<f32> = gpu.read(&x, 0, n * hidden).unwrap();
+            assert_eq!(got, reference(&table, hidden, &ids));
+        }
+    }
+}

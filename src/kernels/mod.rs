@@ -1,0 +1,92 @@
+//! Kernel launchers. Each module owns one `.wgsl` file under `shaders/`: it
+//! builds the pipeline and bind groups once, encodes dispatches into a compute
+//! pass, and carries a plain-Rust CPU reference with tests on awkward shapes.
+
+pub mod attention;
+pub mod embed;
+pub mod matmul;
+pub mod rmsnorm;
+pub mod rope_kv;
+pub mod sample;
+pub mod silu_mul;
+
+use bytemuck::{Pod, Zeroable};
+
+/// Mirror of `Step` in shaders/common.wgsl.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, Pod, Zeroable, PartialEq)]
+pub struct Step {
+    pub n_tokens: u32,
+    pub start_slot: u32,
+    pub logit_row0: u32,
+    pub n_logits: u32,
+}
+
+/// Which row count a kernel uses (`count_sel` in the shaders).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Rows {
+    /// All tokens of the step.
+    Tokens = 0,
+    /// Only the rows whose logits are computed.
+    Logits = 1,
+}
+
+pub(crate) fn ceil_div(a: u32, b: u32) -> u32 {
+    a.div_ceil(b)
+}
+
+pub(crate) fn dispatch(
+    pass: &mut wgpu::ComputePass,
+    pipeline: &wgpu::ComputePipeline,
+    group: &wgpu::BindGroup,
+    groups: (u32, u32, u32),
+) {
+    if groups.0 == 0 || groups.1 == 0 || groups.2 == 0 {
+        return;
+    }
+    pass.set_pipeline(pipeline);
+    pass.set_bind_group(0, group, &[]);
+    pass.dispatch_workgroups(groups.0, groups.1, groups.2);
+}
+
+/// Test helpers shared by the kernel tests: a device, a step buffer, one-pass runs.
+#[cfg(test)]
+pub(crate) mod testutil {
+    use super::Step;
+    use crate::gpu::{Gpu, GpuOptions};
+    use std::sync::Arc;
+
+    pub fn gpu() -> Arc<Gpu> {
+        Gpu::new(&GpuOptions::default()).expect("a GPU adapter (lavapipe on CI)")
+    }
+
+    pub fn step_buffer(gpu: &Gpu, step: Step) -> wgpu::Buffer {
+        gpu.uniform("step", &step)
+    }
+
+    /// Runs `f` inside one compute pass and waits for it.
+    pub fn run_pass(gpu: &Gpu, f: impl FnOnce(&mut wgpu::ComputePass)) {
+        let mut enc = gpu.device.create_command_encoder(&Default::default());
+        {
+            let mut pass = enc.begin_compute_pass(&Default::default());
+            f(&mut pass);
+        }
+        gpu.queue.submit([enc.finish()]);
+    }
+
+    /// Deterministic pseudo-random values in [-scale, scale).
+    pub fn rand_vec(n: usize, seed: u64, scale: f32) -> Vec<f32> {
+        let mut s = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        (0..n)
+            .map(|_| {
+                s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                ((s >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale
+            })
+            .collect()
+    }
+
+    pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+        assert_eq!(a.len(), b.len());
+        a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+    }
+}

@@ -1,0 +1,97 @@
+//! `shaders/rmsnorm.wgsl`: RMSNorm in f32.
+
+use anyhow::Result;
+use bytemuck::{Pod, Zeroable};
+use std::sync::Arc;
+
+use super::{dispatch, Rows};
+use crate::gpu::Gpu;
+use crate::shaders;
+
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+struct Params {
+    dim4: u32,
+    eps: f32,
+    in_row_sel: u32,
+    count_sel: u32,
+}
+
+pub struct RmsNorm {
+    pipeline: Arc<wgpu::ComputePipeline>,
+    group: wgpu::BindGroup,
+}
+
+impl RmsNorm {
+    /// `w` `[dim]` f32; `x` and `y` `[rows, dim]` f32. With `Rows::Logits` the
+    /// kernel reads rows starting at the step's `logit_row0` and writes rows from 0.
+    pub fn new(
+        gpu: &Gpu,
+        step: &wgpu::Buffer,
+        dim: usize,
+        eps: f64,
+        w: &wgpu::Buffer,
+        x: &wgpu::Buffer,
+        y: &wgpu::Buffer,
+        rows: Rows,
+    ) -> Result<Self> {
+        let pipeline = gpu.pipeline(&shaders::RMSNORM, None, "main", &[])?;
+        let params = gpu.uniform(
+            "rmsnorm-params",
+            &Params {
+                dim4: (dim / 4) as u32,
+                eps: eps as f32,
+                in_row_sel: rows as u32,
+                count_sel: rows as u32,
+            },
+        );
+        let group = gpu.bind_group(&pipeline, &[step, &params, w, x, y]);
+        Ok(RmsNorm { pipeline, group })
+    }
+
+    pub fn encode(&self, pass: &mut wgpu::ComputePass, rows: u32) {
+        dispatch(pass, &self.pipeline, &self.group, (rows, 1, 1));
+    }
+}
+
+/// CPU reference.
+pub fn reference(x: &[f32], w: &[f32], eps: f32) -> Vec<f32> {
+    let dim = w.len();
+    x.chunks(dim)
+        .flat_map(|row| {
+            let ms = row.iter().map(|v| (*v as f64) * (*v as f64)).sum::<f64>() / dim as f64;
+            let inv = 1.0 / (ms + eps as f64).sqrt();
+            row.iter().zip(w).map(move |(v, g)| (*v as f64 * inv) as f32 * g).collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::testutil::*;
+    use crate::kernels::Step;
+
+    #[test]
+    fn matches_reference_including_logit_rows() {
+        let gpu = gpu();
+        for &(dim, n) in &[(4, 1), (12, 3), (576, 5), (1028, 2)] {
+            let w = rand_vec(dim, 2, 1.5);
+            // Large values as in the "massive activation" of position 0.
+            let x: Vec<f32> = rand_vec(dim * n, 9, 1.0).iter().map(|v| v * 3e3).collect();
+            let wb = gpu.storage_from("w", &w);
+            let xb = gpu.storage_from("x", &x);
+            let yb = gpu.storage("y", (dim * n * 4) as u64);
+            let step = step_buffer(&gpu, Step { n_tokens: n as u32, start_slot: 0, logit_row0: n as u32 - 1, n_logits: 1 });
+            let all = RmsNorm::new(&gpu, &step, dim, 1e-5, &wb, &xb, &yb, Rows::Tokens).unwrap();
+            run_pass(&gpu, |pass| all.encode(pass, n as u32));
+            let got: Vec<f32> = gpu.read(&yb, 0, dim * n).unwrap();
+            let want = reference(&x, &w, 1e-5);
+            assert!(max_abs_diff(&got, &want) < 1e-5 * 4.0, "dim {dim}");
+            let last = RmsNorm::new(&gpu, &step, dim, 1e-5, &wb, &xb, &yb, Rows::Logits).unwrap();
+            run_pass(&gpu, |pass| last.encode(pass, 1));
+            let got: Vec<f32> = gpu.read(&yb, 0, dim).unwrap();
+            assert!(max_abs_diff(&got, &want[(n - 1) * dim..]) < 4e-5, "dim {dim} last row");
+        }
+    }
+}

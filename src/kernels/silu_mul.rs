@@ -1,0 +1,67 @@
+//! `shaders/silu_mul.wgsl`: SwiGLU gate, silu(gate) * up.
+
+use anyhow::Result;
+use bytemuck::{Pod, Zeroable};
+use std::sync::Arc;
+
+use super::{ceil_div, dispatch};
+use crate::gpu::Gpu;
+use crate::shaders;
+
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+struct Params {
+    ffn4: u32,
+    _p: [u32; 3],
+}
+
+pub struct SiluMul {
+    pipeline: Arc<wgpu::ComputePipeline>,
+    group: wgpu::BindGroup,
+    ffn4: u32,
+}
+
+impl SiluMul {
+    /// `gate_up` `[n, 2 ffn]` (gate then up in each row), `out` `[n, ffn]`.
+    pub fn new(gpu: &Gpu, step: &wgpu::Buffer, ffn: usize, gate_up: &wgpu::Buffer, out: &wgpu::Buffer) -> Result<Self> {
+        let pipeline = gpu.pipeline(&shaders::SILU_MUL, None, "main", &[])?;
+        let ffn4 = (ffn / 4) as u32;
+        let params = gpu.uniform("silu-params", &Params { ffn4, _p: [0; 3] });
+        let group = gpu.bind_group(&pipeline, &[step, &params, gate_up, out]);
+        Ok(SiluMul { pipeline, group, ffn4 })
+    }
+
+    pub fn encode(&self, pass: &mut wgpu::ComputePass, n_tokens: u32) {
+        dispatch(pass, &self.pipeline, &self.group, (ceil_div(self.ffn4, 64), n_tokens, 1));
+    }
+}
+
+/// CPU reference.
+pub fn reference(gate_up: &[f32], ffn: usize) -> Vec<f32> {
+    gate_up
+        .chunks(2 * ffn)
+        .flat_map(|row| (0..ffn).map(move |i| row[i] / (1.0 + (-row[i]).exp()) * row[ffn + i]))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::testutil::*;
+    use crate::kernels::Step;
+
+    #[test]
+    fn matches_reference() {
+        let gpu = gpu();
+        for &(ffn, n) in &[(4, 1), (352, 3), (260, 7)] {
+            let gu = rand_vec(2 * ffn * n, 4, 6.0);
+            let step = step_buffer(&gpu, Step { n_tokens: n as u32, ..Default::default() });
+            let gb = gpu.storage_from("gu", &gu);
+            let ob = gpu.storage("o", (ffn * n * 4) as u64);
+            let k = SiluMul::new(&gpu, &step, ffn, &gb, &ob).unwrap();
+            run_pass(&gpu, |pass| k.encode(pass, n as u32));
+            let got: Vec<f32> = gpu.read(&ob, 0, ffn * n).unwrap();
+            assert!(max_abs_diff(&got, &reference(&gu, ffn)) < 1e-5);
+        }
+    }
+}

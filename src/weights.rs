@@ -1,0 +1,210 @@
+//! Weights: safetensors files (single or sharded) memory-mapped and uploaded to
+//! the GPU tensor by tensor, converted to the chosen storage format on the way.
+//!
+//! Only one tensor's converted copy is in host memory at a time. Matrices larger
+//! than the device's largest storage binding are split into row parts
+//! ([`GpuMatrix`]); kernels that read weights launch once per part.
+
+use anyhow::{bail, Context, Result};
+use half::{bf16, f16};
+use memmap2::Mmap;
+use safetensors::{Dtype, SafeTensors};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use crate::gpu::Gpu;
+use crate::shaders::WeightFormat;
+
+/// A memory-mapped set of safetensors files and the tensor names each holds.
+pub struct TensorStore {
+    files: Vec<(PathBuf, Mmap)>,
+    /// tensor name -> index into `files`
+    index: HashMap<String, usize>,
+}
+
+/// One tensor as f32 values with its shape (host side, transient).
+pub struct HostTensor {
+    pub shape: Vec<usize>,
+    pub data: Vec<f32>,
+}
+
+impl TensorStore {
+    /// Opens `model.safetensors` or the shards named by `model.safetensors.index.json`.
+    pub fn open(dir: &Path) -> Result<Self> {
+        let single = dir.join("model.safetensors");
+        let index_path = dir.join("model.safetensors.index.json");
+        let paths: Vec<PathBuf> = if single.exists() {
+            vec![single]
+        } else if index_path.exists() {
+            let text = std::fs::read_to_string(&index_path)
+                .with_context(|| format!("reading {}", index_path.display()))?;
+            let v: serde_json::Value = serde_json::from_str(&text)
+                .with_context(|| format!("{}: not valid JSON", index_path.display()))?;
+            let map = v
+                .get("weight_map")
+                .and_then(|m| m.as_object())
+                .with_context(|| format!("{}: no 'weight_map' object", index_path.display()))?;
+            let mut files: Vec<String> = map.values().filter_map(|f| f.as_str().map(String::from)).collect();
+            files.sort();
+            files.dedup();
+            files.into_iter().map(|f| dir.join(f)).collect()
+        } else {
+            bail!(
+                "{}: no model.safetensors or model.safetensors.index.json",
+                dir.display()
+            );
+        };
+        let mut files = Vec::new();
+        let mut index = HashMap::new();
+        for path in paths {
+            let file = std::fs::File::open(&path).with_context(|| format!("opening {}", path.display()))?;
+            // SAFETY: the file is opened read-only; sieve never writes model files it maps.
+            let mmap = unsafe { Mmap::map(&file) }.with_context(|| format!("mapping {}", path.display()))?;
+            let st = SafeTensors::deserialize(&mmap)
+                .map_err(|e| anyhow::anyhow!("{}: not a valid safetensors file ({e})", path.display()))?;
+            for name in st.names() {
+                index.insert(name.to_string(), files.len());
+            }
+            files.push((path, mmap));
+        }
+        Ok(TensorStore { files, index })
+    }
+
+    pub fn contains(&self, name: &str) -> bool {
+        self.index.contains_key(name)
+    }
+
+    /// Reads one tensor and converts it to f32 (f32, f16 and bf16 are accepted).
+    pub fn read(&self, name: &str) -> Result<HostTensor> {
+        let &fi = self
+            .index
+            .get(name)
+            .with_context(|| format!("tensor '{name}' is missing from the model's safetensors files"))?;
+        let (path, mmap) = &self.files[fi];
+        let st = SafeTensors::deserialize(mmap)
+            .map_err(|e| anyhow::anyhow!("{}: not a valid safetensors file ({e})", path.display()))?;
+        let view = st
+            .tensor(name)
+            .map_err(|e| anyhow::anyhow!("{}: tensor '{name}': {e}", path.display()))?;
+        let bytes = view.data();
+        let data: Vec<f32> = match view.dtype() {
+            Dtype::F32 => bytes
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect(),
+            Dtype::F16 => bytes
+                .chunks_exact(2)
+                .map(|c| f16::from_le_bytes([c[0], c[1]]).to_f32())
+                .collect(),
+            Dtype::BF16 => bytes
+                .chunks_exact(2)
+                .map(|c| bf16::from_le_bytes([c[0], c[1]]).to_f32())
+                .collect(),
+            other => bail!(
+                "{}: tensor '{name}' has dtype {other:?}; supported: F32, F16, BF16",
+                path.display()
+            ),
+        };
+        Ok(HostTensor {
+            shape: view.shape().to_vec(),
+            data,
+        })
+    }
+
+    /// Reads a tensor and checks its shape.
+    pub fn read_shaped(&self, name: &str, shape: &[usize]) -> Result<HostTensor> {
+        let t = self.read(name)?;
+        if t.shape != shape {
+            bail!("tensor '{name}' has shape {:?}; the config implies {:?}", t.shape, shape);
+        }
+        Ok(t)
+    }
+}
+
+/// Converts f32 values to the bytes of the storage format. f16 storage rejects
+/// values outside f16's range (bf16 checkpoints can hold them) instead of
+/// silently turning them into infinities.
+pub fn encode(values: &[f32], format: WeightFormat, what: &str) -> Result<Vec<u8>> {
+    match format {
+        WeightFormat::F32 => Ok(bytemuck::cast_slice(values).to_vec()),
+        WeightFormat::F16 => {
+            let mut out = Vec::with_capacity(values.len() * 2);
+            for &v in values {
+                let h = f16::from_f32(v);
+                if h.is_infinite() && v.is_finite() {
+                    bail!("{what}: value {v} does not fit in f16; load with --dtype f32");
+                }
+                out.extend_from_slice(&h.to_le_bytes());
+            }
+            Ok(out)
+        }
+    }
+}
+
+/// One row part of a matrix on the GPU.
+pub struct MatrixPart {
+    pub buffer: wgpu::Buffer,
+    pub row0: usize,
+    pub rows: usize,
+}
+
+/// A `[rows, cols]` weight matrix (nn.Linear layout), split into row parts that
+/// each fit one storage binding.
+pub struct GpuMatrix {
+    pub rows: usize,
+    pub cols: usize,
+    pub format: WeightFormat,
+    pub parts: Vec<MatrixPart>,
+}
+
+impl GpuMatrix {
+    pub fn new(gpu: &Gpu, label: &str, rows: usize, cols: usize, format: WeightFormat) -> Result<Self> {
+        let row_bytes = cols as u64 * format.bytes_per_value();
+        // Parts hold a multiple of 4 rows: the matmul kernel works in 4-row blocks.
+        let rows_per_part = ((gpu.max_binding / row_bytes) as usize / 4) * 4;
+        if rows_per_part == 0 {
+            bail!(
+                "{label}: one row of {row_bytes} bytes exceeds the device's {}-byte storage binding",
+                gpu.max_binding
+            );
+        }
+        let mut parts = Vec::new();
+        let mut row0 = 0;
+        while row0 < rows {
+            let n = rows_per_part.min(rows - row0);
+            let buffer = gpu.storage(&format!("{label}[{row0}..]"), n as u64 * row_bytes);
+            parts.push(MatrixPart { buffer, row0, rows: n });
+            row0 += n;
+        }
+        Ok(GpuMatrix {
+            rows,
+            cols,
+            format,
+            parts,
+        })
+    }
+
+    /// Writes `values` (whole rows, f32) starting at row `row0`.
+    pub fn write_rows(&self, gpu: &Gpu, row0: usize, values: &[f32], what: &str) -> Result<()> {
+        if values.len() % self.cols != 0 || row0 + values.len() / self.cols > self.rows {
+            bail!("{what}: {} values do not fit rows {row0}.. of a {}x{} matrix", values.len(), self.rows, self.cols);
+        }
+        let n_rows = values.len() / self.cols;
+        for part in &self.parts {
+            let lo = row0.max(part.row0);
+            let hi = (row0 + n_rows).min(part.row0 + part.rows);
+            if lo >= hi {
+                continue;
+            }
+            let src = &values[(lo - row0) * self.cols..(hi - row0) * self.cols];
+            let bytes = encode(src, self.format, what)?;
+            let offset = ((lo - part.row0) * self.cols) as u64 * self.format.bytes_per_value();
+            gpu.write(&part.buffer, offset, &bytes);
+        }
+        Ok(())
+    }
+
+    pub fn bytes(&self) -> u64 {
+        (self.rows * self.cols) as u64 * self.format.bytes_per_value()
+    }
+}

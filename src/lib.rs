@@ -3,7 +3,9 @@
 //! All model math runs in WGSL compute shaders (see `shaders/`).
 
 pub mod config;
+pub mod engine;
 pub mod gpu;
 pub mod kernels;
+pub mod model;
 pub mod shaders;
 pub mod weights;

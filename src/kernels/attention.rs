@@ -38,18 +38,25 @@ pub struct Attention {
 }
 
 impl Attention {
+    /// Bytes of the partials buffer for up to `max_tokens` queries over `max_slots` slots.
+    pub fn partials_bytes(heads: Heads, max_tokens: usize, max_slots: usize) -> u64 {
+        let max_chunks = (max_slots as u32).div_ceil(KEY_CHUNK) as u64;
+        max_tokens as u64 * heads.n_heads as u64 * max_chunks * (heads.head_dim as u64 / 4 + 1) * 16
+    }
+
     /// `q`/`out` `[n, n_heads * head_dim]`, caches `[max_slots, n_kv * head_dim]`,
-    /// `lse` `[n, n_heads]`, all f32; `max_tokens` bounds n.
+    /// `lse` `[n, n_heads]`, all f32; `part` holds [`Self::partials_bytes`] bytes
+    /// (scratch, may be shared by all layers).
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         gpu: &Gpu,
         step: &wgpu::Buffer,
         heads: Heads,
-        max_tokens: usize,
         max_slots: usize,
         q: &wgpu::Buffer,
         k_cache: &wgpu::Buffer,
         v_cache: &wgpu::Buffer,
+        part: &wgpu::Buffer,
         out: &wgpu::Buffer,
         lse: &wgpu::Buffer,
     ) -> Result<Self> {
@@ -66,12 +73,7 @@ impl Attention {
         let prefill = gpu.pipeline(&shaders::ATTENTION, None, "prefill_partial", &[])?;
         let decode = gpu.pipeline(&shaders::ATTENTION, None, "decode_partial", &[])?;
         let merge = gpu.pipeline(&shaders::ATTENTION, None, "merge", &[])?;
-        let max_chunks = (max_slots as u32).div_ceil(KEY_CHUNK) as u64;
-        let part_bytes =
-            max_tokens as u64 * heads.n_heads as u64 * max_chunks * (heads.head_dim as u64 / 4 + 1) * 16;
-        gpu.check_binding("attention partials (prefill chunk x heads x key chunks)", part_bytes)?;
-        let part = gpu.storage("attn-partials", part_bytes);
-        let group = gpu.bind_group(&prefill, &[step, &params, q, k_cache, v_cache, &part, out, lse]);
+        let group = gpu.bind_group(&prefill, &[step, &params, q, k_cache, v_cache, part, out, lse]);
         Ok(Attention {
             prefill,
             decode,
@@ -148,7 +150,8 @@ mod tests {
         let vb = gpu.storage_from("v", &v);
         let ob = gpu.storage("o", (n * nh * hd * 4) as u64);
         let lb = gpu.storage("lse", (n * nh * 4) as u64);
-        let a = Attention::new(gpu, &step, h, n, slots, &qb, &kb, &vb, &ob, &lb).unwrap();
+        let part = gpu.storage("part", Attention::partials_bytes(h, n, slots));
+        let a = Attention::new(gpu, &step, h, slots, &qb, &kb, &vb, &part, &ob, &lb).unwrap();
         run_pass(gpu, |pass| a.encode(pass, n as u32, start as u32));
         let got: Vec<f32> = gpu.read(&ob, 0, n * nh * hd).unwrap();
         let got_lse: Vec<f32> = gpu.read(&lb, 0, n * nh).unwrap();

@@ -1,0 +1,373 @@
+//! The forward pass: activation buffers, the KV cache and every kernel bound
+//! once, then one compute pass (one submission) per step.
+//!
+//! A step processes `n` new tokens (a prefill chunk, or 1 when decoding),
+//! appends their keys and values to the cache after the entries already there,
+//! and optionally computes logits for a contiguous range of the step's rows and
+//! samples the next token from the last of them.
+
+use anyhow::{bail, Context, Result};
+use std::sync::Arc;
+
+use crate::kernels::attention::Attention;
+use crate::kernels::embed::Embed;
+use crate::kernels::matmul::{Matmul, MatmulOptions};
+use crate::kernels::rmsnorm::RmsNorm;
+use crate::kernels::rope_kv::{Heads, RopeKv};
+use crate::kernels::sample::{Sampler, SamplingParams};
+use crate::kernels::silu_mul::SiluMul;
+use crate::kernels::{Rows, Step};
+use crate::model::Model;
+
+/// Sizes of the buffers an engine allocates once.
+#[derive(Clone, Copy, Debug)]
+pub struct EngineOptions {
+    /// Cache slots (the longest context this engine can hold).
+    pub max_slots: usize,
+    /// Most tokens processed in one step (the prefill chunk).
+    pub max_tokens: usize,
+    /// Most rows of logits computed in one step.
+    pub max_logit_rows: usize,
+}
+
+struct LayerKernels {
+    attn_norm: RmsNorm,
+    qkv: Matmul,
+    rope: RopeKv,
+    attn: Attention,
+    o: Matmul,
+    mlp_norm: RmsNorm,
+    gate_up: Matmul,
+    silu: SiluMul,
+    down: Matmul,
+}
+
+/// Which rows of a step get logits, and whether to sample from the last one.
+#[derive(Clone, Copy, Debug)]
+pub struct StepOutput {
+    /// First row (within the step) whose logits are computed.
+    pub logit_row0: usize,
+    /// Number of rows with logits (0 = none).
+    pub n_logits: usize,
+    /// Sample a token from the last logit row with these settings and step counter.
+    pub sample: Option<(SamplingParams, u32)>,
+}
+
+impl StepOutput {
+    pub const NONE: StepOutput = StepOutput {
+        logit_row0: 0,
+        n_logits: 0,
+        sample: None,
+    };
+    /// Logits of the last row only.
+    pub fn last(n_tokens: usize) -> Self {
+        StepOutput {
+            logit_row0: n_tokens - 1,
+            n_logits: 1,
+            sample: None,
+        }
+    }
+}
+
+pub struct Engine {
+    pub model: Arc<Model>,
+    pub opts: EngineOptions,
+    step: wgpu::Buffer,
+    ids: wgpu::Buffer,
+    positions: wgpu::Buffer,
+    /// Residual stream `[max_tokens, hidden]`.
+    x: wgpu::Buffer,
+    pub(crate) k_cache: Vec<wgpu::Buffer>,
+    pub(crate) v_cache: Vec<wgpu::Buffer>,
+    logits: wgpu::Buffer,
+    embed: Embed,
+    layers: Vec<LayerKernels>,
+    final_norm: RmsNorm,
+    lm_head: Matmul,
+    sampler: Sampler,
+    sample_staging: wgpu::Buffer,
+    /// Entries in the cache (the next token goes to this slot).
+    pub n_cached: usize,
+    /// Bytes of every buffer the engine allocated (weights not included).
+    pub buffer_bytes: u64,
+    /// When set, the residual stream after the embedding and after every layer
+    /// is copied here: `[layers + 1, max_tokens, hidden]` (tests and inspection).
+    capture: Option<wgpu::Buffer>,
+}
+
+impl Engine {
+    pub fn new(model: Arc<Model>, opts: EngineOptions) -> Result<Self> {
+        let gpu = model.gpu.clone();
+        let c = &model.config;
+        if opts.max_tokens == 0 || opts.max_slots == 0 {
+            bail!("the cache and the prefill chunk need at least one slot");
+        }
+        let heads = Heads {
+            n_heads: c.num_heads,
+            n_kv: c.num_kv_heads,
+            head_dim: c.head_dim,
+        };
+        let (h, t) = (c.hidden_size, opts.max_tokens as u64);
+        let mut bytes = 0u64;
+        let mut buf = |label: &str, size: u64| -> Result<wgpu::Buffer> {
+            gpu.check_binding(label, size)?;
+            bytes += size;
+            Ok(gpu.storage(label, size))
+        };
+        let ids = buf("ids", t * 4)?;
+        let positions = buf("positions", t * 4)?;
+        let x = buf("x", t * h as u64 * 4)?;
+        let xn = buf("x-normed", t * h as u64 * 4)?;
+        let qkv = buf("qkv", t * c.qkv_dim() as u64 * 4)?;
+        let q = buf("q", t * (c.num_heads * c.head_dim) as u64 * 4)?;
+        let attn_out = buf("attn-out", t * (c.num_heads * c.head_dim) as u64 * 4)?;
+        let lse = buf("lse", t * c.num_heads as u64 * 4)?;
+        let gate_up = buf("gate-up", t * 2 * c.intermediate_size as u64 * 4)?;
+        let act = buf("ffn-act", t * c.intermediate_size as u64 * 4)?;
+        let part = buf(
+            "attention partials (prefill chunk x heads x key chunks)",
+            Attention::partials_bytes(heads, opts.max_tokens, opts.max_slots),
+        )?;
+        let logits = buf(
+            "logits (rows x vocabulary)",
+            (opts.max_logit_rows.max(1) * c.vocab_size) as u64 * 4,
+        )?;
+        let kv_bytes = (opts.max_slots * c.num_kv_heads * c.head_dim) as u64 * 4;
+        let mut k_cache = Vec::new();
+        let mut v_cache = Vec::new();
+        for l in 0..c.num_layers {
+            k_cache.push(buf(&format!("layer {l} key cache"), kv_bytes)?);
+            v_cache.push(buf(&format!("layer {l} value cache"), kv_bytes)?);
+        }
+        let step = gpu.uniform("step", &Step::default());
+        let acc = MatmulOptions {
+            accumulate: true,
+            rows: Rows::Tokens,
+        };
+        let set = MatmulOptions {
+            accumulate: false,
+            rows: Rows::Tokens,
+        };
+        let eps = c.rms_norm_eps;
+        let mut layers = Vec::new();
+        for (l, w) in model.layers.iter().enumerate() {
+            layers.push(LayerKernels {
+                attn_norm: RmsNorm::new(&gpu, &step, h, eps, &w.attn_norm, &x, &xn, Rows::Tokens)?,
+                qkv: Matmul::new(&gpu, &step, &w.qkv, w.qkv_bias.as_ref(), &xn, &qkv, set)?,
+                rope: RopeKv::new(
+                    &gpu,
+                    &step,
+                    heads,
+                    &qkv,
+                    &positions,
+                    &model.inv_freq,
+                    &q,
+                    &k_cache[l],
+                    &v_cache[l],
+                )?,
+                attn: Attention::new(
+                    &gpu,
+                    &step,
+                    heads,
+                    opts.max_slots,
+                    &q,
+                    &k_cache[l],
+                    &v_cache[l],
+                    &part,
+                    &attn_out,
+                    &lse,
+                )?,
+                o: Matmul::new(&gpu, &step, &w.o, None, &attn_out, &x, acc)?,
+                mlp_norm: RmsNorm::new(&gpu, &step, h, eps, &w.mlp_norm, &x, &xn, Rows::Tokens)?,
+                gate_up: Matmul::new(&gpu, &step, &w.gate_up, None, &xn, &gate_up, set)?,
+                silu: SiluMul::new(&gpu, &step, c.intermediate_size, &gate_up, &act)?,
+                down: Matmul::new(&gpu, &step, &w.down, None, &act, &x, acc)?,
+            });
+        }
+        let embed = Embed::new(&gpu, &step, &model.embed, &ids, &x)?;
+        let final_norm = RmsNorm::new(&gpu, &step, h, eps, &model.final_norm, &x, &xn, Rows::Logits)?;
+        let lm_head = Matmul::new(
+            &gpu,
+            &step,
+            model.head(),
+            None,
+            &xn,
+            &logits,
+            MatmulOptions {
+                accumulate: false,
+                rows: Rows::Logits,
+            },
+        )?;
+        let sampler = Sampler::new(&gpu, c.vocab_size, &logits)?;
+        let sample_staging = gpu.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("sampled-token"),
+            size: 4,
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        Ok(Engine {
+            model,
+            opts,
+            step,
+            ids,
+            positions,
+            x,
+            k_cache,
+            v_cache,
+            logits,
+            embed,
+            layers,
+            final_norm,
+            lm_head,
+            sampler,
+            sample_staging,
+            n_cached: 0,
+            buffer_bytes: bytes,
+            capture: None,
+        })
+    }
+
+    /// Starts (or stops) copying the residual stream after every layer.
+    pub fn set_capture(&mut self, on: bool) {
+        let c = &self.model.config;
+        self.capture = on.then(|| {
+            let size = ((c.num_layers + 1) * self.opts.max_tokens * c.hidden_size) as u64 * 4;
+            self.model.gpu.storage("hidden-capture", size)
+        });
+    }
+
+    /// Forgets the cache contents (the buffers stay allocated).
+    pub fn reset(&mut self) {
+        self.n_cached = 0;
+    }
+
+    /// Marks `tokens` as seen for the repetition penalty (the prompt).
+    pub fn reset_seen(&self, tokens: &[u32]) {
+        self.sampler.reset_seen(&self.model.gpu, tokens);
+    }
+
+    /// Runs one step: `ids` at `positions` go to cache slots `n_cached..`.
+    /// Returns the sampled token when `out.sample` is set.
+    pub fn step(&mut self, ids: &[u32], positions: &[u32], out: StepOutput) -> Result<Option<u32>> {
+        let n = ids.len();
+        let c = &self.model.config;
+        if n == 0 || n > self.opts.max_tokens {
+            bail!("a step takes 1 to {} tokens, got {n}", self.opts.max_tokens);
+        }
+        if positions.len() != n {
+            bail!("{} positions for {n} tokens", positions.len());
+        }
+        if self.n_cached + n > self.opts.max_slots {
+            bail!(
+                "the context needs {} cache slots but this engine holds {} (raise --max-context, or use a KV budget)",
+                self.n_cached + n,
+                self.opts.max_slots
+            );
+        }
+        if let Some(&bad) = ids.iter().find(|&&i| i as usize >= c.vocab_size) {
+            bail!("token id {bad} is outside the vocabulary of {} tokens", c.vocab_size);
+        }
+        if out.n_logits > self.opts.max_logit_rows || out.logit_row0 + out.n_logits > n {
+            bail!(
+                "logit rows {}..{} are not within the step's {n} rows (at most {} rows)",
+                out.logit_row0,
+                out.logit_row0 + out.n_logits,
+                self.opts.max_logit_rows
+            );
+        }
+        if out.sample.is_some() && out.n_logits == 0 {
+            bail!("sampling needs logits");
+        }
+        let gpu = self.model.gpu.clone();
+        let step = Step {
+            n_tokens: n as u32,
+            start_slot: self.n_cached as u32,
+            logit_row0: out.logit_row0 as u32,
+            n_logits: out.n_logits as u32,
+        };
+        gpu.write(&self.step, 0, bytemuck::bytes_of(&step));
+        gpu.write(&self.ids, 0, bytemuck::cast_slice(ids));
+        gpu.write(&self.positions, 0, bytemuck::cast_slice(positions));
+        if let Some((params, counter)) = &out.sample {
+            self.sampler
+                .set_params(&gpu, params, (out.n_logits - 1) as u32, *counter);
+        }
+        let mut enc = gpu.device.create_command_encoder(&Default::default());
+        let (nt, start) = (n as u32, self.n_cached as u32);
+        let hidden_bytes = (n * c.hidden_size * 4) as u64;
+        let capture_stride = (self.opts.max_tokens * c.hidden_size * 4) as u64;
+        let mut pass = Some(enc.begin_compute_pass(&Default::default()).forget_lifetime());
+        self.embed.encode(pass.as_mut().unwrap(), nt);
+        for (l, k) in self.layers.iter().enumerate() {
+            if let Some(cap) = &self.capture {
+                // Copies happen between passes: end the pass, copy, start a new one.
+                drop(pass.take());
+                enc.copy_buffer_to_buffer(&self.x, 0, cap, l as u64 * capture_stride, hidden_bytes);
+                pass = Some(enc.begin_compute_pass(&Default::default()).forget_lifetime());
+            }
+            let p = pass.as_mut().unwrap();
+            k.attn_norm.encode(p, nt);
+            k.qkv.encode(p, nt);
+            k.rope.encode(p, nt);
+            k.attn.encode(p, nt, start);
+            k.o.encode(p, nt);
+            k.mlp_norm.encode(p, nt);
+            k.gate_up.encode(p, nt);
+            k.silu.encode(p, nt);
+            k.down.encode(p, nt);
+        }
+        if let Some(cap) = &self.capture {
+            drop(pass.take());
+            let at = c.num_layers as u64 * capture_stride;
+            enc.copy_buffer_to_buffer(&self.x, 0, cap, at, hidden_bytes);
+            pass = Some(enc.begin_compute_pass(&Default::default()).forget_lifetime());
+        }
+        {
+            let p = pass.as_mut().unwrap();
+            if out.n_logits > 0 {
+                self.final_norm.encode(p, out.n_logits as u32);
+                self.lm_head.encode(p, out.n_logits as u32);
+            }
+            if out.sample.is_some() {
+                self.sampler.encode(p);
+            }
+        }
+        drop(pass);
+        if out.sample.is_some() {
+            enc.copy_buffer_to_buffer(&self.sampler.result, 0, &self.sample_staging, 0, 4);
+        }
+        gpu.queue.submit([enc.finish()]);
+        self.n_cached += n;
+        if out.sample.is_some() {
+            let bytes = gpu.map_and_read(&self.sample_staging, 4).context("reading the sampled token")?;
+            return Ok(Some(u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]])));
+        }
+        Ok(None)
+    }
+
+    /// Logits of the last step: `[n_logits, vocab]` row-major.
+    pub fn read_logits(&self, n_logits: usize) -> Result<Vec<f32>> {
+        self.model
+            .gpu
+            .read(&self.logits, 0, n_logits * self.model.config.vocab_size)
+    }
+
+    /// Captured residual stream of the last step for layer index `l` (0 = embedding
+    /// output, l = output of decoder layer l): `[n, hidden]`.
+    pub fn read_hidden(&self, l: usize, n: usize) -> Result<Vec<f32>> {
+        let cap = self.capture.as_ref().context("hidden-state capture is off")?;
+        let c = &self.model.config;
+        let offset = (l * self.opts.max_tokens * c.hidden_size) as u64;
+        self.model.gpu.read(cap, offset, n * c.hidden_size)
+    }
+
+    /// Waits for all submitted work.
+    pub fn sync(&self) -> Result<()> {
+        self.model
+            .gpu
+            .device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .map_err(|e| anyhow::anyhow!("waiting for the GPU: {e}"))?;
+        Ok(())
+    }
+}

@@ -1,0 +1,177 @@
+//! A loaded model: configuration and weights on the GPU.
+
+use anyhow::{bail, Context, Result};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use crate::config::ModelConfig;
+use crate::gpu::{Gpu, GpuOptions};
+use crate::shaders::WeightFormat;
+use crate::weights::{GpuMatrix, TensorStore};
+
+/// How to load a model.
+#[derive(Clone, Debug, Default)]
+pub struct LoadOptions {
+    /// Storage format of weight matrices on the GPU (default f16).
+    pub dtype: Option<WeightFormat>,
+    pub gpu: GpuOptions,
+    /// Called once per tensor uploaded: (done, total).
+    pub progress: Option<fn(usize, usize)>,
+}
+
+pub(crate) struct LayerWeights {
+    pub attn_norm: wgpu::Buffer,
+    /// q, k and v projections stacked by rows: `[qkv_dim, hidden]`.
+    pub qkv: GpuMatrix,
+    pub qkv_bias: Option<wgpu::Buffer>,
+    pub o: GpuMatrix,
+    pub mlp_norm: wgpu::Buffer,
+    /// gate and up projections stacked by rows: `[2 * ffn, hidden]`.
+    pub gate_up: GpuMatrix,
+    pub down: GpuMatrix,
+}
+
+pub struct Model {
+    pub gpu: Arc<Gpu>,
+    pub config: ModelConfig,
+    pub dir: PathBuf,
+    pub format: WeightFormat,
+    pub(crate) embed: GpuMatrix,
+    /// None when the LM head is tied to the embedding.
+    pub(crate) lm_head: Option<GpuMatrix>,
+    pub(crate) layers: Vec<LayerWeights>,
+    pub(crate) final_norm: wgpu::Buffer,
+    pub(crate) inv_freq: wgpu::Buffer,
+    /// Bytes of weights on the GPU.
+    pub weight_bytes: u64,
+}
+
+impl Model {
+    /// Loads `config.json` and the safetensors weights of a Hugging Face model directory.
+    pub fn load(dir: &Path, opts: &LoadOptions) -> Result<Arc<Model>> {
+        if !dir.is_dir() {
+            bail!("model directory {} does not exist", dir.display());
+        }
+        let config = ModelConfig::from_file(&dir.join("config.json"))?;
+        let store = TensorStore::open(dir)?;
+        let gpu = Gpu::new(&opts.gpu)?;
+        Self::upload(gpu, config, &store, dir, opts)
+    }
+
+    /// Uploads weights from an opened store to `gpu`.
+    pub fn upload(
+        gpu: Arc<Gpu>,
+        config: ModelConfig,
+        store: &TensorStore,
+        dir: &Path,
+        opts: &LoadOptions,
+    ) -> Result<Arc<Model>> {
+        let c = &config;
+        let format = opts.dtype.unwrap_or(WeightFormat::F16);
+        let (h, ffn) = (c.hidden_size, c.intermediate_size);
+        let total = 3 + c.num_layers;
+        let mut done = 0;
+        let mut tick = |gpu: &Gpu| {
+            // Flush staged uploads so host staging memory stays at about one tensor.
+            gpu.queue.submit([]);
+            done += 1;
+            if let Some(p) = opts.progress {
+                p(done, total);
+            }
+        };
+        let matrix = |name: &str, rows: usize, cols: usize| -> Result<GpuMatrix> {
+            let t = store.read_shaped(name, &[rows, cols])?;
+            let m = GpuMatrix::new(&gpu, name, rows, cols, format)?;
+            m.write_rows(&gpu, 0, &t.data, name)?;
+            Ok(m)
+        };
+        let vector = |name: &str, len: usize| -> Result<wgpu::Buffer> {
+            let t = store.read_shaped(name, &[len])?;
+            Ok(gpu.storage_from(name, &t.data))
+        };
+        let embed = matrix("model.embed_tokens.weight", c.vocab_size, h)?;
+        tick(&gpu);
+        let mut layers = Vec::with_capacity(c.num_layers);
+        let (qd, kd) = (c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim);
+        for l in 0..c.num_layers {
+            let p = format!("model.layers.{l}.");
+            let qkv = GpuMatrix::new(&gpu, &format!("{p}qkv"), qd + 2 * kd, h, format)?;
+            let mut row = 0;
+            let mut bias = Vec::new();
+            for (proj, rows) in [("q_proj", qd), ("k_proj", kd), ("v_proj", kd)] {
+                let name = format!("{p}self_attn.{proj}.weight");
+                let t = store.read_shaped(&name, &[rows, h])?;
+                qkv.write_rows(&gpu, row, &t.data, &name)?;
+                row += rows;
+                if c.qkv_bias {
+                    bias.extend(store.read_shaped(&format!("{p}self_attn.{proj}.bias"), &[rows])?.data);
+                }
+            }
+            let gate_up = GpuMatrix::new(&gpu, &format!("{p}gate_up"), 2 * ffn, h, format)?;
+            for (i, proj) in ["gate_proj", "up_proj"].iter().enumerate() {
+                let name = format!("{p}mlp.{proj}.weight");
+                let t = store.read_shaped(&name, &[ffn, h])?;
+                gate_up.write_rows(&gpu, i * ffn, &t.data, &name)?;
+            }
+            layers.push(LayerWeights {
+                attn_norm: vector(&format!("{p}input_layernorm.weight"), h)?,
+                qkv,
+                qkv_bias: c.qkv_bias.then(|| gpu.storage_from(&format!("{p}qkv_bias"), &bias)),
+                o: matrix(&format!("{p}self_attn.o_proj.weight"), h, qd)?,
+                mlp_norm: vector(&format!("{p}post_attention_layernorm.weight"), h)?,
+                gate_up,
+                down: matrix(&format!("{p}mlp.down_proj.weight"), h, ffn)?,
+            });
+            tick(&gpu);
+        }
+        let final_norm = vector("model.norm.weight", h)?;
+        tick(&gpu);
+        // Some tied checkpoints still carry lm_head.weight; use it only when untied.
+        let lm_head = if c.tie_word_embeddings {
+            None
+        } else {
+            if !store.contains("lm_head.weight") {
+                bail!(
+                    "{}: tie_word_embeddings is false but the weights have no lm_head.weight",
+                    dir.display()
+                );
+            }
+            Some(matrix("lm_head.weight", c.vocab_size, h)?)
+        };
+        tick(&gpu);
+        let inv_freq = gpu.storage_from("rope-inv-freq", &c.rope_inv_freq());
+        let mut weight_bytes = embed.bytes() + lm_head.as_ref().map_or(0, |m| m.bytes());
+        for l in &layers {
+            weight_bytes += l.qkv.bytes() + l.o.bytes() + l.gate_up.bytes() + l.down.bytes();
+        }
+        gpu.device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .context("waiting for weight uploads")?;
+        Ok(Arc::new(Model {
+            gpu,
+            config,
+            dir: dir.to_path_buf(),
+            format,
+            embed,
+            lm_head,
+            layers,
+            final_norm,
+            inv_freq,
+            weight_bytes,
+        }))
+    }
+
+    pub(crate) fn head(&self) -> &GpuMatrix {
+        self.lm_head.as_ref().unwrap_or(&self.embed)
+    }
+
+    /// Bytes of weights read to decode one token: every layer matrix and the LM head.
+    pub fn decode_weight_bytes(&self) -> u64 {
+        let layers: u64 = self
+            .layers
+            .iter()
+            .map(|l| l.qkv.bytes() + l.o.bytes() + l.gate_up.bytes() + l.down.bytes())
+            .sum();
+        layers + self.head().bytes()
+    }
+}

@@ -1,0 +1,67 @@
+//! Helpers shared by the integration tests: golden data paths and .npz reading.
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+
+/// `../shared/golden` next to the repository (where CI lays it out).
+pub fn golden_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/golden")
+}
+
+pub enum Array {
+    F32(Vec<usize>, Vec<f32>),
+    I32(Vec<usize>, Vec<i32>),
+}
+
+pub struct Npz(pub HashMap<String, Array>);
+
+impl Npz {
+    pub fn open(path: &std::path::Path) -> Npz {
+        let mut ar = npyz::npz::NpzArchive::open(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let names: Vec<String> = ar.array_names().map(String::from).collect();
+        let mut map = HashMap::new();
+        for name in names {
+            let f = ar.by_name(&name).unwrap().unwrap();
+            let shape: Vec<usize> = f.shape().iter().map(|&d| d as usize).collect();
+            let arr = match f.dtype() {
+                npyz::DType::Plain(t) if t.type_char() == npyz::TypeChar::Float => {
+                    Array::F32(shape, f.into_vec::<f32>().unwrap())
+                }
+                npyz::DType::Plain(t) if t.type_char() == npyz::TypeChar::Int => {
+                    Array::I32(shape, f.into_vec::<i32>().unwrap())
+                }
+                _ => continue,
+            };
+            map.insert(name, arr);
+        }
+        Npz(map)
+    }
+
+    pub fn f32(&self, name: &str) -> (&[usize], &[f32]) {
+        match self.0.get(name) {
+            Some(Array::F32(s, v)) => (s, v),
+            _ => panic!("no f32 array {name}"),
+        }
+    }
+
+    pub fn ids(&self, name: &str) -> Vec<u32> {
+        match self.0.get(name) {
+            Some(Array::I32(_, v)) => v.iter().map(|&x| x as u32).collect(),
+            _ => panic!("no int array {name}"),
+        }
+    }
+}
+
+pub fn argmax(v: &[f32]) -> usize {
+    (0..v.len()).fold(0, |b, i| if v[i] > v[b] { i } else { b })
+}
+
+pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+}
+
+pub fn max_abs(a: &[f32]) -> f32 {
+    a.iter().fold(0.0f32, |m, x| m.max(x.abs()))
+}

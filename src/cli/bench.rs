@@ -1,0 +1,165 @@
+//! `sieve bench`: prefill and decode speed, the device's streaming-read
+//! bandwidth and the decode bound it implies, and memory; as a table and JSON.
+
+use anyhow::Result;
+use clap::Args;
+use serde_json::json;
+use std::path::PathBuf;
+use std::time::Instant;
+
+use super::{write_atomic, ModelArgs};
+use sieve::engine::{Engine, EngineOptions, StepOutput};
+use sieve::gpu::Gpu;
+use sieve::kernels::sample::SamplingParams;
+use sieve::model::Model;
+use sieve::shaders;
+
+#[derive(Args, Debug)]
+pub struct BenchArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Prompt lengths for prefill, processed as one step each.
+    #[arg(long, value_delimiter = ',', default_value = "128,512")]
+    pub prefill: Vec<usize>,
+    /// Context depths at which decode speed is measured.
+    #[arg(long, value_delimiter = ',', default_value = "0,1024,4096")]
+    pub depths: Vec<usize>,
+    /// Decode steps timed at each depth (after one warm-up step).
+    #[arg(long, default_value_t = 8)]
+    pub decode_steps: usize,
+    /// Also write the JSON report to this file.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+}
+
+/// Streaming-read bandwidth of the device in bytes/s (best of 3 runs).
+pub fn read_bandwidth(gpu: &Gpu) -> Result<f64> {
+    let bytes = gpu.max_binding.min(256 << 20) / 16 * 16;
+    let src = gpu.storage("bandwidth-src", bytes);
+    let groups = 4096u32;
+    let dst = gpu.storage("bandwidth-dst", groups as u64 * 64 * 4);
+    let pipeline = gpu.pipeline(&shaders::READ_BANDWIDTH, None, "main", &[])?;
+    let group = gpu.bind_group(&pipeline, &[&src, &dst]);
+    let mut best = f64::MAX;
+    for _ in 0..4 {
+        let mut enc = gpu.device.create_command_encoder(&Default::default());
+        {
+            let mut pass = enc.begin_compute_pass(&Default::default());
+            pass.set_pipeline(&pipeline);
+            pass.set_bind_group(0, &group, &[]);
+            pass.dispatch_workgroups(groups, 1, 1);
+        }
+        let t = Instant::now();
+        gpu.queue.submit([enc.finish()]);
+        gpu.device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
+        best = best.min(t.elapsed().as_secs_f64());
+    }
+    Ok(bytes as f64 / best)
+}
+
+/// Peak resident memory of this process (VmHWM), where the OS reports it.
+pub fn peak_rss_bytes() -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = s.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
+pub fn main(a: BenchArgs) -> Result<()> {
+    let dir = a.model.dir()?;
+    let model = Model::load(&dir, &a.model.load_options())?;
+    let report = run(&model, &a)?;
+    println!("{}", serde_json::to_string_pretty(&report)?);
+    if let Some(path) = &a.json {
+        write_atomic(path, serde_json::to_string_pretty(&report)?.as_bytes())?;
+    }
+    Ok(())
+}
+
+/// Runs the benchmark on a loaded model; prints the table, returns the JSON.
+pub fn run(model: &std::sync::Arc<Model>, a: &BenchArgs) -> Result<serde_json::Value> {
+    let c = model.config.clone();
+    let gpu = model.gpu.clone();
+    let max_prefill = a.prefill.iter().copied().max().unwrap_or(1).max(1);
+    let max_depth = a.depths.iter().copied().max().unwrap_or(0);
+    let mut e = Engine::new(
+        model.clone(),
+        EngineOptions {
+            max_slots: (max_depth + a.decode_steps + 2).max(max_prefill),
+            max_tokens: max_prefill,
+            max_logit_rows: 1,
+        },
+    )?;
+    println!("sieve bench: {} ({}) on {}", model.dir.display(), model.format.name(), gpu.describe());
+    let bw = read_bandwidth(&gpu)?;
+    println!("streaming read bandwidth: {:.2} GB/s", bw / 1e9);
+    // Token ids do not change the work; use a fixed spread of ids.
+    let ids = |n: usize| -> Vec<u32> { (0..n).map(|i| ((i * 7919 + 13) % c.vocab_size) as u32).collect() };
+    let mut prefill = vec![];
+    println!("| test | tokens/s | ms/token |");
+    println!("|---|---|---|");
+    for &n in &a.prefill {
+        e.reset();
+        let pos: Vec<u32> = (0..n as u32).collect();
+        let t = Instant::now();
+        e.step(&ids(n), &pos, StepOutput::last(n))?;
+        e.sync()?;
+        let s = t.elapsed().as_secs_f64();
+        println!("| prefill {n} | {:.2} | {:.1} |", n as f64 / s, s * 1e3 / n as f64);
+        prefill.push(json!({"tokens": n, "seconds": s, "tokens_per_second": n as f64 / s}));
+    }
+    let mut decode = vec![];
+    let kv_row_bytes = (2 * c.num_layers * c.num_kv_heads * c.head_dim * 4) as u64;
+    for &d in &a.depths {
+        // Decode cost does not depend on the cached values: start at depth d
+        // without prefilling (the slots hold whatever an earlier run left).
+        e.reset();
+        e.n_cached = d;
+        let greedy = SamplingParams::default();
+        let mut tok = 1u32;
+        let mut time = 0.0;
+        for s in 0..=a.decode_steps {
+            let t = Instant::now();
+            let out = StepOutput { sample: Some((greedy, s as u32)), ..StepOutput::last(1) };
+            tok = e.step(&[tok], &[(d + s) as u32], out)?.unwrap_or(0);
+            if s > 0 {
+                time += t.elapsed().as_secs_f64();
+            }
+        }
+        let tps = a.decode_steps as f64 / time;
+        let bytes = model.decode_weight_bytes() + kv_row_bytes * (d as u64 + a.decode_steps as u64 / 2);
+        let bound = bw / bytes as f64;
+        println!(
+            "| decode at depth {d} | {tps:.2} | {:.1} | ({:.0}% of the {:.2} tok/s read-bandwidth bound, {:.0} MB/token)",
+            1e3 / tps,
+            100.0 * tps / bound,
+            bound,
+            bytes as f64 / 1e6
+        );
+        decode.push(json!({
+            "depth": d, "tokens_per_second": tps, "bytes_per_token": bytes,
+            "bandwidth_bound_tokens_per_second": bound, "fraction_of_bound": tps / bound
+        }));
+    }
+    let gpu_bytes = model.weight_bytes + e.buffer_bytes;
+    let rss = peak_rss_bytes();
+    println!(
+        "GPU buffers: {:.1} MiB ({:.1} MiB weights); peak process memory {}",
+        gpu_bytes as f64 / 1048576.0,
+        model.weight_bytes as f64 / 1048576.0,
+        rss.map_or("n/a".into(), |r| format!("{:.1} MiB", r as f64 / 1048576.0))
+    );
+    Ok(json!({
+        "model": model.dir.display().to_string(),
+        "weights": model.format.name(),
+        "adapter": gpu.describe(),
+        "read_bandwidth_bytes_per_second": bw,
+        "prefill": prefill,
+        "decode": decode,
+        "gpu_buffer_bytes": gpu_bytes,
+        "weight_bytes": model.weight_bytes,
+        "peak_process_bytes": rss,
+    }))
+}

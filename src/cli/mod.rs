@@ -1,0 +1,104 @@
+//! The `sieve` command line: one module per subcommand.
+
+pub mod bench;
+//TMP pub mod convert;
+pub mod info;
+pub mod logits;
+pub mod run;
+pub mod tokenize;
+
+use anyhow::{bail, Result};
+use clap::Args;
+use std::path::PathBuf;
+
+use sieve::gpu::GpuOptions;
+use sieve::model::LoadOptions;
+use sieve::shaders::WeightFormat;
+
+/// The directory `scripts/setup.sh` creates.
+pub const DEFAULT_MODEL: &str = "models/smollm2-135m-instruct";
+
+/// Options every command that loads a model shares.
+#[derive(Args, Debug, Clone)]
+pub struct ModelArgs {
+    /// Hugging Face model directory (config.json, *.safetensors, tokenizer.json).
+    /// Default: $SIEVE_MODEL, else models/smollm2-135m-instruct.
+    #[arg(long)]
+    pub model: Option<PathBuf>,
+    /// Storage format of weight matrices on the GPU.
+    #[arg(long, value_parser = ["f16", "f32"], default_value = "f16")]
+    pub dtype: String,
+    /// Graphics backend: vulkan, metal, dx12 or gl (default: any; also $SIEVE_BACKEND).
+    #[arg(long)]
+    pub backend: Option<String>,
+    /// Use the adapter whose name contains this text (also $SIEVE_ADAPTER).
+    #[arg(long)]
+    pub adapter: Option<String>,
+}
+
+impl ModelArgs {
+    pub fn dir(&self) -> Result<PathBuf> {
+        if let Some(m) = &self.model {
+            return Ok(m.clone());
+        }
+        if let Ok(m) = std::env::var("SIEVE_MODEL") {
+            return Ok(PathBuf::from(m));
+        }
+        for base in [PathBuf::from("."), PathBuf::from(env!("CARGO_MANIFEST_DIR"))] {
+            let p = base.join(DEFAULT_MODEL);
+            if p.join("config.json").exists() {
+                return Ok(p);
+            }
+        }
+        bail!(
+            "no model given and the default model ({DEFAULT_MODEL}) is not set up; run `bash scripts/setup.sh` \
+             in the sieve repository, or pass --model DIR"
+        )
+    }
+
+    pub fn gpu(&self) -> GpuOptions {
+        GpuOptions {
+            backend: self.backend.clone(),
+            adapter: self.adapter.clone(),
+            max_binding_override: None,
+        }
+    }
+
+    pub fn load_options(&self) -> LoadOptions {
+        LoadOptions {
+            dtype: Some(if self.dtype == "f32" { WeightFormat::F32 } else { WeightFormat::F16 }),
+            gpu: self.gpu(),
+            progress: Some(progress_bar_tick),
+        }
+    }
+}
+
+/// A progress line on stderr while weights upload (only on a terminal).
+fn progress_bar_tick(done: usize, total: usize) {
+    use std::io::IsTerminal;
+    if std::io::stderr().is_terminal() {
+        eprint!("\rloading weights {done}/{total}");
+        if done == total {
+            eprintln!();
+        }
+    }
+}
+
+/// Parses a comma-separated list of token ids.
+pub fn parse_ids(s: &str) -> Result<Vec<u32>> {
+    s.split(',')
+        .map(|x| x.trim())
+        .filter(|x| !x.is_empty())
+        .map(|x| x.parse::<u32>().map_err(|_| anyhow::anyhow!("--ids: '{x}' is not a token id")))
+        .collect()
+}
+
+/// Writes `bytes` to `path` atomically (a temporary file renamed into place), so
+/// that no half-written output is ever left behind.
+pub fn write_atomic(path: &std::path::Path, bytes: &[u8]) -> Result<()> {
+    use anyhow::Context;
+    let tmp = path.with_extension(format!("partial-{}", std::process::id()));
+    std::fs::write(&tmp, bytes).with_context(|| format!("writing {}", tmp.display()))?;
+    std::fs::rename(&tmp, path).with_context(|| format!("renaming {} to {}", tmp.display(), path.display()))?;
+    Ok(())
+}

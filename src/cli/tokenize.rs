@@ -1,0 +1,26 @@
+//! `sieve tokenize`: prints the token ids of a text, comma-separated.
+
+use anyhow::Result;
+use clap::Args;
+
+use super::ModelArgs;
+use sieve::config::ModelConfig;
+use sieve::tokenizer::Tokenizer;
+
+#[derive(Args, Debug)]
+pub struct TokenizeArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// The text (used as is: no chat template).
+    pub text: String,
+}
+
+pub fn main(a: TokenizeArgs) -> Result<()> {
+    let dir = a.model.dir()?;
+    let cfg = ModelConfig::from_file(&dir.join("config.json"))?;
+    let tok = Tokenizer::load(&dir, &cfg.eos_token_ids)?;
+    let ids = tok.encode(&a.text)?;
+    let s: Vec<String> = ids.iter().map(|i| i.to_string()).collect();
+    println!("{}", s.join(","));
+    Ok(())
+}

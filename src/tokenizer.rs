@@ -1,0 +1,184 @@
+//! Text side of a model: `tokenizer.json` through the `tokenizers` crate, the
+//! chat template of `tokenizer_config.json` rendered with minijinja as Hugging
+//! Face renders it with jinja2, and incremental detokenization for streaming.
+
+use anyhow::{anyhow, bail, Context, Result};
+use serde::Serialize;
+use serde_json::Value;
+use std::path::Path;
+
+/// One chat message.
+#[derive(Clone, Debug, Serialize)]
+pub struct Message {
+    pub role: String,
+    pub content: String,
+}
+
+impl Message {
+    pub fn new(role: &str, content: &str) -> Self {
+        Message {
+            role: role.to_string(),
+            content: content.to_string(),
+        }
+    }
+}
+
+pub struct Tokenizer {
+    inner: tokenizers::Tokenizer,
+    chat_template: Option<String>,
+    bos_token: Option<String>,
+    eos_token: Option<String>,
+    add_bos: bool,
+    bos_id: Option<u32>,
+    /// Ids that end a generation: the config's eos ids plus the tokenizer's eos token.
+    pub eos_ids: Vec<u32>,
+}
+
+/// A special token in tokenizer_config.json is a string or `{"content": ...}`.
+fn token_string(v: Option<&Value>) -> Option<String> {
+    match v? {
+        Value::String(s) => Some(s.clone()),
+        Value::Object(o) => o.get("content").and_then(Value::as_str).map(String::from),
+        _ => None,
+    }
+}
+
+impl Tokenizer {
+    /// Loads `tokenizer.json` and (if present) `tokenizer_config.json` from `dir`.
+    /// `config_eos` are the eos ids of config.json / generation_config.json.
+    pub fn load(dir: &Path, config_eos: &[u32]) -> Result<Self> {
+        let path = dir.join("tokenizer.json");
+        if !path.exists() {
+            bail!("{}: missing tokenizer.json (sieve needs a Hugging Face tokenizer file)", dir.display());
+        }
+        let inner = tokenizers::Tokenizer::from_file(&path)
+            .map_err(|e| anyhow!("{}: cannot load tokenizer: {e}", path.display()))?;
+        let cfg_path = dir.join("tokenizer_config.json");
+        let cfg: Value = if cfg_path.exists() {
+            let text = std::fs::read_to_string(&cfg_path).with_context(|| format!("reading {}", cfg_path.display()))?;
+            serde_json::from_str(&text).with_context(|| format!("{}: not valid JSON", cfg_path.display()))?
+        } else {
+            Value::Null
+        };
+        let bos_token = token_string(cfg.get("bos_token"));
+        let eos_token = token_string(cfg.get("eos_token"));
+        let mut eos_ids = config_eos.to_vec();
+        if let Some(id) = eos_token.as_deref().and_then(|t| inner.token_to_id(t)) {
+            if !eos_ids.contains(&id) {
+                eos_ids.push(id);
+            }
+        }
+        let gen_path = dir.join("generation_config.json");
+        if let Ok(text) = std::fs::read_to_string(&gen_path) {
+            if let Ok(v) = serde_json::from_str::<Value>(&text) {
+                let ids: Vec<u32> = match v.get("eos_token_id") {
+                    Some(Value::Number(n)) => n.as_u64().map(|x| vec![x as u32]).unwrap_or_default(),
+                    Some(Value::Array(a)) => a.iter().filter_map(Value::as_u64).map(|x| x as u32).collect(),
+                    _ => vec![],
+                };
+                for id in ids {
+                    if !eos_ids.contains(&id) {
+                        eos_ids.push(id);
+                    }
+                }
+            }
+        }
+        let bos_id = bos_token.as_deref().and_then(|t| inner.token_to_id(t));
+        Ok(Tokenizer {
+            inner,
+            chat_template: cfg.get("chat_template").and_then(Value::as_str).map(String::from),
+            add_bos: cfg.get("add_bos_token").and_then(Value::as_bool).unwrap_or(false),
+            bos_token,
+            eos_token,
+            bos_id,
+            eos_ids,
+        })
+    }
+
+    /// Token ids of `text`. Special tokens written in the text are matched whole;
+    /// a BOS token is prepended only when tokenizer_config.json asks for it.
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
+        let enc = self
+            .inner
+            .encode(text, false)
+            .map_err(|e| anyhow!("tokenizing: {e}"))?;
+        let mut ids = enc.get_ids().to_vec();
+        if self.add_bos {
+            if let Some(b) = self.bos_id {
+                if ids.first() != Some(&b) {
+                    ids.insert(0, b);
+                }
+            }
+        }
+        Ok(ids)
+    }
+
+    /// Text of `ids`, special tokens included (so that `decode(encode(t)) == t`).
+    pub fn decode(&self, ids: &[u32]) -> Result<String> {
+        self.inner.decode(ids, false).map_err(|e| anyhow!("detokenizing: {e}"))
+    }
+
+    pub fn has_chat_template(&self) -> bool {
+        self.chat_template.is_some()
+    }
+
+    /// Renders the chat template (as transformers' `apply_chat_template`).
+    pub fn apply_chat_template(&self, messages: &[Message], add_generation_prompt: bool) -> Result<String> {
+        let template = self
+            .chat_template
+            .as_deref()
+            .context("this model's tokenizer_config.json has no chat_template (use --raw)")?;
+        let mut env = minijinja::Environment::new();
+        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.add_function("raise_exception", |msg: String| -> Result<String, minijinja::Error> {
+            Err(minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, msg))
+        });
+        env.add_template("chat", template)
+            .map_err(|e| anyhow!("chat template does not parse: {e}"))?;
+        let ctx = minijinja::context! {
+            messages => messages,
+            add_generation_prompt => add_generation_prompt,
+            bos_token => self.bos_token.clone().unwrap_or_default(),
+            eos_token => self.eos_token.clone().unwrap_or_default(),
+        };
+        env.get_template("chat")
+            .and_then(|t| t.render(ctx))
+            .map_err(|e| anyhow!("rendering the chat template: {e}"))
+    }
+}
+
+/// Turns a growing list of token ids into text pieces for streaming. Bytes of a
+/// multi-byte character split over tokens are held back until complete.
+pub struct StreamDecoder {
+    ids: Vec<u32>,
+    emitted: usize,
+}
+
+impl Default for StreamDecoder {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl StreamDecoder {
+    pub fn new() -> Self {
+        StreamDecoder { ids: vec![], emitted: 0 }
+    }
+
+    /// Adds a token and returns the newly completed text (possibly empty).
+    pub fn push(&mut self, tok: &Tokenizer, id: u32) -> Result<String> {
+        self.ids.push(id);
+        let text = tok.decode(&self.ids)?;
+        if text.ends_with('\u{FFFD}') || text.len() < self.emitted || !text.is_char_boundary(self.emitted) {
+            return Ok(String::new());
+        }
+        let piece = text[self.emitted..].to_string();
+        self.emitted = text.len();
+        Ok(piece)
+    }
+
+    /// The full text so far.
+    pub fn text(&self, tok: &Tokenizer) -> Result<String> {
+        tok.decode(&self.ids)
+    }
+}

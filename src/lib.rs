@@ -6,7 +6,9 @@
 //! for token-level control.
 
 pub mod config;
+pub mod convert;
 pub mod engine;
+pub mod gguf;
 pub mod gpu;
 pub mod kernels;
 pub mod model;

@@ -23,6 +23,8 @@ enum Command {
     Info(cli::info::InfoArgs),
     /// Measure prefill and decode speed, bandwidth and memory.
     Bench(cli::bench::BenchArgs),
+    /// Convert a GGUF file into a Hugging Face model directory.
+    ConvertGguf(cli::convert::ConvertArgs),
 }
 
 fn main() {
@@ -33,6 +35,7 @@ fn main() {
         Command::Logits(a) => cli::logits::main(a),
         Command::Info(a) => cli::info::main(a),
         Command::Bench(a) => cli::bench::main(a),
+        Command::ConvertGguf(a) => cli::convert::main(a),
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");

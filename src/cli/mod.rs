@@ -1,7 +1,7 @@
 //! The `sieve` command line: one module per subcommand.
 
 pub mod bench;
-//TMP pub mod convert;
+pub mod convert;
 pub mod info;
 pub mod logits;
 pub mod run;

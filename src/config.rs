@@ -50,15 +50,21 @@ fn get_usize(v: &Value, key: &str, file: &Path) -> Result<usize> {
 fn token_ids(v: Option<&Value>) -> Vec<u32> {
     match v {
         Some(Value::Number(n)) => n.as_u64().map(|x| vec![x as u32]).unwrap_or_default(),
-        Some(Value::Array(a)) => a.iter().filter_map(Value::as_u64).map(|x| x as u32).collect(),
+        Some(Value::Array(a)) => a
+            .iter()
+            .filter_map(Value::as_u64)
+            .map(|x| x as u32)
+            .collect(),
         _ => vec![],
     }
 }
 
 impl ModelConfig {
     pub fn from_file(path: &Path) -> Result<Self> {
-        let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-        let v: Value = serde_json::from_str(&text).with_context(|| format!("{}: not valid JSON", path.display()))?;
+        let text =
+            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        let v: Value = serde_json::from_str(&text)
+            .with_context(|| format!("{}: not valid JSON", path.display()))?;
         Self::from_json(&v, path)
     }
 
@@ -92,12 +98,18 @@ impl ModelConfig {
         let rope_theta = v
             .get("rope_theta")
             .and_then(Value::as_f64)
-            .or_else(|| rope_params.and_then(|r| r.get("rope_theta")).and_then(Value::as_f64))
+            .or_else(|| {
+                rope_params
+                    .and_then(|r| r.get("rope_theta"))
+                    .and_then(Value::as_f64)
+            })
             .unwrap_or(10000.0);
         let scaling = match v.get("rope_scaling").filter(|s| !s.is_null()) {
             Some(s) => Some(s),
             None => rope_params.filter(|r| {
-                r.get("rope_type").and_then(Value::as_str).is_some_and(|t| t != "default")
+                r.get("rope_type")
+                    .and_then(Value::as_str)
+                    .is_some_and(|t| t != "default")
             }),
         };
         let rope_scaling = match scaling {
@@ -138,15 +150,24 @@ impl ModelConfig {
             num_kv_heads,
             head_dim,
             vocab_size: get_usize(v, "vocab_size", path)?,
-            rms_norm_eps: v.get("rms_norm_eps").and_then(Value::as_f64).unwrap_or(1e-6),
+            rms_norm_eps: v
+                .get("rms_norm_eps")
+                .and_then(Value::as_f64)
+                .unwrap_or(1e-6),
             rope_theta,
             rope_scaling,
             max_position_embeddings: v
                 .get("max_position_embeddings")
                 .and_then(Value::as_u64)
                 .unwrap_or(4096) as usize,
-            tie_word_embeddings: v.get("tie_word_embeddings").and_then(Value::as_bool).unwrap_or(false),
-            qkv_bias: is_qwen2 || v.get("attention_bias").and_then(Value::as_bool).unwrap_or(false),
+            tie_word_embeddings: v
+                .get("tie_word_embeddings")
+                .and_then(Value::as_bool)
+                .unwrap_or(false),
+            qkv_bias: is_qwen2
+                || v.get("attention_bias")
+                    .and_then(Value::as_bool)
+                    .unwrap_or(false),
             bos_token_id: token_ids(v.get("bos_token_id")).first().copied(),
             eos_token_ids: token_ids(v.get("eos_token_id")),
         };
@@ -156,7 +177,10 @@ impl ModelConfig {
 
     fn validate(&self, path: &Path) -> Result<()> {
         let p = path.display();
-        if self.num_heads == 0 || self.num_kv_heads == 0 || self.num_heads % self.num_kv_heads != 0 {
+        if self.num_heads == 0
+            || self.num_kv_heads == 0
+            || !self.num_heads.is_multiple_of(self.num_kv_heads)
+        {
             bail!(
                 "{p}: num_attention_heads ({}) must be a positive multiple of num_key_value_heads ({})",
                 self.num_heads,
@@ -166,10 +190,13 @@ impl ModelConfig {
         if self.num_heads / self.num_kv_heads > 8 {
             bail!("{p}: more than 8 query heads per KV head is not supported");
         }
-        if self.head_dim % 4 != 0 || self.head_dim > 128 {
-            bail!("{p}: head_dim {} must be a multiple of 4 and at most 128", self.head_dim);
+        if !self.head_dim.is_multiple_of(4) || self.head_dim > 128 {
+            bail!(
+                "{p}: head_dim {} must be a multiple of 4 and at most 128",
+                self.head_dim
+            );
         }
-        if self.hidden_size % 4 != 0 || self.intermediate_size % 4 != 0 {
+        if !self.hidden_size.is_multiple_of(4) || !self.intermediate_size.is_multiple_of(4) {
             bail!("{p}: hidden_size and intermediate_size must be multiples of 4");
         }
         Ok(())
@@ -187,7 +214,8 @@ impl ModelConfig {
         (0..self.head_dim / 2)
             .map(|j| {
                 // transformers computes the base frequencies in float32.
-                let base = (1.0f32 / (self.rope_theta as f32).powf((2 * j) as f32 / d as f32)) as f64;
+                let base =
+                    (1.0f32 / (self.rope_theta as f32).powf((2 * j) as f32 / d as f32)) as f64;
                 let f = match &self.rope_scaling {
                     RopeScaling::None => base,
                     RopeScaling::Llama3 {
@@ -204,7 +232,8 @@ impl ModelConfig {
                         } else if wavelen > low_wavelen {
                             base / factor
                         } else {
-                            let smooth = (old / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor);
+                            let smooth = (old / wavelen - low_freq_factor)
+                                / (high_freq_factor - low_freq_factor);
                             (1.0 - smooth) * base / factor + smooth * base
                         }
                     }
@@ -222,8 +251,13 @@ mod tests {
     #[test]
     fn unknown_architecture_is_named() {
         let v: Value = serde_json::json!({"architectures": ["MistralForCausalLM"]});
-        let err = ModelConfig::from_json(&v, Path::new("x/config.json")).unwrap_err().to_string();
-        assert!(err.contains("MistralForCausalLM") && err.contains("LlamaForCausalLM"), "{err}");
+        let err = ModelConfig::from_json(&v, Path::new("x/config.json"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("MistralForCausalLM") && err.contains("LlamaForCausalLM"),
+            "{err}"
+        );
     }
 
     #[test]

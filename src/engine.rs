@@ -77,8 +77,6 @@ pub struct Engine {
     positions: wgpu::Buffer,
     /// Residual stream `[max_tokens, hidden]`.
     x: wgpu::Buffer,
-    pub(crate) k_cache: Vec<wgpu::Buffer>,
-    pub(crate) v_cache: Vec<wgpu::Buffer>,
     logits: wgpu::Buffer,
     embed: Embed,
     layers: Vec<LayerKernels>,
@@ -185,7 +183,16 @@ impl Engine {
             });
         }
         let embed = Embed::new(&gpu, &step, &model.embed, &ids, &x)?;
-        let final_norm = RmsNorm::new(&gpu, &step, h, eps, &model.final_norm, &x, &xn, Rows::Logits)?;
+        let final_norm = RmsNorm::new(
+            &gpu,
+            &step,
+            h,
+            eps,
+            &model.final_norm,
+            &x,
+            &xn,
+            Rows::Logits,
+        )?;
         let lm_head = Matmul::new(
             &gpu,
             &step,
@@ -212,8 +219,6 @@ impl Engine {
             ids,
             positions,
             x,
-            k_cache,
-            v_cache,
             logits,
             embed,
             layers,
@@ -265,7 +270,10 @@ impl Engine {
             );
         }
         if let Some(&bad) = ids.iter().find(|&&i| i as usize >= c.vocab_size) {
-            bail!("token id {bad} is outside the vocabulary of {} tokens", c.vocab_size);
+            bail!(
+                "token id {bad} is outside the vocabulary of {} tokens",
+                c.vocab_size
+            );
         }
         if out.n_logits > self.opts.max_logit_rows || out.logit_row0 + out.n_logits > n {
             bail!(
@@ -296,14 +304,20 @@ impl Engine {
         let (nt, start) = (n as u32, self.n_cached as u32);
         let hidden_bytes = (n * c.hidden_size * 4) as u64;
         let capture_stride = (self.opts.max_tokens * c.hidden_size * 4) as u64;
-        let mut pass = Some(enc.begin_compute_pass(&Default::default()).forget_lifetime());
+        let mut pass = Some(
+            enc.begin_compute_pass(&Default::default())
+                .forget_lifetime(),
+        );
         self.embed.encode(pass.as_mut().unwrap(), nt);
         for (l, k) in self.layers.iter().enumerate() {
             if let Some(cap) = &self.capture {
                 // Copies happen between passes: end the pass, copy, start a new one.
                 drop(pass.take());
                 enc.copy_buffer_to_buffer(&self.x, 0, cap, l as u64 * capture_stride, hidden_bytes);
-                pass = Some(enc.begin_compute_pass(&Default::default()).forget_lifetime());
+                pass = Some(
+                    enc.begin_compute_pass(&Default::default())
+                        .forget_lifetime(),
+                );
             }
             let p = pass.as_mut().unwrap();
             k.attn_norm.encode(p, nt);
@@ -320,7 +334,10 @@ impl Engine {
             drop(pass.take());
             let at = c.num_layers as u64 * capture_stride;
             enc.copy_buffer_to_buffer(&self.x, 0, cap, at, hidden_bytes);
-            pass = Some(enc.begin_compute_pass(&Default::default()).forget_lifetime());
+            pass = Some(
+                enc.begin_compute_pass(&Default::default())
+                    .forget_lifetime(),
+            );
         }
         {
             let p = pass.as_mut().unwrap();
@@ -339,8 +356,12 @@ impl Engine {
         gpu.queue.submit([enc.finish()]);
         self.n_cached += n;
         if out.sample.is_some() {
-            let bytes = gpu.map_and_read(&self.sample_staging, 4).context("reading the sampled token")?;
-            return Ok(Some(u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]])));
+            let bytes = gpu
+                .map_and_read(&self.sample_staging, 4)
+                .context("reading the sampled token")?;
+            return Ok(Some(u32::from_le_bytes([
+                bytes[0], bytes[1], bytes[2], bytes[3],
+            ])));
         }
         Ok(None)
     }
@@ -355,7 +376,10 @@ impl Engine {
     /// Captured residual stream of the last step for layer index `l` (0 = embedding
     /// output, l = output of decoder layer l): `[n, hidden]`.
     pub fn read_hidden(&self, l: usize, n: usize) -> Result<Vec<f32>> {
-        let cap = self.capture.as_ref().context("hidden-state capture is off")?;
+        let cap = self
+            .capture
+            .as_ref()
+            .context("hidden-state capture is off")?;
         let c = &self.model.config;
         let offset = (l * self.opts.max_tokens * c.hidden_size) as u64;
         self.model.gpu.read(cap, offset, n * c.hidden_size)

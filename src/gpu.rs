@@ -27,8 +27,12 @@ pub struct GpuOptions {
 impl GpuOptions {
     pub fn from_env() -> Self {
         GpuOptions {
-            backend: std::env::var("SIEVE_BACKEND").ok().filter(|s| !s.is_empty()),
-            adapter: std::env::var("SIEVE_ADAPTER").ok().filter(|s| !s.is_empty()),
+            backend: std::env::var("SIEVE_BACKEND")
+                .ok()
+                .filter(|s| !s.is_empty()),
+            adapter: std::env::var("SIEVE_ADAPTER")
+                .ok()
+                .filter(|s| !s.is_empty()),
             max_binding_override: None,
         }
     }
@@ -136,7 +140,8 @@ impl Gpu {
             trace: wgpu::Trace::Off,
         }))
         .with_context(|| format!("opening a device on adapter '{}'", info.name))?;
-        let real_max_binding = (limits.max_storage_buffer_binding_size as u64).min(limits.max_buffer_size);
+        let real_max_binding =
+            (limits.max_storage_buffer_binding_size as u64).min(limits.max_buffer_size);
         let max_binding = match opts.max_binding_override {
             Some(v) => v.min(real_max_binding),
             None => real_max_binding,
@@ -156,7 +161,11 @@ impl Gpu {
     pub fn describe(&self) -> String {
         format!(
             "{} ({:?}, {:?}, driver {} {})",
-            self.info.name, self.info.backend, self.info.device_type, self.info.driver, self.info.driver_info
+            self.info.name,
+            self.info.backend,
+            self.info.device_type,
+            self.info.driver,
+            self.info.driver_info
         )
     }
 
@@ -175,22 +184,26 @@ impl Gpu {
         }
         let src = shaders::source(shader, weights);
         let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
-        let module = self.device.create_shader_module(wgpu::ShaderModuleDescriptor {
-            label: Some(shader.name),
-            source: wgpu::ShaderSource::Wgsl(src.as_str().into()),
-        });
+        let module = self
+            .device
+            .create_shader_module(wgpu::ShaderModuleDescriptor {
+                label: Some(shader.name),
+                source: wgpu::ShaderSource::Wgsl(src.as_str().into()),
+            });
         let layout = self.layout_for(&src, shader.file)?;
-        let pipeline = self.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-            label: Some(&key),
-            layout: Some(&layout),
-            module: &module,
-            entry_point: Some(entry),
-            compilation_options: wgpu::PipelineCompilationOptions {
-                constants,
-                zero_initialize_workgroup_memory: false,
-            },
-            cache: None,
-        });
+        let pipeline = self
+            .device
+            .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                label: Some(&key),
+                layout: Some(&layout),
+                module: &module,
+                entry_point: Some(entry),
+                compilation_options: wgpu::PipelineCompilationOptions {
+                    constants,
+                    zero_initialize_workgroup_memory: false,
+                },
+                cache: None,
+            });
         if let Some(err) = pollster::block_on(scope.pop()) {
             bail!("compiling shader {} entry {entry}: {err}", shader.file);
         }
@@ -203,10 +216,13 @@ impl Gpu {
     /// entry points of one file share it (wgpu's automatic layouts keep only the
     /// bindings each entry point uses).
     fn layout_for(&self, src: &str, file: &str) -> Result<wgpu::PipelineLayout> {
-        let module = naga::front::wgsl::parse_str(src).map_err(|e| anyhow!("{file}: {}", e.emit_to_string(src)))?;
+        let module = naga::front::wgsl::parse_str(src)
+            .map_err(|e| anyhow!("{file}: {}", e.emit_to_string(src)))?;
         let mut entries = Vec::new();
         for (_, var) in module.global_variables.iter() {
-            let Some(binding) = &var.binding else { continue };
+            let Some(binding) = &var.binding else {
+                continue;
+            };
             if binding.group != 0 {
                 bail!("{file}: only bind group 0 is used by sieve's kernels");
             }
@@ -229,15 +245,19 @@ impl Gpu {
             });
         }
         entries.sort_by_key(|e| e.binding);
-        let bgl = self.device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
-            label: Some(file),
-            entries: &entries,
-        });
-        Ok(self.device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
-            label: Some(file),
-            bind_group_layouts: &[Some(&bgl)],
-            immediate_size: 0,
-        }))
+        let bgl = self
+            .device
+            .create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+                label: Some(file),
+                entries: &entries,
+            });
+        Ok(self
+            .device
+            .create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+                label: Some(file),
+                bind_group_layouts: &[Some(&bgl)],
+                immediate_size: 0,
+            }))
     }
 
     /// wgpu does not check workgroup memory against the device limit (some drivers
@@ -266,7 +286,9 @@ impl Gpu {
         self.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some(label),
             size: bytes.max(16).next_multiple_of(4),
-            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::COPY_SRC,
+            usage: wgpu::BufferUsages::STORAGE
+                | wgpu::BufferUsages::COPY_DST
+                | wgpu::BufferUsages::COPY_SRC,
             mapped_at_creation: false,
         })
     }
@@ -283,7 +305,7 @@ impl Gpu {
 
     /// Writes bytes, padding the tail to 4 bytes as wgpu requires.
     pub fn write(&self, buf: &wgpu::Buffer, offset: u64, bytes: &[u8]) {
-        if bytes.len() % 4 == 0 {
+        if bytes.len().is_multiple_of(4) {
             self.queue.write_buffer(buf, offset, bytes);
         } else {
             let mut padded = bytes.to_vec();
@@ -306,7 +328,11 @@ impl Gpu {
     }
 
     /// Bind group for group 0 of `pipeline`: binding i is the whole of `buffers[i]`.
-    pub fn bind_group(&self, pipeline: &wgpu::ComputePipeline, buffers: &[&wgpu::Buffer]) -> wgpu::BindGroup {
+    pub fn bind_group(
+        &self,
+        pipeline: &wgpu::ComputePipeline,
+        buffers: &[&wgpu::Buffer],
+    ) -> wgpu::BindGroup {
         let layout = pipeline.get_bind_group_layout(0);
         let entries: Vec<wgpu::BindGroupEntry> = buffers
             .iter()
@@ -359,7 +385,12 @@ impl Gpu {
         Ok(out)
     }
 
-    pub fn read<T: bytemuck::Pod>(&self, src: &wgpu::Buffer, offset_elems: u64, n: usize) -> Result<Vec<T>> {
+    pub fn read<T: bytemuck::Pod>(
+        &self,
+        src: &wgpu::Buffer,
+        offset_elems: u64,
+        n: usize,
+    ) -> Result<Vec<T>> {
         let es = std::mem::size_of::<T>() as u64;
         let bytes = self.read_bytes(src, offset_elems * es, n as u64 * es)?;
         Ok(bytemuck::pod_collect_to_vec(&bytes))

@@ -5,7 +5,11 @@ mod cli;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "sieve", version, about = "LLM inference on wgpu with a bounded KV cache")]
+#[command(
+    name = "sieve",
+    version,
+    about = "LLM inference on wgpu with a bounded KV cache"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

@@ -104,7 +104,11 @@ impl Model {
                 qkv.write_rows(&gpu, row, &t.data, &name)?;
                 row += rows;
                 if c.qkv_bias {
-                    bias.extend(store.read_shaped(&format!("{p}self_attn.{proj}.bias"), &[rows])?.data);
+                    bias.extend(
+                        store
+                            .read_shaped(&format!("{p}self_attn.{proj}.bias"), &[rows])?
+                            .data,
+                    );
                 }
             }
             let gate_up = GpuMatrix::new(&gpu, &format!("{p}gate_up"), 2 * ffn, h, format)?;
@@ -116,7 +120,9 @@ impl Model {
             layers.push(LayerWeights {
                 attn_norm: vector(&format!("{p}input_layernorm.weight"), h)?,
                 qkv,
-                qkv_bias: c.qkv_bias.then(|| gpu.storage_from(&format!("{p}qkv_bias"), &bias)),
+                qkv_bias: c
+                    .qkv_bias
+                    .then(|| gpu.storage_from(&format!("{p}qkv_bias"), &bias)),
                 o: matrix(&format!("{p}self_attn.o_proj.weight"), h, qd)?,
                 mlp_norm: vector(&format!("{p}post_attention_layernorm.weight"), h)?,
                 gate_up,

@@ -226,7 +226,9 @@ impl Session {
         let mut next = 0;
         let pieces: Vec<&[u32]> = prompt.chunks(chunk).collect();
         for (i, piece) in pieces.iter().enumerate() {
-            let pos: Vec<u32> = (0..piece.len()).map(|j| (self.tokens.len() + j) as u32).collect();
+            let pos: Vec<u32> = (0..piece.len())
+                .map(|j| (self.tokens.len() + j) as u32)
+                .collect();
             let last = i + 1 == pieces.len();
             let out = if last {
                 self.steps += 1;
@@ -255,7 +257,12 @@ impl Session {
             }
             ids.push(next);
             pending.push_str(&decoder.push(&self.tokenizer, next)?);
-            if let Some(cut) = opts.stop_strings.iter().filter_map(|s| pending.find(s.as_str())).min() {
+            if let Some(cut) = opts
+                .stop_strings
+                .iter()
+                .filter_map(|s| pending.find(s.as_str()))
+                .min()
+            {
                 pending.truncate(cut);
                 text.push_str(&pending);
                 on_text(&pending);

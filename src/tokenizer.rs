@@ -49,14 +49,19 @@ impl Tokenizer {
     pub fn load(dir: &Path, config_eos: &[u32]) -> Result<Self> {
         let path = dir.join("tokenizer.json");
         if !path.exists() {
-            bail!("{}: missing tokenizer.json (sieve needs a Hugging Face tokenizer file)", dir.display());
+            bail!(
+                "{}: missing tokenizer.json (sieve needs a Hugging Face tokenizer file)",
+                dir.display()
+            );
         }
         let inner = tokenizers::Tokenizer::from_file(&path)
             .map_err(|e| anyhow!("{}: cannot load tokenizer: {e}", path.display()))?;
         let cfg_path = dir.join("tokenizer_config.json");
         let cfg: Value = if cfg_path.exists() {
-            let text = std::fs::read_to_string(&cfg_path).with_context(|| format!("reading {}", cfg_path.display()))?;
-            serde_json::from_str(&text).with_context(|| format!("{}: not valid JSON", cfg_path.display()))?
+            let text = std::fs::read_to_string(&cfg_path)
+                .with_context(|| format!("reading {}", cfg_path.display()))?;
+            serde_json::from_str(&text)
+                .with_context(|| format!("{}: not valid JSON", cfg_path.display()))?
         } else {
             Value::Null
         };
@@ -72,8 +77,14 @@ impl Tokenizer {
         if let Ok(text) = std::fs::read_to_string(&gen_path) {
             if let Ok(v) = serde_json::from_str::<Value>(&text) {
                 let ids: Vec<u32> = match v.get("eos_token_id") {
-                    Some(Value::Number(n)) => n.as_u64().map(|x| vec![x as u32]).unwrap_or_default(),
-                    Some(Value::Array(a)) => a.iter().filter_map(Value::as_u64).map(|x| x as u32).collect(),
+                    Some(Value::Number(n)) => {
+                        n.as_u64().map(|x| vec![x as u32]).unwrap_or_default()
+                    }
+                    Some(Value::Array(a)) => a
+                        .iter()
+                        .filter_map(Value::as_u64)
+                        .map(|x| x as u32)
+                        .collect(),
                     _ => vec![],
                 };
                 for id in ids {
@@ -86,8 +97,14 @@ impl Tokenizer {
         let bos_id = bos_token.as_deref().and_then(|t| inner.token_to_id(t));
         Ok(Tokenizer {
             inner,
-            chat_template: cfg.get("chat_template").and_then(Value::as_str).map(String::from),
-            add_bos: cfg.get("add_bos_token").and_then(Value::as_bool).unwrap_or(false),
+            chat_template: cfg
+                .get("chat_template")
+                .and_then(Value::as_str)
+                .map(String::from),
+            add_bos: cfg
+                .get("add_bos_token")
+                .and_then(Value::as_bool)
+                .unwrap_or(false),
             bos_token,
             eos_token,
             bos_id,
@@ -115,7 +132,9 @@ impl Tokenizer {
 
     /// Text of `ids`, special tokens included (so that `decode(encode(t)) == t`).
     pub fn decode(&self, ids: &[u32]) -> Result<String> {
-        self.inner.decode(ids, false).map_err(|e| anyhow!("detokenizing: {e}"))
+        self.inner
+            .decode(ids, false)
+            .map_err(|e| anyhow!("detokenizing: {e}"))
     }
 
     pub fn has_chat_template(&self) -> bool {
@@ -123,16 +142,26 @@ impl Tokenizer {
     }
 
     /// Renders the chat template (as transformers' `apply_chat_template`).
-    pub fn apply_chat_template(&self, messages: &[Message], add_generation_prompt: bool) -> Result<String> {
+    pub fn apply_chat_template(
+        &self,
+        messages: &[Message],
+        add_generation_prompt: bool,
+    ) -> Result<String> {
         let template = self
             .chat_template
             .as_deref()
             .context("this model's tokenizer_config.json has no chat_template (use --raw)")?;
         let mut env = minijinja::Environment::new();
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
-        env.add_function("raise_exception", |msg: String| -> Result<String, minijinja::Error> {
-            Err(minijinja::Error::new(minijinja::ErrorKind::InvalidOperation, msg))
-        });
+        env.add_function(
+            "raise_exception",
+            |msg: String| -> Result<String, minijinja::Error> {
+                Err(minijinja::Error::new(
+                    minijinja::ErrorKind::InvalidOperation,
+                    msg,
+                ))
+            },
+        );
         env.add_template("chat", template)
             .map_err(|e| anyhow!("chat template does not parse: {e}"))?;
         let ctx = minijinja::context! {
@@ -162,14 +191,20 @@ impl Default for StreamDecoder {
 
 impl StreamDecoder {
     pub fn new() -> Self {
-        StreamDecoder { ids: vec![], emitted: 0 }
+        StreamDecoder {
+            ids: vec![],
+            emitted: 0,
+        }
     }
 
     /// Adds a token and returns the newly completed text (possibly empty).
     pub fn push(&mut self, tok: &Tokenizer, id: u32) -> Result<String> {
         self.ids.push(id);
         let text = tok.decode(&self.ids)?;
-        if text.ends_with('\u{FFFD}') || text.len() < self.emitted || !text.is_char_boundary(self.emitted) {
+        if text.ends_with('\u{FFFD}')
+            || text.len() < self.emitted
+            || !text.is_char_boundary(self.emitted)
+        {
             return Ok(String::new());
         }
         let piece = text[self.emitted..].to_string();

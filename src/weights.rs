@@ -44,7 +44,10 @@ impl TensorStore {
                 .get("weight_map")
                 .and_then(|m| m.as_object())
                 .with_context(|| format!("{}: no 'weight_map' object", index_path.display()))?;
-            let mut files: Vec<String> = map.values().filter_map(|f| f.as_str().map(String::from)).collect();
+            let mut files: Vec<String> = map
+                .values()
+                .filter_map(|f| f.as_str().map(String::from))
+                .collect();
             files.sort();
             files.dedup();
             files.into_iter().map(|f| dir.join(f)).collect()
@@ -57,11 +60,14 @@ impl TensorStore {
         let mut files = Vec::new();
         let mut index = HashMap::new();
         for path in paths {
-            let file = std::fs::File::open(&path).with_context(|| format!("opening {}", path.display()))?;
+            let file = std::fs::File::open(&path)
+                .with_context(|| format!("opening {}", path.display()))?;
             // SAFETY: the file is opened read-only; sieve never writes model files it maps.
-            let mmap = unsafe { Mmap::map(&file) }.with_context(|| format!("mapping {}", path.display()))?;
-            let st = SafeTensors::deserialize(&mmap)
-                .map_err(|e| anyhow::anyhow!("{}: not a valid safetensors file ({e})", path.display()))?;
+            let mmap = unsafe { Mmap::map(&file) }
+                .with_context(|| format!("mapping {}", path.display()))?;
+            let st = SafeTensors::deserialize(&mmap).map_err(|e| {
+                anyhow::anyhow!("{}: not a valid safetensors file ({e})", path.display())
+            })?;
             for name in st.names() {
                 index.insert(name.to_string(), files.len());
             }
@@ -76,13 +82,13 @@ impl TensorStore {
 
     /// Reads one tensor and converts it to f32 (f32, f16 and bf16 are accepted).
     pub fn read(&self, name: &str) -> Result<HostTensor> {
-        let &fi = self
-            .index
-            .get(name)
-            .with_context(|| format!("tensor '{name}' is missing from the model's safetensors files"))?;
+        let &fi = self.index.get(name).with_context(|| {
+            format!("tensor '{name}' is missing from the model's safetensors files")
+        })?;
         let (path, mmap) = &self.files[fi];
-        let st = SafeTensors::deserialize(mmap)
-            .map_err(|e| anyhow::anyhow!("{}: not a valid safetensors file ({e})", path.display()))?;
+        let st = SafeTensors::deserialize(mmap).map_err(|e| {
+            anyhow::anyhow!("{}: not a valid safetensors file ({e})", path.display())
+        })?;
         let view = st
             .tensor(name)
             .map_err(|e| anyhow::anyhow!("{}: tensor '{name}': {e}", path.display()))?;
@@ -115,7 +121,11 @@ impl TensorStore {
     pub fn read_shaped(&self, name: &str, shape: &[usize]) -> Result<HostTensor> {
         let t = self.read(name)?;
         if t.shape != shape {
-            bail!("tensor '{name}' has shape {:?}; the config implies {:?}", t.shape, shape);
+            bail!(
+                "tensor '{name}' has shape {:?}; the config implies {:?}",
+                t.shape,
+                shape
+            );
         }
         Ok(t)
     }
@@ -158,7 +168,13 @@ pub struct GpuMatrix {
 }
 
 impl GpuMatrix {
-    pub fn new(gpu: &Gpu, label: &str, rows: usize, cols: usize, format: WeightFormat) -> Result<Self> {
+    pub fn new(
+        gpu: &Gpu,
+        label: &str,
+        rows: usize,
+        cols: usize,
+        format: WeightFormat,
+    ) -> Result<Self> {
         let row_bytes = cols as u64 * format.bytes_per_value();
         // Parts hold a multiple of 4 rows: the matmul kernel works in 4-row blocks.
         let rows_per_part = ((gpu.max_binding / row_bytes) as usize / 4) * 4;
@@ -173,7 +189,11 @@ impl GpuMatrix {
         while row0 < rows {
             let n = rows_per_part.min(rows - row0);
             let buffer = gpu.storage(&format!("{label}[{row0}..]"), n as u64 * row_bytes);
-            parts.push(MatrixPart { buffer, row0, rows: n });
+            parts.push(MatrixPart {
+                buffer,
+                row0,
+                rows: n,
+            });
             row0 += n;
         }
         Ok(GpuMatrix {
@@ -186,8 +206,13 @@ impl GpuMatrix {
 
     /// Writes `values` (whole rows, f32) starting at row `row0`.
     pub fn write_rows(&self, gpu: &Gpu, row0: usize, values: &[f32], what: &str) -> Result<()> {
-        if values.len() % self.cols != 0 || row0 + values.len() / self.cols > self.rows {
-            bail!("{what}: {} values do not fit rows {row0}.. of a {}x{} matrix", values.len(), self.rows, self.cols);
+        if !values.len().is_multiple_of(self.cols) || row0 + values.len() / self.cols > self.rows {
+            bail!(
+                "{what}: {} values do not fit rows {row0}.. of a {}x{} matrix",
+                values.len(),
+                self.rows,
+                self.cols
+            );
         }
         let n_rows = values.len() / self.cols;
         for part in &self.parts {

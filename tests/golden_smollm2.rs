@@ -26,16 +26,24 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 
 fn gguf_path() -> Option<PathBuf> {
-    let p = std::env::var("SIEVE_GGUF").map(PathBuf::from).unwrap_or_else(|_| {
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("models/SmolLM2-135M-Instruct.Q4_1.gguf")
-    });
+    let p = std::env::var("SIEVE_GGUF")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| {
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("models/SmolLM2-135M-Instruct.Q4_1.gguf")
+        });
     if p.exists() {
         return Some(p);
     }
     if std::env::var("CI").is_ok() {
-        panic!("{} is missing: CI must run scripts/setup.sh first", p.display());
+        panic!(
+            "{} is missing: CI must run scripts/setup.sh first",
+            p.display()
+        );
     }
-    eprintln!("note: {} not found; run scripts/setup.sh to enable the SmolLM2 golden tests", p.display());
+    eprintln!(
+        "note: {} not found; run scripts/setup.sh to enable the SmolLM2 golden tests",
+        p.display()
+    );
     None
 }
 
@@ -46,7 +54,8 @@ fn converted(dtype: OutDtype) -> Option<PathBuf> {
     let cell = if dtype == OutDtype::F32 { &F32 } else { &F16 };
     cell.get_or_init(|| {
         let gguf = gguf_path()?;
-        let dir = std::env::temp_dir().join(format!("sieve-smollm2-{dtype:?}-{}", std::process::id()));
+        let dir =
+            std::env::temp_dir().join(format!("sieve-smollm2-{dtype:?}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         convert_gguf(&gguf, &dir, dtype, &mut |_, _, _| {}).unwrap();
         Some(dir)
@@ -69,11 +78,18 @@ fn tokenizer(dir: &Path) -> Tokenizer {
 
 #[test]
 fn tokenizer_and_chat_template_match() {
-    let Some(dir) = converted(OutDtype::F16) else { return };
+    let Some(dir) = converted(OutDtype::F16) else {
+        return;
+    };
     let tok = tokenizer(&dir);
     for p in prompts() {
         let text = p["text"].as_str().unwrap();
-        let want: Vec<u32> = p["input_ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
+        let want: Vec<u32> = p["input_ids"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_u64().unwrap() as u32)
+            .collect();
         assert_eq!(tok.encode(text).unwrap(), want, "{}", p["name"]);
         assert_eq!(tok.decode(&want).unwrap(), text);
         if let Some(msgs) = p["messages"].as_array() {
@@ -81,16 +97,31 @@ fn tokenizer_and_chat_template_match() {
                 .iter()
                 .map(|m| Message::new(m["role"].as_str().unwrap(), m["content"].as_str().unwrap()))
                 .collect();
-            assert_eq!(tok.apply_chat_template(&m, true).unwrap(), text, "{}", p["name"]);
+            assert_eq!(
+                tok.apply_chat_template(&m, true).unwrap(),
+                text,
+                "{}",
+                p["name"]
+            );
         }
     }
-    let cases: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(golden().join("tokenizer_cases.json")).unwrap()).unwrap();
-    let cases = cases.as_array().cloned().unwrap_or_else(|| cases["cases"].as_array().unwrap().clone());
+    let cases: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(golden().join("tokenizer_cases.json")).unwrap(),
+    )
+    .unwrap();
+    let cases = cases
+        .as_array()
+        .cloned()
+        .unwrap_or_else(|| cases["cases"].as_array().unwrap().clone());
     assert!(cases.len() >= 14);
     for c in cases {
         let text = c["text"].as_str().unwrap();
-        let want: Vec<u32> = c["ids"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as u32).collect();
+        let want: Vec<u32> = c["ids"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_u64().unwrap() as u32)
+            .collect();
         assert_eq!(tok.encode(text).unwrap(), want, "tokenizer case {text:?}");
         assert_eq!(tok.decode(&want).unwrap(), text);
     }
@@ -98,8 +129,21 @@ fn tokenizer_and_chat_template_match() {
 
 fn model(dtype: OutDtype) -> Option<Arc<Model>> {
     let dir = converted(dtype)?;
-    let fmt = if dtype == OutDtype::F32 { WeightFormat::F32 } else { WeightFormat::F16 };
-    Some(Model::load(&dir, &LoadOptions { dtype: Some(fmt), ..Default::default() }).unwrap())
+    let fmt = if dtype == OutDtype::F32 {
+        WeightFormat::F32
+    } else {
+        WeightFormat::F16
+    };
+    Some(
+        Model::load(
+            &dir,
+            &LoadOptions {
+                dtype: Some(fmt),
+                ..Default::default()
+            },
+        )
+        .unwrap(),
+    )
 }
 
 /// Prefills prompt + greedy[..31] in chunks that end at each stored logits
@@ -111,20 +155,47 @@ fn run_prompt(m: &Arc<Model>, g: &Npz) -> (Vec<Vec<f32>>, Vec<Vec<f32>>) {
     let l = ids.len();
     let all: Vec<u32> = ids.iter().chain(&greedy[..31]).copied().collect();
     let vocab = m.config.vocab_size;
-    let mut e = Engine::new(m.clone(), EngineOptions { max_slots: all.len(), max_tokens: all.len(), max_logit_rows: 32 }).unwrap();
+    let mut e = Engine::new(
+        m.clone(),
+        EngineOptions {
+            max_slots: all.len(),
+            max_tokens: all.len(),
+            max_logit_rows: 32,
+        },
+    )
+    .unwrap();
     let mut stored = vec![];
     let mut done = 0;
-    for &p in g.ids("logits_positions").iter().filter(|&&p| (p as usize) < l - 1) {
+    for &p in g
+        .ids("logits_positions")
+        .iter()
+        .filter(|&&p| (p as usize) < l - 1)
+    {
         let end = p as usize + 1;
         let pos: Vec<u32> = (done as u32..end as u32).collect();
-        e.step(&all[done..end], &pos, StepOutput::last(end - done)).unwrap();
+        e.step(&all[done..end], &pos, StepOutput::last(end - done))
+            .unwrap();
         stored.push(e.read_logits(1).unwrap());
         done = end;
     }
     let pos: Vec<u32> = (done as u32..all.len() as u32).collect();
     let n = all.len() - done;
-    e.step(&all[done..], &pos, StepOutput { logit_row0: l - 1 - done, n_logits: 32, sample: None }).unwrap();
-    let steps: Vec<Vec<f32>> = e.read_logits(32).unwrap().chunks(vocab).map(|c| c.to_vec()).collect();
+    e.step(
+        &all[done..],
+        &pos,
+        StepOutput {
+            logit_row0: l - 1 - done,
+            n_logits: 32,
+            sample: None,
+        },
+    )
+    .unwrap();
+    let steps: Vec<Vec<f32>> = e
+        .read_logits(32)
+        .unwrap()
+        .chunks(vocab)
+        .map(|c| c.to_vec())
+        .collect();
     assert_eq!(n, all.len() - done);
     stored.push(steps[0].clone());
     (stored, steps)
@@ -140,7 +211,10 @@ fn check_logits(dtype: OutDtype, tol: f32, files: &[&str]) {
         for (i, got) in stored.iter().enumerate() {
             let w = &want[i * vocab..][..vocab];
             let d = max_abs_diff(got, w);
-            assert!(d <= tol, "{f} stored position {i}: logits max |d| {d} > {tol}");
+            assert!(
+                d <= tol,
+                "{f} stored position {i}: logits max |d| {d} > {tol}"
+            );
             let (a, b) = (argmax(got), argmax(w));
             assert_eq!(a, b, "{f} stored position {i}: argmax");
         }
@@ -148,7 +222,12 @@ fn check_logits(dtype: OutDtype, tol: f32, files: &[&str]) {
         let (_, margins) = g.f32("greedy_margin");
         for (s, got) in steps.iter().enumerate() {
             if margins[s] > 10.0 * tol {
-                assert_eq!(argmax(got) as u32, greedy[s], "{f} greedy step {s} (margin {})", margins[s]);
+                assert_eq!(
+                    argmax(got) as u32,
+                    greedy[s],
+                    "{f} greedy step {s} (margin {})",
+                    margins[s]
+                );
             }
         }
     }
@@ -175,12 +254,22 @@ fn f16_logits_and_greedy_match() {
 
 #[test]
 fn f32_hidden_states_match() {
-    let Some(m) = model(OutDtype::F32) else { return };
+    let Some(m) = model(OutDtype::F32) else {
+        return;
+    };
     for f in &ALL[..2] {
         let g = Npz::open(&golden().join(f));
         let ids = g.ids("input_ids");
         let l = ids.len();
-        let mut e = Engine::new(m.clone(), EngineOptions { max_slots: l, max_tokens: l, max_logit_rows: 1 }).unwrap();
+        let mut e = Engine::new(
+            m.clone(),
+            EngineOptions {
+                max_slots: l,
+                max_tokens: l,
+                max_logit_rows: 1,
+            },
+        )
+        .unwrap();
         e.set_capture(true);
         let pos: Vec<u32> = (0..l as u32).collect();
         e.step(&ids, &pos, StepOutput::last(l)).unwrap();
@@ -190,9 +279,17 @@ fn f32_hidden_states_match() {
         for layer in 0..=m.config.num_layers {
             let got = e.read_hidden(layer, l).unwrap();
             let got = &got[(l - k) * h..];
-            let want: &[f32] = if layer == 0 { g.f32("embed_out").1 } else { &layer_out[(layer - 1) * k * h..][..k * h] };
+            let want: &[f32] = if layer == 0 {
+                g.f32("embed_out").1
+            } else {
+                &layer_out[(layer - 1) * k * h..][..k * h]
+            };
             let d = max_abs_diff(got, want);
-            assert!(d <= 1e-4 * max_abs(want), "{f} layer {layer}: max |d| {d} (max |ref| {})", max_abs(want));
+            assert!(
+                d <= 1e-4 * max_abs(want),
+                "{f} layer {layer}: max |d| {d} (max |ref| {})",
+                max_abs(want)
+            );
         }
     }
 }
@@ -201,16 +298,32 @@ fn f32_hidden_states_match() {
 /// generated token by token through the decode kernels with the default f16 model.
 #[test]
 fn chat_answer_names_paris() {
-    let Some(dir) = converted(OutDtype::F16) else { return };
+    let Some(dir) = converted(OutDtype::F16) else {
+        return;
+    };
     let llm = Llm::load(&dir, &Default::default()).unwrap();
-    let prompt = llm.chat_prompt(&[Message::new("user", "What is the capital of France?")]).unwrap();
-    let mut session = llm.session(SessionOptions { max_context: 256, prefill_chunk: 64 }).unwrap();
+    let prompt = llm
+        .chat_prompt(&[Message::new("user", "What is the capital of France?")])
+        .unwrap();
+    let mut session = llm
+        .session(SessionOptions {
+            max_context: 256,
+            prefill_chunk: 64,
+        })
+        .unwrap();
     let mut streamed = String::new();
     let out = session
-        .generate(&prompt, &GenerateOptions { max_new_tokens: 16, ..Default::default() }, |p| {
-            streamed.push_str(p);
-            true
-        })
+        .generate(
+            &prompt,
+            &GenerateOptions {
+                max_new_tokens: 16,
+                ..Default::default()
+            },
+            |p| {
+                streamed.push_str(p);
+                true
+            },
+        )
         .unwrap();
     assert_eq!(out.text, streamed);
     assert!(out.text.contains("Paris"), "answer: {:?}", out.text);

@@ -18,12 +18,24 @@ use sieve::shaders::WeightFormat;
 use std::sync::Arc;
 
 fn load(name: &str, gpu: GpuOptions) -> Arc<Model> {
-    let opts = LoadOptions { dtype: Some(WeightFormat::F32), gpu, progress: None };
+    let opts = LoadOptions {
+        dtype: Some(WeightFormat::F32),
+        gpu,
+        progress: None,
+    };
     Model::load(&golden_dir().join(name), &opts).unwrap()
 }
 
 fn engine(model: &Arc<Model>, max_tokens: usize) -> Engine {
-    Engine::new(model.clone(), EngineOptions { max_slots: 400, max_tokens, max_logit_rows: max_tokens }).unwrap()
+    Engine::new(
+        model.clone(),
+        EngineOptions {
+            max_slots: 400,
+            max_tokens,
+            max_logit_rows: max_tokens,
+        },
+    )
+    .unwrap()
 }
 
 fn check_model(name: &str) {
@@ -35,7 +47,16 @@ fn check_model(name: &str) {
         let pos: Vec<u32> = (0..l as u32).collect();
         let mut e = engine(&model, l);
         e.set_capture(true);
-        e.step(&ids, &pos, StepOutput { logit_row0: 0, n_logits: l, sample: None }).unwrap();
+        e.step(
+            &ids,
+            &pos,
+            StepOutput {
+                logit_row0: 0,
+                n_logits: l,
+                sample: None,
+            },
+        )
+        .unwrap();
         let logits = e.read_logits(l).unwrap();
         let (_, want) = g.f32("logits");
         let vocab = model.config.vocab_size;
@@ -59,18 +80,33 @@ fn check_model(name: &str) {
                 &layer_out[(layer - 1) * k * h..][..k * h]
             };
             let d = max_abs_diff(got, want);
-            assert!(d <= 1e-4 * max_abs(want), "{name} len {len} layer {layer}: max |d| {d}");
+            assert!(
+                d <= 1e-4 * max_abs(want),
+                "{name} len {len} layer {layer}: max |d| {d}"
+            );
         }
         // Greedy decoding, one token per step through the decode kernels.
         let greedy = g.ids("greedy_ids");
         let mut e = engine(&model, l);
         let mut next = e
-            .step(&ids, &pos, StepOutput { logit_row0: l - 1, n_logits: 1, sample: Some((SamplingParams::default(), 0)) })
+            .step(
+                &ids,
+                &pos,
+                StepOutput {
+                    logit_row0: l - 1,
+                    n_logits: 1,
+                    sample: Some((SamplingParams::default(), 0)),
+                },
+            )
             .unwrap()
             .unwrap();
         let mut out = vec![next];
         for s in 1..greedy.len() {
-            let o = StepOutput { logit_row0: 0, n_logits: 1, sample: Some((SamplingParams::default(), s as u32)) };
+            let o = StepOutput {
+                logit_row0: 0,
+                n_logits: 1,
+                sample: Some((SamplingParams::default(), s as u32)),
+            };
             next = e.step(&[next], &[(l + s - 1) as u32], o).unwrap().unwrap();
             out.push(next);
         }
@@ -93,11 +129,25 @@ fn tiny_llama_gqa_matches_transformers() {
 #[test]
 fn chunked_prefill_and_split_bindings() {
     for name in ["tiny-qwen2", "tiny-llama-gqa"] {
-        let model = load(name, GpuOptions { max_binding_override: Some(128 * 1024), ..Default::default() });
+        let model = load(
+            name,
+            GpuOptions {
+                max_binding_override: Some(128 * 1024),
+                ..Default::default()
+            },
+        );
         assert!(model.config.vocab_size * model.config.hidden_size * 4 > 128 * 1024);
         let g = Npz::open(&golden_dir().join(name).join("golden_len300.npz"));
         let ids = g.ids("input_ids");
-        let mut e = Engine::new(model.clone(), EngineOptions { max_slots: 300, max_tokens: 7, max_logit_rows: 1 }).unwrap();
+        let mut e = Engine::new(
+            model.clone(),
+            EngineOptions {
+                max_slots: 300,
+                max_tokens: 7,
+                max_logit_rows: 1,
+            },
+        )
+        .unwrap();
         for (i, chunk) in ids.chunks(7).enumerate() {
             let pos: Vec<u32> = (0..chunk.len()).map(|j| (i * 7 + j) as u32).collect();
             e.step(chunk, &pos, StepOutput::last(chunk.len())).unwrap();

@@ -9,7 +9,10 @@ fn variants() -> Vec<(String, String)> {
     for s in shaders::all() {
         if s.reads_weights {
             for f in [WeightFormat::F16, WeightFormat::F32] {
-                out.push((format!("{} ({})", s.file, f.name()), shaders::source(s, Some(f))));
+                out.push((
+                    format!("{} ({})", s.file, f.name()),
+                    shaders::source(s, Some(f)),
+                ));
             }
         } else {
             out.push((s.file.to_string(), shaders::source(s, None)));
@@ -25,9 +28,12 @@ fn every_shader_validates_and_translates() {
     for (name, src) in all {
         let module = naga::front::wgsl::parse_str(&src)
             .unwrap_or_else(|e| panic!("{name}: {}", e.emit_to_string(&src)));
-        let info = naga::valid::Validator::new(naga::valid::ValidationFlags::all(), naga::valid::Capabilities::all())
-            .validate(&module)
-            .unwrap_or_else(|e| panic!("{name}: validation: {e:?}"));
+        let info = naga::valid::Validator::new(
+            naga::valid::ValidationFlags::all(),
+            naga::valid::Capabilities::all(),
+        )
+        .validate(&module)
+        .unwrap_or_else(|e| panic!("{name}: validation: {e:?}"));
         let spv = naga::back::spv::write_vec(&module, &info, &Default::default(), None)
             .unwrap_or_else(|e| panic!("{name}: SPIR-V: {e}"));
         assert!(spv.len() > 16, "{name}: empty SPIR-V");
@@ -35,8 +41,9 @@ fn every_shader_validates_and_translates() {
             fake_missing_bindings: true,
             ..Default::default()
         };
-        let (msl, _) = naga::back::msl::write_string(&module, &info, &msl_opts, &Default::default())
-            .unwrap_or_else(|e| panic!("{name}: MSL: {e}"));
+        let (msl, _) =
+            naga::back::msl::write_string(&module, &info, &msl_opts, &Default::default())
+                .unwrap_or_else(|e| panic!("{name}: MSL: {e}"));
         assert!(msl.contains("kernel"), "{name}: MSL has no kernel");
         let mut hlsl = String::new();
         let hlsl_opts = naga::back::hlsl::Options::default();
@@ -44,7 +51,10 @@ fn every_shader_validates_and_translates() {
         naga::back::hlsl::Writer::new(&mut hlsl, &hlsl_opts, &pipe)
             .write(&module, &info, None)
             .unwrap_or_else(|e| panic!("{name}: HLSL: {e}"));
-        assert!(hlsl.contains("numthreads"), "{name}: HLSL has no compute entry");
+        assert!(
+            hlsl.contains("numthreads"),
+            "{name}: HLSL has no compute entry"
+        );
     }
 }
 
@@ -52,8 +62,17 @@ fn every_shader_validates_and_translates() {
 #[test]
 fn every_shader_has_a_header() {
     for s in shaders::all() {
-        let head: String = s.body.lines().take_while(|l| l.starts_with("//")).collect::<Vec<_>>().join("\n");
-        assert!(head.contains("Bindings") && head.contains("Dispatch"), "{} lacks a header", s.file);
+        let head: String = s
+            .body
+            .lines()
+            .take_while(|l| l.starts_with("//"))
+            .collect::<Vec<_>>()
+            .join("\n");
+        assert!(
+            head.contains("Bindings") && head.contains("Dispatch"),
+            "{} lacks a header",
+            s.file
+        );
     }
 }
 
@@ -62,7 +81,11 @@ fn every_shader_has_a_header() {
 #[test]
 fn shader_list_covers_the_folder() {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("shaders");
-    let preludes = ["shaders/common.wgsl", "shaders/weights_f16.wgsl", "shaders/weights_f32.wgsl"];
+    let preludes = [
+        "shaders/common.wgsl",
+        "shaders/weights_f16.wgsl",
+        "shaders/weights_f32.wgsl",
+    ];
     for entry in std::fs::read_dir(dir).unwrap() {
         let name = format!("shaders/{}", entry.unwrap().file_name().to_string_lossy());
         assert!(

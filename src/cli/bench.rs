@@ -92,11 +92,20 @@ pub fn run(model: &std::sync::Arc<Model>, a: &BenchArgs) -> Result<serde_json::V
             max_logit_rows: 1,
         },
     )?;
-    println!("sieve bench: {} ({}) on {}", model.dir.display(), model.format.name(), gpu.describe());
+    println!(
+        "sieve bench: {} ({}) on {}",
+        model.dir.display(),
+        model.format.name(),
+        gpu.describe()
+    );
     let bw = read_bandwidth(&gpu)?;
     println!("streaming read bandwidth: {:.2} GB/s", bw / 1e9);
     // Token ids do not change the work; use a fixed spread of ids.
-    let ids = |n: usize| -> Vec<u32> { (0..n).map(|i| ((i * 7919 + 13) % c.vocab_size) as u32).collect() };
+    let ids = |n: usize| -> Vec<u32> {
+        (0..n)
+            .map(|i| ((i * 7919 + 13) % c.vocab_size) as u32)
+            .collect()
+    };
     let mut prefill = vec![];
     println!("| test | tokens/s | ms/token |");
     println!("|---|---|---|");
@@ -107,7 +116,11 @@ pub fn run(model: &std::sync::Arc<Model>, a: &BenchArgs) -> Result<serde_json::V
         e.step(&ids(n), &pos, StepOutput::last(n))?;
         e.sync()?;
         let s = t.elapsed().as_secs_f64();
-        println!("| prefill {n} | {:.2} | {:.1} |", n as f64 / s, s * 1e3 / n as f64);
+        println!(
+            "| prefill {n} | {:.2} | {:.1} |",
+            n as f64 / s,
+            s * 1e3 / n as f64
+        );
         prefill.push(json!({"tokens": n, "seconds": s, "tokens_per_second": n as f64 / s}));
     }
     let mut decode = vec![];
@@ -122,14 +135,18 @@ pub fn run(model: &std::sync::Arc<Model>, a: &BenchArgs) -> Result<serde_json::V
         let mut time = 0.0;
         for s in 0..=a.decode_steps {
             let t = Instant::now();
-            let out = StepOutput { sample: Some((greedy, s as u32)), ..StepOutput::last(1) };
+            let out = StepOutput {
+                sample: Some((greedy, s as u32)),
+                ..StepOutput::last(1)
+            };
             tok = e.step(&[tok], &[(d + s) as u32], out)?.unwrap_or(0);
             if s > 0 {
                 time += t.elapsed().as_secs_f64();
             }
         }
         let tps = a.decode_steps as f64 / time;
-        let bytes = model.decode_weight_bytes() + kv_row_bytes * (d as u64 + a.decode_steps as u64 / 2);
+        let bytes =
+            model.decode_weight_bytes() + kv_row_bytes * (d as u64 + a.decode_steps as u64 / 2);
         let bound = bw / bytes as f64;
         println!(
             "| decode at depth {d} | {tps:.2} | {:.1} | ({:.0}% of the {:.2} tok/s read-bandwidth bound, {:.0} MB/token)",

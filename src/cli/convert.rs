@@ -18,7 +18,11 @@ pub struct ConvertArgs {
 }
 
 pub fn main(a: ConvertArgs) -> Result<()> {
-    let dtype = if a.dtype == "f32" { OutDtype::F32 } else { OutDtype::F16 };
+    let dtype = if a.dtype == "f32" {
+        OutDtype::F32
+    } else {
+        OutDtype::F16
+    };
     let bar = indicatif::ProgressBar::new(0);
     bar.set_style(
         indicatif::ProgressStyle::with_template("{msg:>40} [{bar:30}] {pos}/{len} tensors")

@@ -27,14 +27,32 @@ pub fn main(a: InfoArgs) -> Result<()> {
     println!("device type:  {:?}", i.device_type);
     println!("driver:       {} {}", i.driver, i.driver_info);
     println!("vendor/device: {:#06x}/{:#06x}", i.vendor, i.device);
-    println!("subgroup size: {}..{}", i.subgroup_min_size, i.subgroup_max_size);
+    println!(
+        "subgroup size: {}..{}",
+        i.subgroup_min_size, i.subgroup_max_size
+    );
     println!("features used: {:?}", gpu.features);
     let l = &gpu.limits;
-    println!("max storage binding:     {} bytes", l.max_storage_buffer_binding_size);
+    println!(
+        "max storage binding:     {} bytes",
+        l.max_storage_buffer_binding_size
+    );
     println!("max buffer size:         {} bytes", l.max_buffer_size);
-    println!("max workgroup memory:    {} bytes", l.max_compute_workgroup_storage_size);
-    println!("max invocations/group:   {}", l.max_compute_invocations_per_workgroup);
-    println!("max workgroups/dim:      {}", l.max_compute_workgroups_per_dimension);
-    println!("max storage buffers/stage: {}", l.max_storage_buffers_per_shader_stage);
+    println!(
+        "max workgroup memory:    {} bytes",
+        l.max_compute_workgroup_storage_size
+    );
+    println!(
+        "max invocations/group:   {}",
+        l.max_compute_invocations_per_workgroup
+    );
+    println!(
+        "max workgroups/dim:      {}",
+        l.max_compute_workgroups_per_dimension
+    );
+    println!(
+        "max storage buffers/stage: {}",
+        l.max_storage_buffers_per_shader_stage
+    );
     Ok(())
 }

@@ -26,7 +26,10 @@ pub struct LogitsArgs {
 
 /// The bytes of a little-endian float32 .npy file of shape [n].
 pub fn npy_f32(values: &[f32]) -> Vec<u8> {
-    let mut header = format!("{{'descr': '<f4', 'fortran_order': False, 'shape': ({},), }}", values.len());
+    let mut header = format!(
+        "{{'descr': '<f4', 'fortran_order': False, 'shape': ({},), }}",
+        values.len()
+    );
     // Magic (6) + version (2) + length (2) + header, padded with spaces to 64 bytes, ending in \n.
     while (10 + header.len() + 1) % 64 != 0 {
         header.push(' ');
@@ -47,10 +50,20 @@ pub fn main(a: LogitsArgs) -> Result<()> {
     let model = Model::load(&a.model.dir()?, &a.model.load_options())?;
     let max_pos = model.config.max_position_embeddings;
     if ids.len() > max_pos {
-        anyhow::bail!("{} ids exceed the model's context of {max_pos} positions", ids.len());
+        anyhow::bail!(
+            "{} ids exceed the model's context of {max_pos} positions",
+            ids.len()
+        );
     }
     let chunk = a.chunk.clamp(1, ids.len());
-    let mut e = Engine::new(model, EngineOptions { max_slots: ids.len(), max_tokens: chunk, max_logit_rows: 1 })?;
+    let mut e = Engine::new(
+        model,
+        EngineOptions {
+            max_slots: ids.len(),
+            max_tokens: chunk,
+            max_logit_rows: 1,
+        },
+    )?;
     let mut done = 0;
     for piece in ids.chunks(chunk) {
         let pos: Vec<u32> = (done..done + piece.len()).map(|p| p as u32).collect();

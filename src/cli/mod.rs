@@ -44,7 +44,10 @@ impl ModelArgs {
         if let Ok(m) = std::env::var("SIEVE_MODEL") {
             return Ok(PathBuf::from(m));
         }
-        for base in [PathBuf::from("."), PathBuf::from(env!("CARGO_MANIFEST_DIR"))] {
+        for base in [
+            PathBuf::from("."),
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")),
+        ] {
             let p = base.join(DEFAULT_MODEL);
             if p.join("config.json").exists() {
                 return Ok(p);
@@ -66,7 +69,11 @@ impl ModelArgs {
 
     pub fn load_options(&self) -> LoadOptions {
         LoadOptions {
-            dtype: Some(if self.dtype == "f32" { WeightFormat::F32 } else { WeightFormat::F16 }),
+            dtype: Some(if self.dtype == "f32" {
+                WeightFormat::F32
+            } else {
+                WeightFormat::F16
+            }),
             gpu: self.gpu(),
             progress: Some(progress_bar_tick),
         }
@@ -89,7 +96,10 @@ pub fn parse_ids(s: &str) -> Result<Vec<u32>> {
     s.split(',')
         .map(|x| x.trim())
         .filter(|x| !x.is_empty())
-        .map(|x| x.parse::<u32>().map_err(|_| anyhow::anyhow!("--ids: '{x}' is not a token id")))
+        .map(|x| {
+            x.parse::<u32>()
+                .map_err(|_| anyhow::anyhow!("--ids: '{x}' is not a token id"))
+        })
         .collect()
 }
 
@@ -99,6 +109,7 @@ pub fn write_atomic(path: &std::path::Path, bytes: &[u8]) -> Result<()> {
     use anyhow::Context;
     let tmp = path.with_extension(format!("partial-{}", std::process::id()));
     std::fs::write(&tmp, bytes).with_context(|| format!("writing {}", tmp.display()))?;
-    std::fs::rename(&tmp, path).with_context(|| format!("renaming {} to {}", tmp.display(), path.display()))?;
+    std::fs::rename(&tmp, path)
+        .with_context(|| format!("renaming {} to {}", tmp.display(), path.display()))?;
     Ok(())
 }

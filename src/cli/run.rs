@@ -60,7 +60,10 @@ pub fn sampling(a: &RunArgs) -> Result<SamplingParams> {
         bail!("--top-p must be in (0, 1], got {}", a.top_p);
     }
     if !(a.repetition_penalty > 0.0 && a.repetition_penalty.is_finite()) {
-        bail!("--repetition-penalty must be > 0, got {}", a.repetition_penalty);
+        bail!(
+            "--repetition-penalty must be > 0, got {}",
+            a.repetition_penalty
+        );
     }
     Ok(SamplingParams {
         temperature: a.temperature,
@@ -77,7 +80,9 @@ pub fn main(a: RunArgs) -> Result<()> {
         Some(p) => p.clone(),
         None => {
             let mut s = String::new();
-            std::io::stdin().read_to_string(&mut s).context("reading the prompt from stdin")?;
+            std::io::stdin()
+                .read_to_string(&mut s)
+                .context("reading the prompt from stdin")?;
             s
         }
     };

@@ -73,7 +73,10 @@ impl Attention {
         let prefill = gpu.pipeline(&shaders::ATTENTION, None, "prefill_partial", &[])?;
         let decode = gpu.pipeline(&shaders::ATTENTION, None, "decode_partial", &[])?;
         let merge = gpu.pipeline(&shaders::ATTENTION, None, "merge", &[])?;
-        let group = gpu.bind_group(&prefill, &[step, &params, q, k_cache, v_cache, part, out, lse]);
+        let group = gpu.bind_group(
+            &prefill,
+            &[step, &params, q, k_cache, v_cache, part, out, lse],
+        );
         Ok(Attention {
             prefill,
             decode,
@@ -90,16 +93,37 @@ impl Attention {
         let h = self.heads;
         let n_chunks = (start_slot + n_tokens).div_ceil(KEY_CHUNK);
         if n_tokens == 1 {
-            dispatch(pass, &self.decode, &self.group, (n_chunks, h.n_kv as u32, 1));
+            dispatch(
+                pass,
+                &self.decode,
+                &self.group,
+                (n_chunks, h.n_kv as u32, 1),
+            );
         } else {
-            dispatch(pass, &self.prefill, &self.group, (ceil_div(n_tokens, 64), h.n_heads as u32, n_chunks));
+            dispatch(
+                pass,
+                &self.prefill,
+                &self.group,
+                (ceil_div(n_tokens, 64), h.n_heads as u32, n_chunks),
+            );
         }
-        dispatch(pass, &self.merge, &self.group, (n_tokens, h.n_heads as u32, 1));
+        dispatch(
+            pass,
+            &self.merge,
+            &self.group,
+            (n_tokens, h.n_heads as u32, 1),
+        );
     }
 }
 
 /// CPU reference: returns (out `[n, n_heads * hd]`, lse `[n, n_heads]`).
-pub fn reference(q: &[f32], k: &[f32], v: &[f32], h: Heads, start_slot: usize) -> (Vec<f32>, Vec<f32>) {
+pub fn reference(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    h: Heads,
+    start_slot: usize,
+) -> (Vec<f32>, Vec<f32>) {
     let hd = h.head_dim;
     let n = q.len() / (h.n_heads * hd);
     let group = h.n_heads / h.n_kv;
@@ -114,7 +138,11 @@ pub fn reference(q: &[f32], k: &[f32], v: &[f32], h: Heads, start_slot: usize) -
             let scores: Vec<f64> = (0..n_keys)
                 .map(|s| {
                     let kv = &k[(s * h.n_kv + kvh) * hd..][..hd];
-                    qv.iter().zip(kv).map(|(a, b)| *a as f64 * *b as f64).sum::<f64>() * scale
+                    qv.iter()
+                        .zip(kv)
+                        .map(|(a, b)| *a as f64 * *b as f64)
+                        .sum::<f64>()
+                        * scale
                 })
                 .collect();
             let m = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
@@ -138,13 +166,24 @@ mod tests {
     use crate::kernels::Step;
 
     fn check(gpu: &Gpu, nh: usize, nkv: usize, hd: usize, n: usize, start: usize) {
-        let h = Heads { n_heads: nh, n_kv: nkv, head_dim: hd };
+        let h = Heads {
+            n_heads: nh,
+            n_kv: nkv,
+            head_dim: hd,
+        };
         let slots = start + n;
         let q = rand_vec(n * nh * hd, 1 + n as u64, 1.0);
         // Larger keys make attention peaked, as in trained models.
         let k = rand_vec(slots * nkv * hd, 2 + slots as u64, 2.0);
         let v = rand_vec(slots * nkv * hd, 3, 1.0);
-        let step = step_buffer(gpu, Step { n_tokens: n as u32, start_slot: start as u32, ..Default::default() });
+        let step = step_buffer(
+            gpu,
+            Step {
+                n_tokens: n as u32,
+                start_slot: start as u32,
+                ..Default::default()
+            },
+        );
         let qb = gpu.storage_from("q", &q);
         let kb = gpu.storage_from("k", &k);
         let vb = gpu.storage_from("v", &v);
@@ -157,8 +196,16 @@ mod tests {
         let got_lse: Vec<f32> = gpu.read(&lb, 0, n * nh).unwrap();
         let (want, want_lse) = reference(&q, &k, &v, h, start);
         let what = format!("heads {nh}/{nkv} hd {hd} n {n} start {start}");
-        assert!(max_abs_diff(&got, &want) < 2e-5, "{what}: out err {}", max_abs_diff(&got, &want));
-        assert!(max_abs_diff(&got_lse, &want_lse) < 1e-4, "{what}: lse err {}", max_abs_diff(&got_lse, &want_lse));
+        assert!(
+            max_abs_diff(&got, &want) < 2e-5,
+            "{what}: out err {}",
+            max_abs_diff(&got, &want)
+        );
+        assert!(
+            max_abs_diff(&got_lse, &want_lse) < 1e-4,
+            "{what}: lse err {}",
+            max_abs_diff(&got_lse, &want_lse)
+        );
     }
 
     #[test]

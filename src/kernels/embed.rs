@@ -26,7 +26,13 @@ pub struct Embed {
 
 impl Embed {
     /// `table` is `[vocab, hidden]`, `ids` `[n]` u32, `x` `[n, hidden]` f32.
-    pub fn new(gpu: &Gpu, step: &wgpu::Buffer, table: &GpuMatrix, ids: &wgpu::Buffer, x: &wgpu::Buffer) -> Result<Self> {
+    pub fn new(
+        gpu: &Gpu,
+        step: &wgpu::Buffer,
+        table: &GpuMatrix,
+        ids: &wgpu::Buffer,
+        x: &wgpu::Buffer,
+    ) -> Result<Self> {
         let pipeline = gpu.pipeline(&shaders::EMBED, Some(table.format), "main", &[])?;
         let hidden4 = (table.cols / 4) as u32;
         let groups = table
@@ -45,12 +51,21 @@ impl Embed {
                 gpu.bind_group(&pipeline, &[step, &params, &part.buffer, ids, x])
             })
             .collect();
-        Ok(Embed { pipeline, groups, hidden4 })
+        Ok(Embed {
+            pipeline,
+            groups,
+            hidden4,
+        })
     }
 
     pub fn encode(&self, pass: &mut wgpu::ComputePass, n_tokens: u32) {
         for g in &self.groups {
-            dispatch(pass, &self.pipeline, g, (ceil_div(self.hidden4, 64), n_tokens, 1));
+            dispatch(
+                pass,
+                &self.pipeline,
+                g,
+                (ceil_div(self.hidden4, 64), n_tokens, 1),
+            );
         }
     }
 }
@@ -58,7 +73,11 @@ impl Embed {
 /// CPU reference: rows of the table by id.
 pub fn reference(table: &[f32], hidden: usize, ids: &[u32]) -> Vec<f32> {
     ids.iter()
-        .flat_map(|&id| table[id as usize * hidden..(id as usize + 1) * hidden].iter().copied())
+        .flat_map(|&id| {
+            table[id as usize * hidden..(id as usize + 1) * hidden]
+                .iter()
+                .copied()
+        })
         .collect()
 }
 
@@ -73,7 +92,11 @@ mod tests {
     #[test]
     fn gathers_rows_across_table_parts() {
         // 256-byte bindings split a 37 x 12 f16 table into parts of 8 rows.
-        let gpu = Gpu::new(&GpuOptions { max_binding_override: Some(256), ..Default::default() }).unwrap();
+        let gpu = Gpu::new(&GpuOptions {
+            max_binding_override: Some(256),
+            ..Default::default()
+        })
+        .unwrap();
         let (vocab, hidden) = (37, 12);
         let table: Vec<f32> = rand_vec(vocab * hidden, 5, 2.0)
             .iter()
@@ -84,7 +107,13 @@ mod tests {
         m.write_rows(&gpu, 0, &table, "emb").unwrap();
         for ids in [vec![0u32], vec![36, 0, 8, 7, 9, 16, 35]] {
             let n = ids.len();
-            let step = step_buffer(&gpu, Step { n_tokens: n as u32, ..Default::default() });
+            let step = step_buffer(
+                &gpu,
+                Step {
+                    n_tokens: n as u32,
+                    ..Default::default()
+                },
+            );
             let idb = gpu.storage_from("ids", &ids);
             let x = gpu.storage("x", (n * hidden * 4) as u64);
             let e = Embed::new(&gpu, &step, &m, &idb, &x).unwrap();

@@ -88,14 +88,23 @@ impl Matmul {
                 }
             })
             .collect();
-        Ok(Matmul { matmul, matvec, parts })
+        Ok(Matmul {
+            matmul,
+            matvec,
+            parts,
+        })
     }
 
     /// Encodes the product for `n` rows of x (n must match the step's row count).
     pub fn encode(&self, pass: &mut wgpu::ComputePass, n: u32) {
         for part in &self.parts {
             if n == 1 {
-                dispatch(pass, &self.matvec, &part.matvec, (ceil_div(part.rows, 64), 1, 1));
+                dispatch(
+                    pass,
+                    &self.matvec,
+                    &part.matvec,
+                    (ceil_div(part.rows, 64), 1, 1),
+                );
             } else {
                 dispatch(
                     pass,
@@ -109,7 +118,15 @@ impl Matmul {
 }
 
 /// CPU reference: y[t, r] = (accumulate ? y : 0) + sum_k w[r, k] x[t, k] + bias[r].
-pub fn reference(w: &[f32], rows: usize, cols: usize, bias: Option<&[f32]>, x: &[f32], y: &mut [f32], accumulate: bool) {
+pub fn reference(
+    w: &[f32],
+    rows: usize,
+    cols: usize,
+    bias: Option<&[f32]>,
+    x: &[f32],
+    y: &mut [f32],
+    accumulate: bool,
+) {
     let n = x.len() / cols;
     for t in 0..n {
         for r in 0..rows {
@@ -134,7 +151,15 @@ mod tests {
     use crate::kernels::Step;
     use crate::shaders::WeightFormat;
 
-    fn check(gpu: &Gpu, rows: usize, cols: usize, n: usize, format: WeightFormat, bias: bool, accumulate: bool) {
+    fn check(
+        gpu: &Gpu,
+        rows: usize,
+        cols: usize,
+        n: usize,
+        format: WeightFormat,
+        bias: bool,
+        accumulate: bool,
+    ) {
         let w = rand_vec(rows * cols, 1 + rows as u64, 0.5);
         // Round weights through the storage format so the reference sees the same values.
         let w: Vec<f32> = match format {
@@ -146,7 +171,13 @@ mod tests {
         let y0 = rand_vec(n * rows, 11, 1.0);
         let m = GpuMatrix::new(gpu, "w", rows, cols, format).unwrap();
         m.write_rows(gpu, 0, &w, "w").unwrap();
-        let step = step_buffer(gpu, Step { n_tokens: n as u32, ..Default::default() });
+        let step = step_buffer(
+            gpu,
+            Step {
+                n_tokens: n as u32,
+                ..Default::default()
+            },
+        );
         let bias_buf = gpu.storage_from("b", &b);
         let xb = gpu.storage_from("x", &x);
         let yb = gpu.storage_from("y", &y0);
@@ -157,13 +188,24 @@ mod tests {
             bias.then_some(&bias_buf),
             &xb,
             &yb,
-            MatmulOptions { accumulate, rows: Rows::Tokens },
+            MatmulOptions {
+                accumulate,
+                rows: Rows::Tokens,
+            },
         )
         .unwrap();
         run_pass(gpu, |pass| mm.encode(pass, n as u32));
         let got: Vec<f32> = gpu.read(&yb, 0, n * rows).unwrap();
         let mut want = y0.clone();
-        reference(&w, rows, cols, bias.then_some(&b[..]), &x, &mut want, accumulate);
+        reference(
+            &w,
+            rows,
+            cols,
+            bias.then_some(&b[..]),
+            &x,
+            &mut want,
+            accumulate,
+        );
         let err = max_abs_diff(&got, &want);
         assert!(
             err < 1e-4 * (cols as f32).sqrt(),
@@ -175,7 +217,14 @@ mod tests {
     #[test]
     fn matches_reference_on_awkward_shapes() {
         let gpu = gpu();
-        for &(rows, cols, n) in &[(1, 4, 1), (7, 12, 1), (13, 36, 5), (64, 64, 4), (130, 96, 7), (33, 200, 17)] {
+        for &(rows, cols, n) in &[
+            (1, 4, 1),
+            (7, 12, 1),
+            (13, 36, 5),
+            (64, 64, 4),
+            (130, 96, 7),
+            (33, 200, 17),
+        ] {
             for format in [WeightFormat::F32, WeightFormat::F16] {
                 check(&gpu, rows, cols, n, format, n % 2 == 1, rows % 2 == 1);
             }
@@ -185,7 +234,11 @@ mod tests {
     #[test]
     fn matrices_split_across_bindings() {
         // A 1 KiB binding limit forces 8-row parts for 32 f32 columns.
-        let gpu = Gpu::new(&GpuOptions { max_binding_override: Some(1024), ..Default::default() }).unwrap();
+        let gpu = Gpu::new(&GpuOptions {
+            max_binding_override: Some(1024),
+            ..Default::default()
+        })
+        .unwrap();
         for n in [1, 6] {
             check(&gpu, 45, 32, n, WeightFormat::F32, true, false);
         }

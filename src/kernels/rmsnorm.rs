@@ -25,6 +25,7 @@ pub struct RmsNorm {
 impl RmsNorm {
     /// `w` `[dim]` f32; `x` and `y` `[rows, dim]` f32. With `Rows::Logits` the
     /// kernel reads rows starting at the step's `logit_row0` and writes rows from 0.
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         gpu: &Gpu,
         step: &wgpu::Buffer,
@@ -61,7 +62,10 @@ pub fn reference(x: &[f32], w: &[f32], eps: f32) -> Vec<f32> {
         .flat_map(|row| {
             let ms = row.iter().map(|v| (*v as f64) * (*v as f64)).sum::<f64>() / dim as f64;
             let inv = 1.0 / (ms + eps as f64).sqrt();
-            row.iter().zip(w).map(move |(v, g)| (*v as f64 * inv) as f32 * g).collect::<Vec<_>>()
+            row.iter()
+                .zip(w)
+                .map(move |(v, g)| (*v as f64 * inv) as f32 * g)
+                .collect::<Vec<_>>()
         })
         .collect()
 }
@@ -82,7 +86,15 @@ mod tests {
             let wb = gpu.storage_from("w", &w);
             let xb = gpu.storage_from("x", &x);
             let yb = gpu.storage("y", (dim * n * 4) as u64);
-            let step = step_buffer(&gpu, Step { n_tokens: n as u32, start_slot: 0, logit_row0: n as u32 - 1, n_logits: 1 });
+            let step = step_buffer(
+                &gpu,
+                Step {
+                    n_tokens: n as u32,
+                    start_slot: 0,
+                    logit_row0: n as u32 - 1,
+                    n_logits: 1,
+                },
+            );
             let all = RmsNorm::new(&gpu, &step, dim, 1e-5, &wb, &xb, &yb, Rows::Tokens).unwrap();
             run_pass(&gpu, |pass| all.encode(pass, n as u32));
             let got: Vec<f32> = gpu.read(&yb, 0, dim * n).unwrap();
@@ -91,7 +103,10 @@ mod tests {
             let last = RmsNorm::new(&gpu, &step, dim, 1e-5, &wb, &xb, &yb, Rows::Logits).unwrap();
             run_pass(&gpu, |pass| last.encode(pass, 1));
             let got: Vec<f32> = gpu.read(&yb, 0, dim).unwrap();
-            assert!(max_abs_diff(&got, &want[(n - 1) * dim..]) < 4e-5, "dim {dim} last row");
+            assert!(
+                max_abs_diff(&got, &want[(n - 1) * dim..]) < 4e-5,
+                "dim {dim} last row"
+            );
         }
     }
 }

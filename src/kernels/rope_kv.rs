@@ -54,14 +54,26 @@ impl RopeKv {
                 _p: 0,
             },
         );
-        let group = gpu.bind_group(&pipeline, &[step, &params, qkv, positions, inv_freq, q, k_cache, v_cache]);
+        let group = gpu.bind_group(
+            &pipeline,
+            &[step, &params, qkv, positions, inv_freq, q, k_cache, v_cache],
+        );
         let half = heads.head_dim / 2;
         let invocations = ((heads.n_heads + heads.n_kv) * half + heads.n_kv * half) as u32;
-        Ok(RopeKv { pipeline, group, invocations })
+        Ok(RopeKv {
+            pipeline,
+            group,
+            invocations,
+        })
     }
 
     pub fn encode(&self, pass: &mut wgpu::ComputePass, n_tokens: u32) {
-        dispatch(pass, &self.pipeline, &self.group, (ceil_div(self.invocations, 64), n_tokens, 1));
+        dispatch(
+            pass,
+            &self.pipeline,
+            &self.group,
+            (ceil_div(self.invocations, 64), n_tokens, 1),
+        );
     }
 }
 
@@ -78,14 +90,21 @@ pub fn rope_reference(x: &mut [f32], pos: u32, inv_freq: &[f32]) {
 }
 
 /// CPU reference: splits `qkv` rows into rotated q, rotated k and v.
-pub fn reference(qkv: &[f32], h: Heads, positions: &[u32], inv_freq: &[f32]) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+pub fn reference(
+    qkv: &[f32],
+    h: Heads,
+    positions: &[u32],
+    inv_freq: &[f32],
+) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
     let (qd, kd) = (h.n_heads * h.head_dim, h.n_kv * h.head_dim);
     let (mut q, mut k, mut v) = (vec![], vec![], vec![]);
     for (row, &pos) in qkv.chunks(qd + 2 * kd).zip(positions) {
         let mut qr = row[..qd].to_vec();
         let mut kr = row[qd..qd + kd].to_vec();
-        qr.chunks_mut(h.head_dim).for_each(|x| rope_reference(x, pos, inv_freq));
-        kr.chunks_mut(h.head_dim).for_each(|x| rope_reference(x, pos, inv_freq));
+        qr.chunks_mut(h.head_dim)
+            .for_each(|x| rope_reference(x, pos, inv_freq));
+        kr.chunks_mut(h.head_dim)
+            .for_each(|x| rope_reference(x, pos, inv_freq));
         q.extend(qr);
         k.extend(kr);
         v.extend_from_slice(&row[qd + kd..]);
@@ -102,14 +121,32 @@ mod tests {
     #[test]
     fn rotates_and_appends_at_the_start_slot() {
         let gpu = gpu();
-        for &(nh, nkv, hd, n, start) in &[(2, 1, 4, 1, 0), (9, 3, 64, 5, 3), (4, 4, 128, 3, 4090), (6, 2, 32, 7, 1)] {
-            let h = Heads { n_heads: nh, n_kv: nkv, head_dim: hd };
+        for &(nh, nkv, hd, n, start) in &[
+            (2, 1, 4, 1, 0),
+            (9, 3, 64, 5, 3),
+            (4, 4, 128, 3, 4090),
+            (6, 2, 32, 7, 1),
+        ] {
+            let h = Heads {
+                n_heads: nh,
+                n_kv: nkv,
+                head_dim: hd,
+            };
             let slots = start + n;
             let qkv = rand_vec(n * (nh + 2 * nkv) * hd, 6, 1.0);
             // Positions need not be contiguous (eviction keeps original positions).
             let pos: Vec<u32> = (0..n as u32).map(|i| start as u32 * 2 + 3 * i).collect();
-            let inv: Vec<f32> = (0..hd / 2).map(|j| 1.0 / 10000f32.powf(2.0 * j as f32 / hd as f32)).collect();
-            let step = step_buffer(&gpu, Step { n_tokens: n as u32, start_slot: start as u32, ..Default::default() });
+            let inv: Vec<f32> = (0..hd / 2)
+                .map(|j| 1.0 / 10000f32.powf(2.0 * j as f32 / hd as f32))
+                .collect();
+            let step = step_buffer(
+                &gpu,
+                Step {
+                    n_tokens: n as u32,
+                    start_slot: start as u32,
+                    ..Default::default()
+                },
+            );
             let qkvb = gpu.storage_from("qkv", &qkv);
             let posb = gpu.storage_from("pos", &pos);
             let invb = gpu.storage_from("inv", &inv);
@@ -120,11 +157,19 @@ mod tests {
             run_pass(&gpu, |pass| k.encode(pass, n as u32));
             let (wq, wk, wv) = reference(&qkv, h, &pos, &inv);
             let gq: Vec<f32> = gpu.read(&qb, 0, n * nh * hd).unwrap();
-            let gk: Vec<f32> = gpu.read(&kc, (start * nkv * hd) as u64, n * nkv * hd).unwrap();
-            let gv: Vec<f32> = gpu.read(&vc, (start * nkv * hd) as u64, n * nkv * hd).unwrap();
+            let gk: Vec<f32> = gpu
+                .read(&kc, (start * nkv * hd) as u64, n * nkv * hd)
+                .unwrap();
+            let gv: Vec<f32> = gpu
+                .read(&vc, (start * nkv * hd) as u64, n * nkv * hd)
+                .unwrap();
             // Angles up to ~8000 rad: f32 cos/sin on the GPU differ from f64 by ~1e-4 there.
             let tol = if start > 1000 { 2e-3 } else { 2e-5 };
-            assert!(max_abs_diff(&gq, &wq) < tol, "q {nh}/{nkv}/{hd}: {}", max_abs_diff(&gq, &wq));
+            assert!(
+                max_abs_diff(&gq, &wq) < tol,
+                "q {nh}/{nkv}/{hd}: {}",
+                max_abs_diff(&gq, &wq)
+            );
             assert!(max_abs_diff(&gk, &wk) < tol, "k {nh}/{nkv}/{hd}");
             assert_eq!(gv, wv);
         }

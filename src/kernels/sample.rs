@@ -122,7 +122,11 @@ pub fn reference(logits: &[f32], seen: &[u32], s: &SamplingParams, counter: u32)
         .map(|(i, &x)| {
             let mut x = x as f64;
             if s.repetition_penalty != 1.0 && seen.contains(&(i as u32)) {
-                x = if x > 0.0 { x / s.repetition_penalty as f64 } else { x * s.repetition_penalty as f64 };
+                x = if x > 0.0 {
+                    x / s.repetition_penalty as f64
+                } else {
+                    x * s.repetition_penalty as f64
+                };
             }
             if s.temperature > 0.0 {
                 x /= s.temperature as f64;
@@ -137,7 +141,11 @@ pub fn reference(logits: &[f32], seen: &[u32], s: &SamplingParams, counter: u32)
     let m = adj[argmax];
     let mut order: Vec<usize> = (0..adj.len()).collect();
     order.sort_by(|&a, &b| adj[b].partial_cmp(&adj[a]).unwrap());
-    let mut keep = if s.top_k > 0 { (s.top_k as usize).min(adj.len()) } else { adj.len() };
+    let mut keep = if s.top_k > 0 {
+        (s.top_k as usize).min(adj.len())
+    } else {
+        adj.len()
+    };
     if s.top_p < 1.0 {
         let total: f64 = order[..keep].iter().map(|&i| (adj[i] - m).exp()).sum();
         let mut acc = 0.0;
@@ -150,7 +158,11 @@ pub fn reference(logits: &[f32], seen: &[u32], s: &SamplingParams, counter: u32)
         }
     }
     let thr = adj[order[keep - 1]];
-    let z: f64 = adj.iter().filter(|&&x| x >= thr).map(|x| (x - m).exp()).sum();
+    let z: f64 = adj
+        .iter()
+        .filter(|&&x| x >= thr)
+        .map(|x| (x - m).exp())
+        .sum();
     let r = (pcg((s.seed ^ (s.seed >> 32)) as u32 ^ pcg(counter)) >> 8) as f64 / 16777216.0;
     let mut u = r * z;
     for (i, &x) in adj.iter().enumerate() {
@@ -188,7 +200,10 @@ mod tests {
         assert_eq!(run(&gpu, &l, &[], &SamplingParams::default(), 0), 300);
         // Length 1 and a penalty that moves the maximum.
         assert_eq!(run(&gpu, &[0.5], &[], &SamplingParams::default(), 0), 0);
-        let pen = SamplingParams { repetition_penalty: 2.0, ..Default::default() };
+        let pen = SamplingParams {
+            repetition_penalty: 2.0,
+            ..Default::default()
+        };
         assert_eq!(run(&gpu, &[4.0, 3.0, -1.0], &[0], &pen, 0), 1);
     }
 
@@ -198,11 +213,36 @@ mod tests {
         let l = rand_vec(49152, 8, 6.0);
         let seen: Vec<u32> = (0..200).map(|i| i * 7).collect();
         let cases = [
-            SamplingParams { temperature: 0.8, seed: 42, ..Default::default() },
-            SamplingParams { temperature: 1.0, top_k: 40, seed: 1, ..Default::default() },
-            SamplingParams { temperature: 0.7, top_p: 0.9, seed: 3, ..Default::default() },
-            SamplingParams { temperature: 1.2, top_k: 50, top_p: 0.5, repetition_penalty: 1.3, seed: 9 },
-            SamplingParams { temperature: 1.0, top_k: 1, seed: 5, ..Default::default() },
+            SamplingParams {
+                temperature: 0.8,
+                seed: 42,
+                ..Default::default()
+            },
+            SamplingParams {
+                temperature: 1.0,
+                top_k: 40,
+                seed: 1,
+                ..Default::default()
+            },
+            SamplingParams {
+                temperature: 0.7,
+                top_p: 0.9,
+                seed: 3,
+                ..Default::default()
+            },
+            SamplingParams {
+                temperature: 1.2,
+                top_k: 50,
+                top_p: 0.5,
+                repetition_penalty: 1.3,
+                seed: 9,
+            },
+            SamplingParams {
+                temperature: 1.0,
+                top_k: 1,
+                seed: 5,
+                ..Default::default()
+            },
         ];
         for (i, s) in cases.iter().enumerate() {
             for counter in 0..3 {

@@ -23,16 +23,31 @@ pub struct SiluMul {
 
 impl SiluMul {
     /// `gate_up` `[n, 2 ffn]` (gate then up in each row), `out` `[n, ffn]`.
-    pub fn new(gpu: &Gpu, step: &wgpu::Buffer, ffn: usize, gate_up: &wgpu::Buffer, out: &wgpu::Buffer) -> Result<Self> {
+    pub fn new(
+        gpu: &Gpu,
+        step: &wgpu::Buffer,
+        ffn: usize,
+        gate_up: &wgpu::Buffer,
+        out: &wgpu::Buffer,
+    ) -> Result<Self> {
         let pipeline = gpu.pipeline(&shaders::SILU_MUL, None, "main", &[])?;
         let ffn4 = (ffn / 4) as u32;
         let params = gpu.uniform("silu-params", &Params { ffn4, _p: [0; 3] });
         let group = gpu.bind_group(&pipeline, &[step, &params, gate_up, out]);
-        Ok(SiluMul { pipeline, group, ffn4 })
+        Ok(SiluMul {
+            pipeline,
+            group,
+            ffn4,
+        })
     }
 
     pub fn encode(&self, pass: &mut wgpu::ComputePass, n_tokens: u32) {
-        dispatch(pass, &self.pipeline, &self.group, (ceil_div(self.ffn4, 64), n_tokens, 1));
+        dispatch(
+            pass,
+            &self.pipeline,
+            &self.group,
+            (ceil_div(self.ffn4, 64), n_tokens, 1),
+        );
     }
 }
 
@@ -55,7 +70,13 @@ mod tests {
         let gpu = gpu();
         for &(ffn, n) in &[(4, 1), (352, 3), (260, 7)] {
             let gu = rand_vec(2 * ffn * n, 4, 6.0);
-            let step = step_buffer(&gpu, Step { n_tokens: n as u32, ..Default::default() });
+            let step = step_buffer(
+                &gpu,
+                Step {
+                    n_tokens: n as u32,
+                    ..Default::default()
+                },
+            );
             let gb = gpu.storage_from("gu", &gu);
             let ob = gpu.storage("o", (ffn * n * 4) as u64);
             let k = SiluMul::new(&gpu, &step, ffn, &gb, &ob).unwrap();

@@ -18,7 +18,8 @@ pub struct Npz(pub HashMap<String, Array>);
 
 impl Npz {
     pub fn open(path: &std::path::Path) -> Npz {
-        let mut ar = npyz::npz::NpzArchive::open(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let mut ar =
+            npyz::npz::NpzArchive::open(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
         let names: Vec<String> = ar.array_names().map(String::from).collect();
         let mut map = HashMap::new();
         for name in names {
@@ -59,7 +60,10 @@ pub fn argmax(v: &[f32]) -> usize {
 
 pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len());
-    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
 }
 
 pub fn max_abs(a: &[f32]) -> f32 {

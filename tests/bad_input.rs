@@ -1,0 +1,201 @@
+//! Bad input gets a clear error naming the file, tensor, option or limit, never a panic.
+
+mod common;
+use common::golden_dir;
+use sieve::gpu::{Gpu, GpuOptions};
+use sieve::model::{LoadOptions, Model};
+use sieve::session::{GenerateOptions, Session, SessionOptions};
+use std::path::{Path, PathBuf};
+
+/// A copy of tiny-qwen2 in a fresh temporary directory.
+fn copy_tiny(tag: &str) -> PathBuf {
+    let src = golden_dir().join("tiny-qwen2");
+    let dst = std::env::temp_dir().join(format!("sieve-bad-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dst);
+    std::fs::create_dir_all(&dst).unwrap();
+    for f in ["config.json", "model.safetensors"] {
+        std::fs::copy(src.join(f), dst.join(f)).unwrap();
+    }
+    dst
+}
+
+fn load_err(dir: &Path) -> String {
+    match Model::load(dir, &LoadOptions::default()) {
+        Ok(_) => panic!("{} loaded but should not", dir.display()),
+        Err(e) => format!("{e:#}"),
+    }
+}
+
+#[test]
+fn truncated_safetensors() {
+    let dir = copy_tiny("truncated");
+    let f = dir.join("model.safetensors");
+    let len = std::fs::metadata(&f).unwrap().len();
+    for cut in [4, 100, len / 2, len - 1] {
+        let bytes = std::fs::read(golden_dir().join("tiny-qwen2/model.safetensors")).unwrap();
+        std::fs::write(&f, &bytes[..cut as usize]).unwrap();
+        let e = load_err(&dir);
+        assert!(
+            e.contains("model.safetensors") && e.contains("not a valid safetensors"),
+            "cut {cut}: {e}"
+        );
+    }
+}
+
+#[test]
+fn unknown_architecture() {
+    let dir = copy_tiny("arch");
+    let cfg = std::fs::read_to_string(dir.join("config.json")).unwrap();
+    std::fs::write(
+        dir.join("config.json"),
+        cfg.replace("Qwen2ForCausalLM", "MistralForCausalLM"),
+    )
+    .unwrap();
+    let e = load_err(&dir);
+    assert!(
+        e.contains("MistralForCausalLM") && e.contains("LlamaForCausalLM, Qwen2ForCausalLM"),
+        "{e}"
+    );
+}
+
+#[test]
+fn shape_mismatch() {
+    // The config disagrees with the tensors: the message names tensor and shapes.
+    let dir = copy_tiny("shape");
+    let cfg = std::fs::read_to_string(dir.join("config.json")).unwrap();
+    std::fs::write(
+        dir.join("config.json"),
+        cfg.replace("\"intermediate_size\": 352", "\"intermediate_size\": 356"),
+    )
+    .unwrap();
+    let e = load_err(&dir);
+    assert!(
+        e.contains("gate_proj") && e.contains("352") && e.contains("356"),
+        "{e}"
+    );
+}
+
+#[test]
+fn int_weights_are_named() {
+    let dir = copy_tiny("int");
+    let bytes = std::fs::read(golden_dir().join("tiny-qwen2/model.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let mut tensors: Vec<(String, safetensors::tensor::TensorView)> = st
+        .tensors()
+        .into_iter()
+        .filter(|(n, _)| n != "model.norm.weight")
+        .collect();
+    let data = vec![0u8; 4 * 128];
+    tensors.push((
+        "model.norm.weight".into(),
+        safetensors::tensor::TensorView::new(safetensors::Dtype::I32, vec![128], &data).unwrap(),
+    ));
+    safetensors::serialize_to_file(tensors, None, &dir.join("model.safetensors")).unwrap();
+    let e = load_err(&dir);
+    assert!(
+        e.contains("model.norm.weight") && e.contains("I32") && e.contains("F32, F16, BF16"),
+        "{e}"
+    );
+}
+
+#[test]
+fn missing_tokenizer() {
+    let e = match sieve::session::Llm::load(
+        &golden_dir().join("tiny-qwen2"),
+        &LoadOptions::default(),
+    ) {
+        Ok(_) => panic!("loaded without a tokenizer"),
+        Err(e) => format!("{e:#}"),
+    };
+    assert!(e.contains("tokenizer.json"), "{e}");
+}
+
+#[test]
+fn prompt_longer_than_the_context() {
+    let model = Model::load(
+        &golden_dir().join("tiny-llama-gqa"),
+        &LoadOptions::default(),
+    )
+    .unwrap();
+    // The tiny model has no tokenizer; a byte-level one is enough to build a session.
+    let tok = std::sync::Arc::new(
+        sieve::tokenizer::Tokenizer::load(&golden_dir().join("smollm2-135m"), &[]).unwrap(),
+    );
+    let mut s = Session::new(
+        model,
+        tok,
+        SessionOptions {
+            max_context: 16,
+            prefill_chunk: 8,
+        },
+    )
+    .unwrap();
+    let prompt: Vec<u32> = (0..17).collect();
+    let e = s
+        .generate(&prompt, &GenerateOptions::default(), |_| true)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("17 tokens") && e.contains("16") && e.contains("--max-context"),
+        "{e}"
+    );
+}
+
+#[test]
+fn no_matching_adapter() {
+    let e = Gpu::new(&GpuOptions {
+        adapter: Some("no-such-gpu".into()),
+        ..Default::default()
+    })
+    .err()
+    .expect("no adapter should match")
+    .to_string();
+    assert!(e.contains("no-such-gpu") && e.contains("available"), "{e}");
+    let e = Gpu::new(&GpuOptions {
+        backend: Some("glide".into()),
+        ..Default::default()
+    })
+    .err()
+    .unwrap()
+    .to_string();
+    assert!(e.contains("glide") && e.contains("vulkan"), "{e}");
+}
+
+#[test]
+fn cli_errors_are_one_line_and_exit_1() {
+    let bin = env!("CARGO_BIN_EXE_sieve");
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new(bin).args(args).output().unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).to_string(),
+        )
+    };
+    let (code, err) = run(&["run", "--model", "/nonexistent-model", "--prompt", "hi"]);
+    assert_eq!(code, Some(1));
+    assert!(err.contains("/nonexistent-model"), "{err}");
+    let (code, err) = run(&["run", "--model", "x", "--prompt", "hi", "--top-p", "1.5"]);
+    assert_eq!(code, Some(1));
+    assert!(err.contains("--top-p"), "{err}");
+    let (code, err) = run(&[
+        "logits",
+        "--model",
+        "x",
+        "--ids",
+        "1,a",
+        "--out",
+        "/tmp/x.npy",
+    ]);
+    assert_eq!(code, Some(1));
+    assert!(err.contains("'a'"), "{err}");
+    let bad = std::env::temp_dir().join(format!("sieve-bad-{}.gguf", std::process::id()));
+    std::fs::write(&bad, b"GGUF\x03\x00\x00\x00").unwrap();
+    let out = std::env::temp_dir().join(format!("sieve-bad-out-{}", std::process::id()));
+    let (code, err) = run(&["convert-gguf", bad.to_str().unwrap(), out.to_str().unwrap()]);
+    assert_eq!(code, Some(1));
+    assert!(
+        err.contains(bad.file_name().unwrap().to_str().unwrap()),
+        "{err}"
+    );
+    assert!(!out.exists(), "a failed conversion left {}", out.display());
+}

@@ -142,17 +142,22 @@ fn decode_partial(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocati
     workgroupBarrier();
     for (var j = lid; j < CHUNK; j += 64u) {
         let slot = k0 + j;
+        // Each key vector is loaded once and scored against every head of the group.
+        var sg: array<f32, GMAX>;
         for (var g = 0u; g < g_n; g++) {
-            var v = NEG;
-            if (slot < n_keys) {
-                var dotv = 0.0;
-                let kb = slot * kv_stride + kvh * hd4;
-                for (var d = 0u; d < hd4; d++) {
-                    dotv += dot(qs[g * hd4 + d], kc[kb + d]);
+            sg[g] = 0.0;
+        }
+        if (slot < n_keys) {
+            let kb = slot * kv_stride + kvh * hd4;
+            for (var d = 0u; d < hd4; d++) {
+                let kv = kc[kb + d];
+                for (var g = 0u; g < g_n; g++) {
+                    sg[g] += dot(qs[g * hd4 + d], kv);
                 }
-                v = dotv;
             }
-            sc[g * CHUNK + j] = v;
+        }
+        for (var g = 0u; g < g_n; g++) {
+            sc[g * CHUNK + j] = select(NEG, sg[g], slot < n_keys);
         }
     }
     workgroupBarrier();
@@ -171,14 +176,21 @@ fn decode_partial(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocati
     }
     workgroupBarrier();
     let n_valid = min(CHUNK, n_keys - k0);
-    for (var i = lid; i < g_n * hd4; i += 64u) {
-        let g = i / hd4;
-        let d = i % hd4;
-        var a = vec4<f32>(0.0);
-        for (var j = 0u; j < n_valid; j++) {
-            a += sc[g * CHUNK + j] * vc[(k0 + j) * kv_stride + kvh * hd4 + d];
+    // Each value vector is loaded once and accumulated for every head of the group.
+    for (var d = lid; d < hd4; d += 64u) {
+        var acc: array<vec4<f32>, GMAX>;
+        for (var g = 0u; g < g_n; g++) {
+            acc[g] = vec4<f32>(0.0);
         }
-        part[part_base(0u, kvh * g_n + g, c) + d] = a;
+        for (var j = 0u; j < n_valid; j++) {
+            let v = vc[(k0 + j) * kv_stride + kvh * hd4 + d];
+            for (var g = 0u; g < g_n; g++) {
+                acc[g] += sc[g * CHUNK + j] * v;
+            }
+        }
+        for (var g = 0u; g < g_n; g++) {
+            part[part_base(0u, kvh * g_n + g, c) + d] = acc[g];
+        }
     }
     if (lid < g_n) {
         part[part_base(0u, kvh * g_n + lid, c) + hd4] = vec4<f32>(ml[lid].x, ml[lid].y, 0.0, 0.0);

@@ -14,8 +14,8 @@
 // Entry points and dispatch:
 //   matmul: 4 rows x 4 tokens per invocation, for prefill.
 //           Dispatch (ceil(ceil(rows/4) / 64), ceil(n/4), 1).
-//   matvec: 1 row x 1 token per invocation, for decode (n = 1).
-//           Dispatch (ceil(rows / 64), n, 1).
+//   matvec: 4 rows x 1 token per invocation, for decode (n = 1).
+//           Dispatch (ceil(ceil(rows/4) / 64), n, 1).
 // flags: bit 0 adds into y (residual connection fused), bit 1 adds the bias.
 struct MatmulParams {
     rows: u32,
@@ -98,23 +98,31 @@ fn matmul(@builtin(global_invocation_id) gid: vec3<u32>) {
 
 @compute @workgroup_size(64)
 fn matvec(@builtin(global_invocation_id) gid: vec3<u32>) {
-    let r = gid.x;
+    let r0 = gid.x * 4u;
     let t = gid.y;
-    if (r >= p.rows || t >= step_rows(step, p.count_sel)) {
+    if (r0 >= p.rows || t >= step_rows(step, p.count_sel)) {
         return;
     }
-    let wb = r * p.k4;
+    // Four rows per invocation share each load of x (on lavapipe every load is
+    // a per-lane scalar load, so loads, not bytes, bound this kernel).
+    let w0 = r0 * p.k4;
+    let w1 = min(r0 + 1u, p.rows - 1u) * p.k4;
+    let w2 = min(r0 + 2u, p.rows - 1u) * p.k4;
+    let w3 = min(r0 + 3u, p.rows - 1u) * p.k4;
     let xb = t * p.k4;
-    // Two accumulators shorten the dependency chain of the sum.
-    var a = 0.0;
-    var b = 0.0;
-    var k = 0u;
-    for (; k + 1u < p.k4; k += 2u) {
-        a += dot(unpack_w(w[wb + k]), x[xb + k]);
-        b += dot(unpack_w(w[wb + k + 1u]), x[xb + k + 1u]);
+    var a = vec4<f32>(0.0);
+    for (var k = 0u; k < p.k4; k++) {
+        let xv = x[xb + k];
+        a += vec4<f32>(
+            dot(unpack_w(w[w0 + k]), xv),
+            dot(unpack_w(w[w1 + k]), xv),
+            dot(unpack_w(w[w2 + k]), xv),
+            dot(unpack_w(w[w3 + k]), xv),
+        );
     }
-    if (k < p.k4) {
-        a += dot(unpack_w(w[wb + k]), x[xb + k]);
+    for (var ri = 0u; ri < 4u; ri++) {
+        if (r0 + ri < p.rows) {
+            store(t, r0 + ri, a[ri]);
+        }
     }
-    store(t, r, a + b);
 }

@@ -30,8 +30,7 @@ pub struct MatmulOptions {
 
 struct Part {
     rows: u32,
-    matmul: wgpu::BindGroup,
-    matvec: wgpu::BindGroup,
+    group: wgpu::BindGroup,
 }
 
 /// One weight matrix bound to its input and output buffers.
@@ -83,8 +82,7 @@ impl Matmul {
                 let bufs = [step, &params, &part.buffer, bias_buf, x, y];
                 Part {
                     rows: part.rows as u32,
-                    matmul: gpu.bind_group(&matmul, &bufs),
-                    matvec: gpu.bind_group(&matvec, &bufs),
+                    group: gpu.bind_group(&matmul, &bufs),
                 }
             })
             .collect();
@@ -102,14 +100,14 @@ impl Matmul {
                 dispatch(
                     pass,
                     &self.matvec,
-                    &part.matvec,
-                    (ceil_div(part.rows, 64), 1, 1),
+                    &part.group,
+                    (ceil_div(part.rows, 256), 1, 1),
                 );
             } else {
                 dispatch(
                     pass,
                     &self.matmul,
-                    &part.matmul,
+                    &part.group,
                     (ceil_div(ceil_div(part.rows, 4), 64), ceil_div(n, 4), 1),
                 );
             }

@@ -14,8 +14,8 @@
 // Entry points and dispatch:
 //   matmul: 4 rows x 4 tokens per invocation, for prefill.
 //           Dispatch (ceil(ceil(rows/4) / 64), ceil(n/4), 1).
-//   matvec: 4 rows x 1 token per invocation, for decode (n = 1).
-//           Dispatch (ceil(ceil(rows/4) / 64), n, 1).
+//   matvec: 4 rows x 1 token per invocation, 16 invocations per workgroup,
+//           for decode (n = 1). Dispatch (ceil(rows / 64), n, 1).
 // flags: bit 0 adds into y (residual connection fused), bit 1 adds the bias.
 struct MatmulParams {
     rows: u32,
@@ -96,7 +96,9 @@ fn matmul(@builtin(global_invocation_id) gid: vec3<u32>) {
     }
 }
 
-@compute @workgroup_size(64)
+// Small workgroups: decode matrices have few rows (576 for SmolLM2), and
+// lavapipe runs whole workgroups per thread, so 16 lanes balance the threads.
+@compute @workgroup_size(16)
 fn matvec(@builtin(global_invocation_id) gid: vec3<u32>) {
     let r0 = gid.x * 4u;
     let t = gid.y;

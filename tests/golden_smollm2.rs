@@ -218,6 +218,12 @@ fn check_logits(dtype: OutDtype, tol: f32, files: &[&str]) {
             let (a, b) = (argmax(got), argmax(w));
             assert_eq!(a, b, "{f} stored position {i}: argmax");
         }
+        let worst = stored
+            .iter()
+            .enumerate()
+            .map(|(i, got)| max_abs_diff(got, &want[i * vocab..][..vocab]))
+            .fold(0.0, f32::max);
+        eprintln!("{f} ({dtype:?}): logits max |d| {worst:.2e} over the stored positions");
         let greedy = g.ids("greedy_ids");
         let (_, margins) = g.f32("greedy_margin");
         for (s, got) in steps.iter().enumerate() {
@@ -285,6 +291,10 @@ fn f32_hidden_states_match() {
                 &layer_out[(layer - 1) * k * h..][..k * h]
             };
             let d = max_abs_diff(got, want);
+            eprintln!(
+                "{f} layer {layer}: hidden max |d| / max |ref| = {:.2e}",
+                d / max_abs(want)
+            );
             assert!(
                 d <= 1e-4 * max_abs(want),
                 "{f} layer {layer}: max |d| {d} (max |ref| {})",

@@ -101,7 +101,7 @@ impl Matmul {
                     pass,
                     &self.matvec,
                     &part.group,
-                    (ceil_div(part.rows, 256), 1, 1),
+                    (ceil_div(part.rows, 64), 1, 1),
                 );
             } else {
                 dispatch(

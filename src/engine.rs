@@ -10,6 +10,7 @@ use anyhow::{bail, Context, Result};
 use std::sync::Arc;
 
 use crate::kernels::attention::Attention;
+use crate::kernels::compact::Compactor;
 use crate::kernels::embed::Embed;
 use crate::kernels::matmul::{Matmul, MatmulOptions};
 use crate::kernels::rmsnorm::RmsNorm;
@@ -28,6 +29,9 @@ pub struct EngineOptions {
     pub max_tokens: usize,
     /// Most rows of logits computed in one step.
     pub max_logit_rows: usize,
+    /// Most entries a compaction keeps (the KV budget J); None when the cache
+    /// never evicts (no compaction scratch is allocated).
+    pub max_keep: Option<usize>,
 }
 
 struct LayerKernels {
@@ -84,6 +88,7 @@ pub struct Engine {
     lm_head: Matmul,
     sampler: Sampler,
     sample_staging: wgpu::Buffer,
+    compactor: Option<Compactor>,
     /// Entries in the cache (the next token goes to this slot).
     pub n_cached: usize,
     /// Bytes of every buffer the engine allocated (weights not included).
@@ -206,6 +211,16 @@ impl Engine {
             },
         )?;
         let sampler = Sampler::new(&gpu, c.vocab_size, &logits)?;
+        let compactor = match opts.max_keep {
+            Some(keep) => {
+                let row = (c.num_kv_heads * c.head_dim * 4) as u64;
+                let targets: Vec<(&wgpu::Buffer, u64)> =
+                    k_cache.iter().chain(&v_cache).map(|b| (b, row)).collect();
+                bytes += 2 * c.num_layers as u64 * keep as u64 * row;
+                Some(Compactor::new(&gpu, &targets, keep)?)
+            }
+            None => None,
+        };
         let sample_staging = gpu.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("sampled-token"),
             size: 4,
@@ -226,6 +241,7 @@ impl Engine {
             lm_head,
             sampler,
             sample_staging,
+            compactor,
             n_cached: 0,
             buffer_bytes: bytes,
             capture: None,
@@ -383,6 +399,25 @@ impl Engine {
         let c = &self.model.config;
         let offset = (l * self.opts.max_tokens * c.hidden_size) as u64;
         self.model.gpu.read(cap, offset, n * c.hidden_size)
+    }
+
+    /// Keeps the cache slots listed in `keep` (ascending), moved to slots
+    /// 0..keep.len() of every layer's K and V, on the GPU.
+    pub fn compact(&mut self, keep: &[u32]) -> Result<()> {
+        let c = self
+            .compactor
+            .as_ref()
+            .context("this engine was built without a KV budget (EngineOptions::max_keep)")?;
+        if keep.last().is_some_and(|&k| k as usize >= self.n_cached) {
+            bail!(
+                "keep list names slot {} of {} cached",
+                keep.last().unwrap(),
+                self.n_cached
+            );
+        }
+        c.compact(&self.model.gpu, keep)?;
+        self.n_cached = keep.len();
+        Ok(())
     }
 
     /// Waits for all submitted work.

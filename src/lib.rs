@@ -5,9 +5,11 @@
 //! step. Start with [`session::Llm`] for text generation, or [`engine::Engine`]
 //! for token-level control.
 
+pub mod cache;
 pub mod config;
 pub mod convert;
 pub mod engine;
+pub mod eviction;
 pub mod gguf;
 pub mod gpu;
 pub mod kernels;

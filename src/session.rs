@@ -21,7 +21,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::engine::{Engine, EngineOptions, StepOutput};
+use crate::cache::{BoundedCache, CacheOptions, FeedOutput};
+use crate::engine::{Engine, EngineOptions};
+use crate::eviction::Policy;
 use crate::kernels::sample::SamplingParams;
 use crate::model::{LoadOptions, Model};
 use crate::tokenizer::{Message, StreamDecoder, Tokenizer};
@@ -56,11 +58,14 @@ impl Llm {
 /// Sizes of a session.
 #[derive(Clone, Copy, Debug)]
 pub struct SessionOptions {
-    /// Longest context (prompt plus generated tokens). 0 = the model's
-    /// max_position_embeddings, capped at 8192.
+    /// Longest context (prompt plus generated tokens) without a KV budget.
+    /// 0 = the model's max_position_embeddings, capped at 8192.
     pub max_context: usize,
     /// Tokens per prefill step.
     pub prefill_chunk: usize,
+    /// A bounded KV cache: the cache holds at most budget + chunk entries and
+    /// the context is unbounded. None = the full cache of `max_context` slots.
+    pub cache: Option<CacheOptions>,
 }
 
 impl Default for SessionOptions {
@@ -68,6 +73,7 @@ impl Default for SessionOptions {
         SessionOptions {
             max_context: 0,
             prefill_chunk: 256,
+            cache: None,
         }
     }
 }
@@ -140,31 +146,35 @@ pub struct MemoryReport {
 /// A conversation with a model: its KV cache persists across `generate` calls.
 pub struct Session {
     engine: Engine,
+    cache: BoundedCache,
     tokenizer: Arc<Tokenizer>,
     cancel: Arc<AtomicBool>,
-    /// Tokens in the cache, in order (position = index).
+    /// Every token fed so far (position = index); evicted ones included.
     tokens: Vec<u32>,
     steps: u32,
 }
 
 impl Session {
     pub fn new(model: Arc<Model>, tokenizer: Arc<Tokenizer>, opts: SessionOptions) -> Result<Self> {
-        let max_context = if opts.max_context == 0 {
-            model.config.max_position_embeddings.min(8192)
-        } else {
-            opts.max_context
+        let cache = BoundedCache::new(opts.cache.unwrap_or(CacheOptions::new(Policy::Full, 0, 0)))?;
+        let slots = match cache.capacity() {
+            Some(c) => c,
+            None if opts.max_context == 0 => model.config.max_position_embeddings.min(8192),
+            None => opts.max_context,
         };
-        let chunk = opts.prefill_chunk.clamp(1, max_context);
+        let chunk = opts.prefill_chunk.clamp(1, slots);
         let engine = Engine::new(
             model,
             EngineOptions {
-                max_slots: max_context,
+                max_slots: slots,
                 max_tokens: chunk,
                 max_logit_rows: 1,
+                max_keep: cache.capacity().map(|_| cache.opts.budget),
             },
         )?;
         Ok(Session {
             engine,
+            cache,
             tokenizer,
             cancel: Arc::new(AtomicBool::new(false)),
             tokens: vec![],
@@ -179,12 +189,21 @@ impl Session {
 
     /// Forgets the conversation.
     pub fn reset(&mut self) {
-        self.engine.reset();
+        self.cache.reset(&mut self.engine);
         self.tokens.clear();
     }
 
-    pub fn max_context(&self) -> usize {
-        self.engine.opts.max_slots
+    /// The longest conversation in tokens (None with a KV budget: unbounded).
+    pub fn max_context(&self) -> Option<usize> {
+        match self.cache.capacity() {
+            Some(_) => None,
+            None => Some(self.engine.opts.max_slots),
+        }
+    }
+
+    /// The bounded cache (its refresh records when `cache().record` is set).
+    pub fn cache(&mut self) -> &mut BoundedCache {
+        &mut self.cache
     }
 
     pub fn memory(&self) -> MemoryReport {
@@ -210,9 +229,9 @@ impl Session {
             bail!("the prompt is empty");
         }
         let max = self.max_context();
-        if self.tokens.len() + prompt.len() > max {
+        if let Some(max) = max.filter(|&m| self.tokens.len() + prompt.len() > m) {
             bail!(
-                "the prompt has {} tokens and the conversation already holds {}; the context is {max} tokens (--max-context)",
+                "the prompt has {} tokens and the conversation already holds {}; the context is {max} tokens (--max-context, or a KV budget with --budget)",
                 prompt.len(),
                 self.tokens.len()
             );
@@ -221,29 +240,14 @@ impl Session {
         let seen: Vec<u32> = self.tokens.iter().chain(prompt).copied().collect();
         self.engine.reset_seen(&seen);
         let t0 = Instant::now();
-        // Prefill in chunks; the last chunk samples the first new token.
-        let chunk = self.engine.opts.max_tokens;
-        let mut next = 0;
-        let pieces: Vec<&[u32]> = prompt.chunks(chunk).collect();
-        for (i, piece) in pieces.iter().enumerate() {
-            let pos: Vec<u32> = (0..piece.len())
-                .map(|j| (self.tokens.len() + j) as u32)
-                .collect();
-            let last = i + 1 == pieces.len();
-            let out = if last {
-                self.steps += 1;
-                StepOutput {
-                    sample: Some((opts.sampling, self.steps)),
-                    ..StepOutput::last(piece.len())
-                }
-            } else {
-                StepOutput::NONE
-            };
-            if let Some(t) = self.engine.step(piece, &pos, out)? {
-                next = t;
-            }
-            self.tokens.extend_from_slice(piece);
-        }
+        self.steps += 1;
+        let first = self.tokens.len() as u32;
+        let out = FeedOutput::Sample(opts.sampling, self.steps);
+        let mut next = self
+            .cache
+            .feed(&mut self.engine, prompt, first, out, |_, _| Ok(()))?
+            .expect("a sampling feed returns a token");
+        self.tokens.extend_from_slice(prompt);
         let prefill_seconds = t0.elapsed().as_secs_f64();
         let t1 = Instant::now();
         let mut decoder = StreamDecoder::new();
@@ -287,18 +291,17 @@ impl Session {
             if ids.len() >= opts.max_new_tokens {
                 break StopReason::MaxTokens;
             }
-            if self.tokens.len() >= max {
+            if max.is_some_and(|m| self.tokens.len() >= m) {
                 break StopReason::ContextFull;
             }
             self.steps += 1;
             let pos = self.tokens.len() as u32;
-            let out = StepOutput {
-                sample: Some((opts.sampling, self.steps)),
-                ..StepOutput::last(1)
-            };
-            let t = self.engine.step(&[next], &[pos], out)?;
+            let out = FeedOutput::Sample(opts.sampling, self.steps);
+            let t = self
+                .cache
+                .feed(&mut self.engine, &[next], pos, out, |_, _| Ok(()))?;
             self.tokens.push(next);
-            next = t.expect("a sampling step returns a token");
+            next = t.expect("a sampling feed returns a token");
         };
         if stop != StopReason::StopString && !pending.is_empty() {
             text.push_str(&pending);

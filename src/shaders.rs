@@ -61,6 +61,7 @@ shader!(ATTENTION, "attention", false);
 
 shader!(SILU_MUL, "silu_mul", false);
 shader!(SAMPLE, "sample", false);
+shader!(COMPACT, "compact", false);
 shader!(READ_BANDWIDTH, "read_bandwidth", false);
 
 /// Every kernel, for validation tests.
@@ -73,6 +74,7 @@ pub fn all() -> Vec<&'static Shader> {
         &ATTENTION,
         &SILU_MUL,
         &SAMPLE,
+        &COMPACT,
         &READ_BANDWIDTH,
     ]
 }

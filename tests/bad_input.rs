@@ -127,6 +127,7 @@ fn prompt_longer_than_the_context() {
         SessionOptions {
             max_context: 16,
             prefill_chunk: 8,
+            cache: None,
         },
     )
     .unwrap();
@@ -198,4 +199,47 @@ fn cli_errors_are_one_line_and_exit_1() {
         "{err}"
     );
     assert!(!out.exists(), "a failed conversion left {}", out.display());
+}
+
+#[test]
+fn cache_options_are_checked_before_loading() {
+    let bin = env!("CARGO_BIN_EXE_sieve");
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new(bin).args(args).output().unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).to_string(),
+        )
+    };
+    let tiny = golden_dir().join("tiny-qwen2");
+    let m = tiny.to_str().unwrap();
+    let base = [
+        "logits",
+        "--model",
+        m,
+        "--ids",
+        "1,2,3",
+        "--out",
+        "/tmp/sieve-never-written.npy",
+    ];
+    for (extra, want) in [
+        (vec!["--budget", "10"], "--budget 10"),
+        (vec!["--budget", "100", "--chunk", "0"], "--chunk"),
+        (
+            vec!["--budget", "100", "--policy", "lru"],
+            "unknown policy 'lru'",
+        ),
+        (vec!["--policy", "window"], "needs a KV budget"),
+        (vec!["--budget", "100", "--policy", "full"], "--policy full"),
+        (
+            vec!["--budget", "100", "--policy", "ccs"],
+            "not implemented yet",
+        ),
+    ] {
+        let args: Vec<&str> = base.iter().copied().chain(extra.iter().copied()).collect();
+        let (code, err) = run(&args);
+        assert_eq!(code, Some(1), "{extra:?}");
+        assert!(err.contains(want), "{extra:?}: {err}");
+    }
+    assert!(!Path::new("/tmp/sieve-never-written.npy").exists());
 }

@@ -161,6 +161,7 @@ fn run_prompt(m: &Arc<Model>, g: &Npz) -> (Vec<Vec<f32>>, Vec<Vec<f32>>) {
             max_slots: all.len(),
             max_tokens: all.len(),
             max_logit_rows: 32,
+            max_keep: None,
         },
     )
     .unwrap();
@@ -273,6 +274,7 @@ fn f32_hidden_states_match() {
                 max_slots: l,
                 max_tokens: l,
                 max_logit_rows: 1,
+                max_keep: None,
             },
         )
         .unwrap();
@@ -319,6 +321,7 @@ fn chat_answer_names_paris() {
         .session(SessionOptions {
             max_context: 256,
             prefill_chunk: 64,
+            cache: None,
         })
         .unwrap();
     let mut streamed = String::new();

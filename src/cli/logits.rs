@@ -5,14 +5,18 @@ use anyhow::Result;
 use clap::Args;
 use std::path::PathBuf;
 
-use super::{parse_ids, write_atomic, ModelArgs};
-use sieve::engine::{Engine, EngineOptions, StepOutput};
+use super::{parse_ids, write_atomic, CacheArgs, ModelArgs};
+use sieve::cache::{BoundedCache, CacheOptions, FeedOutput};
+use sieve::engine::{Engine, EngineOptions};
+use sieve::eviction::Policy;
 use sieve::model::Model;
 
 #[derive(Args, Debug)]
 pub struct LogitsArgs {
     #[command(flatten)]
     pub model: ModelArgs,
+    #[command(flatten)]
+    pub cache: CacheArgs,
     /// Comma-separated token ids.
     #[arg(long)]
     pub ids: String,
@@ -21,7 +25,7 @@ pub struct LogitsArgs {
     pub out: PathBuf,
     /// Tokens per prefill step.
     #[arg(long, default_value_t = 256)]
-    pub chunk: usize,
+    pub prefill_chunk: usize,
 }
 
 /// The bytes of a little-endian float32 .npy file of shape [n].
@@ -47,31 +51,31 @@ pub fn main(a: LogitsArgs) -> Result<()> {
     if ids.is_empty() {
         anyhow::bail!("--ids is empty");
     }
+    let cache_opts = a.cache.options()?;
     let model = Model::load(&a.model.dir()?, &a.model.load_options())?;
     let max_pos = model.config.max_position_embeddings;
-    if ids.len() > max_pos {
+    if cache_opts.is_none() && ids.len() > max_pos {
         anyhow::bail!(
-            "{} ids exceed the model's context of {max_pos} positions",
+            "{} ids exceed the model's context of {max_pos} positions (use --budget to evict)",
             ids.len()
         );
     }
-    let chunk = a.chunk.clamp(1, ids.len());
-    let mut e = Engine::new(
-        model,
-        EngineOptions {
-            max_slots: ids.len(),
-            max_tokens: chunk,
-            max_logit_rows: 1,
-        },
-    )?;
-    let mut done = 0;
-    for piece in ids.chunks(chunk) {
-        let pos: Vec<u32> = (done..done + piece.len()).map(|p| p as u32).collect();
-        e.step(piece, &pos, StepOutput::last(piece.len()))?;
-        done += piece.len();
-    }
+    let mut cache = BoundedCache::new(cache_opts.unwrap_or(CacheOptions::new(Policy::Full, 0, 0)))?;
+    cache.record = a.cache.trace.is_some();
+    let slots = cache.capacity().unwrap_or(ids.len());
+    let e_opts = EngineOptions {
+        max_slots: slots,
+        max_tokens: a.prefill_chunk.clamp(1, slots),
+        max_logit_rows: 1,
+        max_keep: cache_opts.map(|o| o.budget),
+    };
+    let mut e = Engine::new(model, e_opts)?;
+    cache.feed(&mut e, &ids, 0, FeedOutput::Last, |_, _| Ok(()))?;
     let logits = e.read_logits(1)?;
     write_atomic(&a.out, &npy_f32(&logits))?;
+    if let Some(path) = &a.cache.trace {
+        cache.write_trace(path)?;
+    }
     eprintln!("wrote {} logits to {}", logits.len(), a.out.display());
     Ok(())
 }

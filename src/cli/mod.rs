@@ -11,6 +11,8 @@ use anyhow::{bail, Result};
 use clap::Args;
 use std::path::PathBuf;
 
+use sieve::cache::CacheOptions;
+use sieve::eviction::Policy;
 use sieve::gpu::GpuOptions;
 use sieve::model::LoadOptions;
 use sieve::shaders::WeightFormat;
@@ -77,6 +79,68 @@ impl ModelArgs {
             gpu: self.gpu(),
             progress: Some(progress_bar_tick),
         }
+    }
+}
+
+/// The bounded KV cache options shared by `run` and `logits`.
+#[derive(Args, Debug, Clone)]
+pub struct CacheArgs {
+    /// KV budget J: cache entries kept at each refresh. Enables eviction; the
+    /// cache then never holds more than J + chunk entries.
+    #[arg(long)]
+    pub budget: Option<usize>,
+    /// Tokens processed between refreshes (h).
+    #[arg(long, default_value_t = 64)]
+    pub chunk: usize,
+    /// Entries at the first positions that are never evicted.
+    #[arg(long, default_value_t = 4)]
+    pub sinks: usize,
+    /// Newest entries that are never evicted.
+    #[arg(long, default_value_t = 64)]
+    pub recent: usize,
+    /// Eviction policy: full, window, random (h2o, tova, epikv, ccs, ccs-full
+    /// are not implemented yet). Default: window with --budget, else full.
+    #[arg(long)]
+    pub policy: Option<String>,
+    /// Seed of the random policy.
+    #[arg(long, default_value_t = 0)]
+    pub policy_seed: u64,
+    /// Write every refresh (present, protected and kept positions, scores) as JSON.
+    #[arg(long)]
+    pub trace: Option<PathBuf>,
+}
+
+impl CacheArgs {
+    /// None means the full cache.
+    pub fn options(&self) -> Result<Option<CacheOptions>> {
+        let policy = match (&self.policy, self.budget) {
+            (Some(p), _) => Policy::parse(p)?,
+            (None, Some(_)) => Policy::Window,
+            (None, None) => Policy::Full,
+        };
+        if policy == Policy::Full {
+            if self.budget.is_some() {
+                bail!("--budget cannot be used with --policy full (which never evicts)");
+            }
+            return Ok(None);
+        }
+        let Some(budget) = self.budget else {
+            bail!(
+                "--policy {} needs a KV budget: add --budget J",
+                policy.name()
+            );
+        };
+        let opts = CacheOptions {
+            budget,
+            chunk: self.chunk,
+            sinks: self.sinks,
+            recent: self.recent,
+            policy,
+            seed: self.policy_seed,
+        };
+        opts.validate()?;
+        policy.scorer(opts.seed)?;
+        Ok(Some(opts))
     }
 }
 

@@ -4,7 +4,7 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use std::io::{Read, Write};
 
-use super::ModelArgs;
+use super::{CacheArgs, ModelArgs};
 use sieve::kernels::sample::SamplingParams;
 use sieve::session::{GenerateOptions, Llm, SessionOptions};
 use sieve::tokenizer::Message;
@@ -13,6 +13,8 @@ use sieve::tokenizer::Message;
 pub struct RunArgs {
     #[command(flatten)]
     pub model: ModelArgs,
+    #[command(flatten)]
+    pub cache: CacheArgs,
     /// The prompt; read from stdin when absent.
     #[arg(long)]
     pub prompt: Option<String>,
@@ -44,12 +46,12 @@ pub struct RunArgs {
     /// Keep generating past end-of-sequence tokens.
     #[arg(long)]
     pub ignore_eos: bool,
-    /// Longest context in tokens (0 = the model's, at most 8192).
+    /// Longest context in tokens without --budget (0 = the model's, at most 8192).
     #[arg(long, default_value_t = 0)]
     pub max_context: usize,
     /// Tokens per prefill step.
     #[arg(long, default_value_t = 256)]
-    pub chunk: usize,
+    pub prefill_chunk: usize,
 }
 
 pub fn sampling(a: &RunArgs) -> Result<SamplingParams> {
@@ -76,6 +78,7 @@ pub fn sampling(a: &RunArgs) -> Result<SamplingParams> {
 
 pub fn main(a: RunArgs) -> Result<()> {
     let sampling = sampling(&a)?;
+    let cache = a.cache.options()?;
     let prompt = match &a.prompt {
         Some(p) => p.clone(),
         None => {
@@ -104,8 +107,10 @@ pub fn main(a: RunArgs) -> Result<()> {
     };
     let mut session = llm.session(SessionOptions {
         max_context: a.max_context,
-        prefill_chunk: a.chunk,
+        prefill_chunk: a.prefill_chunk,
+        cache,
     })?;
+    session.cache().record = a.cache.trace.is_some();
     let opts = GenerateOptions {
         max_new_tokens: a.max_tokens,
         sampling,
@@ -118,6 +123,9 @@ pub fn main(a: RunArgs) -> Result<()> {
         stdout.write_all(piece.as_bytes()).is_ok() && stdout.flush().is_ok()
     })?;
     let _ = writeln!(stdout);
+    if let Some(path) = &a.cache.trace {
+        session.cache().write_trace(path)?;
+    }
     let s = &out.stats;
     let mem = session.memory();
     eprintln!(

@@ -1,0 +1,299 @@
+//! The bounded KV cache: budget J, chunk h, protected sinks and recent entries,
+//! and the exact refresh schedule of SPEC.md section 3.
+//!
+//! Think of tokens as appended one at a time: when a token arrives and the
+//! cache holds C = J + h entries, a refresh scores the unprotected entries,
+//! keeps the J best (protected ones included) and compacts the cache in place
+//! on the GPU; then the token is appended. [`BoundedCache::feed`] batches this
+//! exactly: the first C tokens as one batch, then batches of h, each preceded by
+//! a refresh (batches larger than the engine's step are split into steps, which
+//! gives the same result because attention is causal).
+
+use anyhow::{bail, Context, Result};
+use serde::Serialize;
+
+use crate::engine::{Engine, StepOutput};
+use crate::eviction::{Policy, RefreshContext, Scorer, Slot};
+use crate::kernels::sample::SamplingParams;
+
+/// Settings of a bounded cache (`--budget`, `--chunk`, `--sinks`, `--recent`, `--policy`).
+#[derive(Clone, Copy, Debug)]
+pub struct CacheOptions {
+    /// J: entries kept after a refresh.
+    pub budget: usize,
+    /// h: tokens processed between refreshes.
+    pub chunk: usize,
+    /// Entries at positions 0..sinks are always kept.
+    pub sinks: usize,
+    /// The `recent` newest entries are always kept.
+    pub recent: usize,
+    pub policy: Policy,
+    /// Seed of the `random` policy.
+    pub seed: u64,
+}
+
+impl CacheOptions {
+    pub fn new(policy: Policy, budget: usize, chunk: usize) -> Self {
+        CacheOptions {
+            budget,
+            chunk,
+            sinks: 4,
+            recent: 64,
+            policy,
+            seed: 0,
+        }
+    }
+
+    /// C = J + h, the most entries the cache ever holds.
+    pub fn capacity(&self) -> usize {
+        self.budget + self.chunk
+    }
+
+    pub fn validate(&self) -> Result<()> {
+        if self.chunk == 0 {
+            bail!("--chunk must be at least 1 (tokens processed between refreshes)");
+        }
+        if self.budget <= self.sinks + self.recent {
+            bail!(
+                "--budget {} must exceed --sinks {} + --recent {} (the protected entries), so that the policy ranks at least one entry",
+                self.budget,
+                self.sinks,
+                self.recent
+            );
+        }
+        Ok(())
+    }
+}
+
+/// One refresh, in the layout of ../shared/golden/eviction/*.scores.json.
+#[derive(Clone, Debug, Serialize)]
+pub struct RefreshRecord {
+    pub refresh: usize,
+    pub before_position: u32,
+    pub present: Vec<u32>,
+    pub protected: Vec<u32>,
+    pub unprotected: Vec<u32>,
+    pub scores: Vec<f64>,
+    pub kept: Vec<u32>,
+}
+
+/// What `feed` computes for the tokens it processes.
+#[derive(Clone, Copy, Debug)]
+pub enum FeedOutput {
+    /// Nothing (prefill of a prompt whose logits are not needed).
+    None,
+    /// Logits of every token: `on_logits` gets (index of the first token of the
+    /// step within the fed tokens, `[n, vocab]` logits).
+    All,
+    /// Logits of the last fed token only (read with `Engine::read_logits(1)`).
+    Last,
+    /// Sample a token after the last fed token.
+    Sample(SamplingParams, u32),
+}
+
+pub struct BoundedCache {
+    pub opts: CacheOptions,
+    scorer: Option<Box<dyn Scorer>>,
+    /// The entries in the cache, in slot order.
+    pub slots: Vec<Slot>,
+    /// Every refresh so far (kept only when `record` is on).
+    pub trace: Vec<RefreshRecord>,
+    pub record: bool,
+    refreshes: usize,
+}
+
+impl BoundedCache {
+    pub fn new(opts: CacheOptions) -> Result<Self> {
+        let scorer = if opts.policy == Policy::Full {
+            None
+        } else {
+            opts.validate()?;
+            Some(opts.policy.scorer(opts.seed)?)
+        };
+        Ok(BoundedCache {
+            opts,
+            scorer,
+            slots: vec![],
+            trace: vec![],
+            record: false,
+            refreshes: 0,
+        })
+    }
+
+    /// Entries the engine must hold: C for an evicting policy, None for `full`.
+    pub fn capacity(&self) -> Option<usize> {
+        self.scorer.as_ref().map(|_| self.opts.capacity())
+    }
+
+    /// Forgets the contents (and the engine's).
+    pub fn reset(&mut self, engine: &mut Engine) {
+        engine.reset();
+        self.slots.clear();
+        self.trace.clear();
+        self.refreshes = 0;
+    }
+
+    /// Scores, ranks and compacts: the cache goes from C entries to J.
+    fn refresh(&mut self, engine: &mut Engine, before_position: u32) -> Result<()> {
+        let o = self.opts;
+        let n = self.slots.len();
+        let recent_from = n.saturating_sub(o.recent);
+        let protected: Vec<usize> = (0..n)
+            .filter(|&i| (self.slots[i].position as usize) < o.sinks || i >= recent_from)
+            .collect();
+        let unprotected: Vec<usize> = (0..n).filter(|i| !protected.contains(i)).collect();
+        let ctx = RefreshContext {
+            refresh: self.refreshes,
+            before_position,
+            present: &self.slots,
+            unprotected: &unprotected,
+        };
+        let scorer = self.scorer.as_mut().context("refresh without a scorer")?;
+        let scores = scorer.score(engine, &ctx)?;
+        if scores.len() != unprotected.len() {
+            bail!(
+                "policy {} returned {} scores for {} entries",
+                o.policy.name(),
+                scores.len(),
+                unprotected.len()
+            );
+        }
+        // Rank: score descending, then the later position first (ties keep the later entry).
+        let mut order: Vec<usize> = (0..unprotected.len()).collect();
+        order.sort_by(|&a, &b| {
+            scores[b]
+                .partial_cmp(&scores[a])
+                .unwrap_or(std::cmp::Ordering::Equal)
+                .then(
+                    self.slots[unprotected[b]]
+                        .position
+                        .cmp(&self.slots[unprotected[a]].position),
+                )
+        });
+        let n_keep = o
+            .budget
+            .saturating_sub(protected.len())
+            .min(unprotected.len());
+        let mut keep: Vec<usize> = protected.clone();
+        keep.extend(order[..n_keep].iter().map(|&i| unprotected[i]));
+        keep.sort_unstable();
+        let keep_slots: Vec<u32> = keep.iter().map(|&i| i as u32).collect();
+        engine.compact(&keep_slots)?;
+        if self.record {
+            let pos = |v: &[usize]| {
+                v.iter()
+                    .map(|&i| self.slots[i].position)
+                    .collect::<Vec<u32>>()
+            };
+            self.trace.push(RefreshRecord {
+                refresh: self.refreshes,
+                before_position,
+                present: pos(&(0..n).collect::<Vec<_>>()),
+                protected: pos(&protected),
+                unprotected: pos(&unprotected),
+                scores,
+                kept: pos(&keep),
+            });
+        }
+        self.slots = keep.iter().map(|&i| self.slots[i]).collect();
+        self.refreshes += 1;
+        Ok(())
+    }
+
+    /// Processes `tokens` at `first_position..` following the refresh schedule.
+    /// Returns the sampled token for `FeedOutput::Sample`.
+    pub fn feed(
+        &mut self,
+        engine: &mut Engine,
+        tokens: &[u32],
+        first_position: u32,
+        out: FeedOutput,
+        mut on_logits: impl FnMut(usize, &[f32]) -> Result<()>,
+    ) -> Result<Option<u32>> {
+        let step_max = engine.opts.max_tokens;
+        let mut done = 0;
+        let mut sampled = None;
+        while done < tokens.len() {
+            let room = match self.capacity() {
+                Some(c) => {
+                    if self.slots.len() >= c {
+                        self.refresh(engine, first_position + done as u32)?;
+                    }
+                    c - self.slots.len()
+                }
+                None => engine.opts.max_slots.saturating_sub(self.slots.len()),
+            };
+            if room == 0 {
+                bail!(
+                    "the context is full: {} tokens in a cache of {} (use --budget to evict, or raise --max-context)",
+                    self.slots.len(),
+                    engine.opts.max_slots
+                );
+            }
+            let n = room.min(step_max).min(tokens.len() - done);
+            let ids = &tokens[done..done + n];
+            let pos: Vec<u32> = (0..n as u32)
+                .map(|j| first_position + done as u32 + j)
+                .collect();
+            let last = done + n == tokens.len();
+            let step_out = match out {
+                FeedOutput::None => StepOutput::NONE,
+                FeedOutput::All => StepOutput {
+                    logit_row0: 0,
+                    n_logits: n,
+                    sample: None,
+                },
+                FeedOutput::Last if last => StepOutput::last(n),
+                FeedOutput::Last => StepOutput::NONE,
+                FeedOutput::Sample(params, counter) if last => StepOutput {
+                    sample: Some((params, counter)),
+                    ..StepOutput::last(n)
+                },
+                FeedOutput::Sample(..) => StepOutput::NONE,
+            };
+            sampled = engine.step(ids, &pos, step_out)?;
+            if let FeedOutput::All = out {
+                on_logits(done, &engine.read_logits(n)?)?;
+            }
+            self.slots.extend(
+                ids.iter()
+                    .zip(&pos)
+                    .map(|(&token, &position)| Slot { position, token }),
+            );
+            done += n;
+        }
+        Ok(sampled)
+    }
+
+    /// Writes the refresh records as JSON (atomically).
+    pub fn write_trace(&self, path: &std::path::Path) -> Result<()> {
+        let json = serde_json::to_string(&self.trace)?;
+        let tmp = path.with_extension(format!("partial-{}", std::process::id()));
+        std::fs::write(&tmp, json).with_context(|| format!("writing {}", tmp.display()))?;
+        std::fs::rename(&tmp, path).with_context(|| format!("renaming to {}", path.display()))?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn option_errors_name_the_option() {
+        let mut o = CacheOptions::new(Policy::Window, 68, 16);
+        assert!(o
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("--budget 68"));
+        o.budget = 69;
+        assert!(o.validate().is_ok());
+        o.chunk = 0;
+        assert!(o.validate().unwrap_err().to_string().contains("--chunk"));
+        assert!(Policy::parse("lru")
+            .unwrap_err()
+            .to_string()
+            .contains("known: full, window"));
+    }
+}

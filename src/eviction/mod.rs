@@ -1,0 +1,97 @@
+//! Eviction policies: each one scores the unprotected cache entries at a
+//! refresh (higher = keep). Everything else (the schedule, protected entries,
+//! ranking, the GPU compaction of K, V and slot data) is done once by
+//! [`crate::cache::BoundedCache`], whatever the policy.
+
+mod random;
+mod window;
+
+use anyhow::{bail, Result};
+
+use crate::engine::Engine;
+
+/// One cache entry as the host tracks it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Slot {
+    /// Original position in the sequence (never renumbered).
+    pub position: u32,
+    pub token: u32,
+}
+
+/// What a scorer sees at a refresh.
+pub struct RefreshContext<'a> {
+    /// Refresh number, from 0.
+    pub refresh: usize,
+    /// The position of the token about to be appended.
+    pub before_position: u32,
+    /// The entries present, in slot order (= position order).
+    pub present: &'a [Slot],
+    /// Slot indices (into `present`) of the entries to score, ascending.
+    pub unprotected: &'a [usize],
+}
+
+/// A policy's scoring rule.
+pub trait Scorer {
+    /// One score per entry of `ctx.unprotected`, higher = keep.
+    fn score(&mut self, engine: &mut Engine, ctx: &RefreshContext) -> Result<Vec<f64>>;
+}
+
+/// The policies of SPEC.md section 4.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Policy {
+    Full,
+    Window,
+    Random,
+    H2o,
+    Tova,
+    Epikv,
+    Ccs,
+    CcsFull,
+}
+
+impl Policy {
+    pub const ALL: [(&'static str, Policy); 8] = [
+        ("full", Policy::Full),
+        ("window", Policy::Window),
+        ("random", Policy::Random),
+        ("h2o", Policy::H2o),
+        ("tova", Policy::Tova),
+        ("epikv", Policy::Epikv),
+        ("ccs", Policy::Ccs),
+        ("ccs-full", Policy::CcsFull),
+    ];
+
+    pub fn name(self) -> &'static str {
+        Policy::ALL
+            .iter()
+            .find(|(_, p)| *p == self)
+            .map(|(n, _)| *n)
+            .unwrap_or("?")
+    }
+
+    pub fn parse(name: &str) -> Result<Policy> {
+        match Policy::ALL.iter().find(|(n, _)| *n == name) {
+            Some((_, p)) => Ok(*p),
+            None => {
+                let names: Vec<&str> = Policy::ALL.iter().map(|(n, _)| *n).collect();
+                bail!(
+                    "--policy: unknown policy '{name}'; known: {}",
+                    names.join(", ")
+                )
+            }
+        }
+    }
+
+    /// The scorer of this policy (`seed` feeds `random`).
+    pub fn scorer(self, seed: u64) -> Result<Box<dyn Scorer>> {
+        Ok(match self {
+            Policy::Window => Box::new(window::Window),
+            Policy::Random => Box::new(random::Random { seed }),
+            Policy::Full => bail!("policy 'full' never evicts and has no scorer"),
+            other => bail!(
+                "--policy {}: not implemented yet (implemented: full, window, random)",
+                other.name()
+            ),
+        })
+    }
+}

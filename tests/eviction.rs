@@ -1,0 +1,256 @@
+//! The bounded cache against ../shared/golden/eviction (an independent
+//! implementation of SPEC.md sections 3 and 4 on the tiny models: J = 48,
+//! h = 16, sinks 4, recent 8, the length-300 sequence), and its mechanics.
+//!
+//! Logit tolerance 1e-3, as for the full-cache golden data: the eviction runs
+//! use the same float32 reference (noise ~7e-5), and an exact schedule adds
+//! no error of its own. Kept sets must match exactly for `window`, whose
+//! scores (positions) have no ties.
+
+mod common;
+use common::*;
+use sieve::cache::{BoundedCache, CacheOptions, FeedOutput};
+use sieve::engine::{Engine, EngineOptions};
+use sieve::eviction::Policy;
+use sieve::model::{LoadOptions, Model};
+use sieve::shaders::WeightFormat;
+use std::sync::Arc;
+
+fn load(name: &str) -> Arc<Model> {
+    let opts = LoadOptions {
+        dtype: Some(WeightFormat::F32),
+        ..Default::default()
+    };
+    Model::load(&golden_dir().join(name), &opts).unwrap()
+}
+
+fn settings(name: &str) -> serde_json::Value {
+    let p = golden_dir()
+        .join("eviction")
+        .join(name)
+        .join("settings.json");
+    serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
+}
+
+/// Runs `ids` through a bounded cache; returns the logits of every position and the cache.
+fn run(
+    model: &Arc<Model>,
+    ids: &[u32],
+    opts: CacheOptions,
+    step: usize,
+) -> (Vec<f32>, BoundedCache) {
+    let mut cache = BoundedCache::new(opts).unwrap();
+    cache.record = true;
+    let slots = cache.capacity().unwrap_or(ids.len());
+    let mut e = Engine::new(
+        model.clone(),
+        EngineOptions {
+            max_slots: slots,
+            max_tokens: step,
+            max_logit_rows: step,
+            max_keep: Some(opts.budget),
+        },
+    )
+    .unwrap();
+    let vocab = model.config.vocab_size;
+    let mut logits = vec![0.0; ids.len() * vocab];
+    cache
+        .feed(&mut e, ids, 0, FeedOutput::All, |first, l| {
+            logits[first * vocab..first * vocab + l.len()].copy_from_slice(l);
+            Ok(())
+        })
+        .unwrap();
+    (logits, cache)
+}
+
+fn golden_opts(s: &serde_json::Value, policy: Policy) -> CacheOptions {
+    let u = |k: &str| s[k].as_u64().unwrap() as usize;
+    CacheOptions {
+        budget: u("J"),
+        chunk: u("h"),
+        sinks: u("sinks"),
+        recent: u("recent"),
+        policy,
+        seed: 0,
+    }
+}
+
+#[test]
+fn window_matches_the_reference_schedule_and_logits() {
+    for name in ["tiny-llama-gqa", "tiny-qwen2"] {
+        let s = settings(name);
+        let model = load(name);
+        let ids: Vec<u32> = s["input_ids"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_u64().unwrap() as u32)
+            .collect();
+        let (logits, cache) = run(&model, &ids, golden_opts(&s, Policy::Window), 64);
+        let dir = golden_dir().join("eviction").join(name);
+        let kept: Vec<Vec<u32>> =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("window.kept.json")).unwrap())
+                .unwrap();
+        let before: Vec<u32> = cache.trace.iter().map(|r| r.before_position).collect();
+        let want_before: Vec<u32> = s["refresh_before_positions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_u64().unwrap() as u32)
+            .collect();
+        assert_eq!(before, want_before, "{name}: refresh positions");
+        let got: Vec<Vec<u32>> = cache.trace.iter().map(|r| r.kept.clone()).collect();
+        assert_eq!(got, kept, "{name}: kept sets");
+        // The trace has the layout of the reference's scores.json: compare record by record.
+        let records: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("window.scores.json")).unwrap())
+                .unwrap();
+        let ours = serde_json::to_value(&cache.trace).unwrap();
+        for (k, (want, got)) in records
+            .as_array()
+            .unwrap()
+            .iter()
+            .zip(ours.as_array().unwrap())
+            .enumerate()
+        {
+            for field in [
+                "refresh",
+                "before_position",
+                "present",
+                "protected",
+                "unprotected",
+                "scores",
+                "kept",
+            ] {
+                let (w, g) = (&want[field], &got[field]);
+                let same = match (w.as_array(), g.as_array()) {
+                    (Some(wa), Some(ga)) => {
+                        wa.len() == ga.len()
+                            && wa.iter().zip(ga).all(|(x, y)| x.as_f64() == y.as_f64())
+                    }
+                    _ => w.as_f64() == g.as_f64(),
+                };
+                assert!(
+                    same,
+                    "{name} refresh {k}: field {field} differs: {w} vs {g}"
+                );
+            }
+        }
+        let g = Npz::open(&dir.join("window.logits.npz"));
+        let (_, want) = g.f32("logits");
+        let d = max_abs_diff(&logits, want);
+        eprintln!("{name}: window logits max |d| {d:.2e} over all 300 positions");
+        assert!(d <= 1e-3, "{name}: window logits max |d| {d}");
+        // After the last token the cache holds J + (300 - 288) entries.
+        assert_eq!(cache.slots.len(), 48 + 12);
+    }
+}
+
+#[test]
+fn batching_does_not_change_the_result() {
+    let s = settings("tiny-qwen2");
+    let model = load("tiny-qwen2");
+    let ids: Vec<u32> = s["input_ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap() as u32)
+        .collect();
+    let (a, ca) = run(&model, &ids, golden_opts(&s, Policy::Random), 64);
+    let (b, cb) = run(&model, &ids, golden_opts(&s, Policy::Random), 5);
+    let ka: Vec<_> = ca.trace.iter().map(|r| r.kept.clone()).collect();
+    let kb: Vec<_> = cb.trace.iter().map(|r| r.kept.clone()).collect();
+    assert_eq!(
+        ka, kb,
+        "random keeps the same entries whatever the step size"
+    );
+    assert!(max_abs_diff(&a, &b) <= 1e-4);
+    // Every refresh keeps exactly J entries, the protected ones among them.
+    for r in &ca.trace {
+        assert_eq!(r.kept.len(), 48);
+        assert!(r.protected.iter().all(|p| r.kept.contains(p)));
+    }
+}
+
+#[test]
+fn budget_larger_than_the_sequence_reproduces_the_full_cache() {
+    let model = load("tiny-llama-gqa");
+    let g = Npz::open(&golden_dir().join("tiny-llama-gqa/golden_len300.npz"));
+    let ids = g.ids("input_ids");
+    let (full, _) = run(&model, &ids, CacheOptions::new(Policy::Full, 400, 16), 64);
+    for policy in [Policy::Window, Policy::Random] {
+        let (got, cache) = run(&model, &ids, CacheOptions::new(policy, 400, 16), 64);
+        assert!(cache.trace.is_empty());
+        assert_eq!(got, full, "{policy:?} with a budget above the sequence");
+    }
+    let (_, want) = g.f32("logits");
+    let vocab = 512;
+    for (i, &p) in g.ids("logits_positions").iter().enumerate() {
+        let d = max_abs_diff(
+            &full[p as usize * vocab..][..vocab],
+            &want[i * vocab..][..vocab],
+        );
+        assert!(d <= 1e-3);
+    }
+}
+
+/// Generation far past the budget: the cache never holds more than J + h
+/// entries, positions keep counting, and GPU memory does not grow.
+#[test]
+fn long_generation_stays_within_the_budget() {
+    use sieve::session::{GenerateOptions, Session, SessionOptions};
+    let model = load("tiny-llama-gqa");
+    let tok = Arc::new(
+        sieve::tokenizer::Tokenizer::load(&golden_dir().join("smollm2-135m"), &[]).unwrap(),
+    );
+    let opts = CacheOptions {
+        budget: 48,
+        chunk: 16,
+        sinks: 4,
+        recent: 8,
+        policy: Policy::Window,
+        seed: 0,
+    };
+    let mut s = Session::new(
+        model,
+        tok,
+        SessionOptions {
+            max_context: 0,
+            prefill_chunk: 32,
+            cache: Some(opts),
+        },
+    )
+    .unwrap();
+    s.cache().record = true;
+    let before = s.memory();
+    let prompt: Vec<u32> = (0..100).map(|i| (i * 37 % 512) as u32).collect();
+    let gen = GenerateOptions {
+        max_new_tokens: 400,
+        stop_at_eos: false,
+        ..Default::default()
+    };
+    let out = s.generate(&prompt, &gen, |_| true).unwrap();
+    assert_eq!(out.ids.len(), 400);
+    let cache = s.cache();
+    assert!(cache.slots.len() <= 64, "{} entries", cache.slots.len());
+    assert_eq!(
+        cache.slots.last().unwrap().position,
+        100 + 400 - 2,
+        "the last sampled token is not fed"
+    );
+    // Refreshes before positions 64, 80, ... while prefilling and decoding.
+    let before_pos: Vec<u32> = cache.trace.iter().map(|r| r.before_position).collect();
+    assert_eq!(
+        before_pos,
+        (0..)
+            .map(|k| 64 + 16 * k)
+            .take(before_pos.len())
+            .collect::<Vec<u32>>()
+    );
+    assert_eq!(before_pos.len(), (498 - 64) / 16 + 1);
+    let after = s.memory();
+    assert_eq!(
+        (before.weights, before.buffers),
+        (after.weights, after.buffers)
+    );
+}

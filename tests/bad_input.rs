@@ -162,16 +162,20 @@ fn no_matching_adapter() {
     assert!(e.contains("glide") && e.contains("vulkan"), "{e}");
 }
 
+/// Runs the sieve binary; returns (exit code, stderr).
+fn run(args: &[&str]) -> (Option<i32>, String) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_sieve"))
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).to_string(),
+    )
+}
+
 #[test]
 fn cli_errors_are_one_line_and_exit_1() {
-    let bin = env!("CARGO_BIN_EXE_sieve");
-    let run = |args: &[&str]| {
-        let out = std::process::Command::new(bin).args(args).output().unwrap();
-        (
-            out.status.code(),
-            String::from_utf8_lossy(&out.stderr).to_string(),
-        )
-    };
     let (code, err) = run(&["run", "--model", "/nonexistent-model", "--prompt", "hi"]);
     assert_eq!(code, Some(1));
     assert!(err.contains("/nonexistent-model"), "{err}");
@@ -203,14 +207,6 @@ fn cli_errors_are_one_line_and_exit_1() {
 
 #[test]
 fn cache_options_are_checked_before_loading() {
-    let bin = env!("CARGO_BIN_EXE_sieve");
-    let run = |args: &[&str]| {
-        let out = std::process::Command::new(bin).args(args).output().unwrap();
-        (
-            out.status.code(),
-            String::from_utf8_lossy(&out.stderr).to_string(),
-        )
-    };
     let tiny = golden_dir().join("tiny-qwen2");
     let m = tiny.to_str().unwrap();
     let base = [

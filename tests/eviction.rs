@@ -63,6 +63,11 @@ fn run(
     (logits, cache)
 }
 
+fn input_ids(settings: &serde_json::Value) -> Vec<u32> {
+    let ids = settings["input_ids"].as_array().unwrap();
+    ids.iter().map(|v| v.as_u64().unwrap() as u32).collect()
+}
+
 fn golden_opts(s: &serde_json::Value, policy: Policy) -> CacheOptions {
     let u = |k: &str| s[k].as_u64().unwrap() as usize;
     CacheOptions {
@@ -80,12 +85,7 @@ fn window_matches_the_reference_schedule_and_logits() {
     for name in ["tiny-llama-gqa", "tiny-qwen2"] {
         let s = settings(name);
         let model = load(name);
-        let ids: Vec<u32> = s["input_ids"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|v| v.as_u64().unwrap() as u32)
-            .collect();
+        let ids = input_ids(&s);
         let (logits, cache) = run(&model, &ids, golden_opts(&s, Policy::Window), 64);
         let dir = golden_dir().join("eviction").join(name);
         let kept: Vec<Vec<u32>> =
@@ -150,12 +150,7 @@ fn window_matches_the_reference_schedule_and_logits() {
 fn batching_does_not_change_the_result() {
     let s = settings("tiny-qwen2");
     let model = load("tiny-qwen2");
-    let ids: Vec<u32> = s["input_ids"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v.as_u64().unwrap() as u32)
-        .collect();
+    let ids = input_ids(&s);
     let (a, ca) = run(&model, &ids, golden_opts(&s, Policy::Random), 64);
     let (b, cb) = run(&model, &ids, golden_opts(&s, Policy::Random), 5);
     let ka: Vec<_> = ca.trace.iter().map(|r| r.kept.clone()).collect();

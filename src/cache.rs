@@ -30,6 +30,12 @@ pub struct CacheOptions {
     pub policy: Policy,
     /// Seed of the `random` policy.
     pub seed: u64,
+    /// EpiKV rolling z-score window W.
+    pub epikv_window: usize,
+    /// EpiKV: average z over whole layer bands instead of two representative layers.
+    pub epikv_bands: bool,
+    /// EpiKV: explicit (A, B) layers, 1-based.
+    pub epikv_layers: Option<(usize, usize)>,
 }
 
 impl CacheOptions {
@@ -41,6 +47,9 @@ impl CacheOptions {
             recent: 64,
             policy,
             seed: 0,
+            epikv_window: 128,
+            epikv_bands: false,
+            epikv_layers: None,
         }
     }
 
@@ -103,12 +112,13 @@ pub struct BoundedCache {
 }
 
 impl BoundedCache {
-    pub fn new(opts: CacheOptions) -> Result<Self> {
+    /// A cache for a model of `num_layers` layers.
+    pub fn new(opts: CacheOptions, num_layers: usize) -> Result<Self> {
         let scorer = if opts.policy == Policy::Full {
             None
         } else {
             opts.validate()?;
-            Some(opts.policy.scorer(opts.seed)?)
+            Some(opts.policy.scorer(&opts, num_layers)?)
         };
         Ok(BoundedCache {
             opts,
@@ -123,6 +133,14 @@ impl BoundedCache {
     /// Entries the engine must hold: C for an evicting policy, None for `full`.
     pub fn capacity(&self) -> Option<usize> {
         self.scorer.as_ref().map(|_| self.opts.capacity())
+    }
+
+    /// Layers the engine must track for the policy (`EngineOptions::track_layers`).
+    pub fn tracked_layers(&self) -> Vec<usize> {
+        self.scorer
+            .as_ref()
+            .map(|s| s.tracked_layers())
+            .unwrap_or_default()
     }
 
     /// Forgets the contents (and the engine's).
@@ -252,6 +270,9 @@ impl BoundedCache {
                 FeedOutput::Sample(..) => StepOutput::NONE,
             };
             sampled = engine.step(ids, &pos, step_out)?;
+            if let Some(scorer) = self.scorer.as_mut() {
+                scorer.observe(engine, &pos)?;
+            }
             if let FeedOutput::All = out {
                 on_logits(done, &engine.read_logits(n)?)?;
             }

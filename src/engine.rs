@@ -12,6 +12,7 @@ use std::sync::Arc;
 use crate::kernels::attention::Attention;
 use crate::kernels::compact::Compactor;
 use crate::kernels::embed::Embed;
+use crate::kernels::epikv_delta::LayerDelta;
 use crate::kernels::matmul::{Matmul, MatmulOptions};
 use crate::kernels::rmsnorm::RmsNorm;
 use crate::kernels::rope_kv::{Heads, RopeKv};
@@ -21,7 +22,7 @@ use crate::kernels::{Rows, Step};
 use crate::model::Model;
 
 /// Sizes of the buffers an engine allocates once.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug, Default)]
 pub struct EngineOptions {
     /// Cache slots (the longest context this engine can hold).
     pub max_slots: usize,
@@ -32,6 +33,9 @@ pub struct EngineOptions {
     /// Most entries a compaction keeps (the KV budget J); None when the cache
     /// never evicts (no compaction scratch is allocated).
     pub max_keep: Option<usize>,
+    /// Decoder layers (1-based) after which the EpiKV signal
+    /// g_l(t) = ||h_l(t) - h_l(t-1)|| is computed for every token.
+    pub track_layers: Vec<usize>,
 }
 
 struct LayerKernels {
@@ -89,6 +93,10 @@ pub struct Engine {
     sampler: Sampler,
     sample_staging: wgpu::Buffer,
     compactor: Option<Compactor>,
+    /// (0-based layer index, kernel) for every tracked layer.
+    deltas: Vec<(usize, LayerDelta)>,
+    /// `[max_tokens, tracked layers]` g values of the last step.
+    delta_out: wgpu::Buffer,
     /// Entries in the cache (the next token goes to this slot).
     pub n_cached: usize,
     /// Bytes of every buffer the engine allocated (weights not included).
@@ -211,6 +219,25 @@ impl Engine {
             },
         )?;
         let sampler = Sampler::new(&gpu, c.vocab_size, &logits)?;
+        for &l in &opts.track_layers {
+            if l == 0 || l > c.num_layers {
+                bail!(
+                    "layer {l} is outside the model's layers 1..={} (--epikv-layers)",
+                    c.num_layers
+                );
+            }
+        }
+        let n_tracked = opts.track_layers.len();
+        let delta_out = gpu.storage("epikv-g", (opts.max_tokens * n_tracked.max(1)) as u64 * 4);
+        let mut deltas = vec![];
+        for (column, &l) in opts.track_layers.iter().enumerate() {
+            let prev = gpu.storage(&format!("layer {l} previous hidden state"), h as u64 * 4);
+            bytes += h as u64 * 4;
+            let k = LayerDelta::new(
+                &gpu, &step, h, column, n_tracked, &x, &positions, &prev, &delta_out,
+            )?;
+            deltas.push((l - 1, k));
+        }
         let compactor = match opts.max_keep {
             Some(keep) => {
                 let row = (c.num_kv_heads * c.head_dim * 4) as u64;
@@ -242,6 +269,8 @@ impl Engine {
             sampler,
             sample_staging,
             compactor,
+            deltas,
+            delta_out,
             n_cached: 0,
             buffer_bytes: bytes,
             capture: None,
@@ -345,6 +374,9 @@ impl Engine {
             k.gate_up.encode(p, nt);
             k.silu.encode(p, nt);
             k.down.encode(p, nt);
+            for (_, d) in self.deltas.iter().filter(|(dl, _)| *dl == l) {
+                d.encode(p, nt);
+            }
         }
         if let Some(cap) = &self.capture {
             drop(pass.take());
@@ -399,6 +431,14 @@ impl Engine {
         let c = &self.model.config;
         let offset = (l * self.opts.max_tokens * c.hidden_size) as u64;
         self.model.gpu.read(cap, offset, n * c.hidden_size)
+    }
+
+    /// The EpiKV signal of the last step: `[n, tracked layers]`, row t for the
+    /// step's token t, columns in the order of `EngineOptions::track_layers`.
+    pub fn read_layer_deltas(&self, n: usize) -> Result<Vec<f32>> {
+        self.model
+            .gpu
+            .read(&self.delta_out, 0, n * self.opts.track_layers.len())
     }
 
     /// Keeps the cache slots listed in `keep` (ascending), moved to slots

@@ -156,7 +156,11 @@ pub struct Session {
 
 impl Session {
     pub fn new(model: Arc<Model>, tokenizer: Arc<Tokenizer>, opts: SessionOptions) -> Result<Self> {
-        let cache = BoundedCache::new(opts.cache.unwrap_or(CacheOptions::new(Policy::Full, 0, 0)))?;
+        let num_layers = model.config.num_layers;
+        let cache = BoundedCache::new(
+            opts.cache.unwrap_or(CacheOptions::new(Policy::Full, 0, 0)),
+            num_layers,
+        )?;
         let slots = match cache.capacity() {
             Some(c) => c,
             None if opts.max_context == 0 => model.config.max_position_embeddings.min(8192),
@@ -170,6 +174,7 @@ impl Session {
                 max_tokens: chunk,
                 max_logit_rows: 1,
                 max_keep: cache.capacity().map(|_| cache.opts.budget),
+                track_layers: cache.tracked_layers(),
             },
         )?;
         Ok(Session {

@@ -62,6 +62,7 @@ shader!(ATTENTION, "attention", false);
 shader!(SILU_MUL, "silu_mul", false);
 shader!(SAMPLE, "sample", false);
 shader!(COMPACT, "compact", false);
+shader!(EPIKV_DELTA, "epikv_delta", false);
 shader!(READ_BANDWIDTH, "read_bandwidth", false);
 
 /// Every kernel, for validation tests.
@@ -75,6 +76,7 @@ pub fn all() -> Vec<&'static Shader> {
         &SILU_MUL,
         &SAMPLE,
         &COMPACT,
+        &EPIKV_DELTA,
         &READ_BANDWIDTH,
     ]
 }

@@ -39,7 +39,7 @@ fn run(
     opts: CacheOptions,
     step: usize,
 ) -> (Vec<f32>, BoundedCache) {
-    let mut cache = BoundedCache::new(opts).unwrap();
+    let mut cache = BoundedCache::new(opts, model.config.num_layers).unwrap();
     cache.record = true;
     let slots = cache.capacity().unwrap_or(ids.len());
     let mut e = Engine::new(
@@ -49,6 +49,7 @@ fn run(
             max_tokens: step,
             max_logit_rows: step,
             max_keep: Some(opts.budget),
+            track_layers: cache.tracked_layers(),
         },
     )
     .unwrap();
@@ -71,26 +72,22 @@ fn input_ids(settings: &serde_json::Value) -> Vec<u32> {
 fn golden_opts(s: &serde_json::Value, policy: Policy) -> CacheOptions {
     let u = |k: &str| s[k].as_u64().unwrap() as usize;
     CacheOptions {
-        budget: u("J"),
-        chunk: u("h"),
         sinks: u("sinks"),
         recent: u("recent"),
-        policy,
-        seed: 0,
+        ..CacheOptions::new(policy, u("J"), u("h"))
     }
 }
 
-#[test]
-fn window_matches_the_reference_schedule_and_logits() {
+/// Runs `policy` on both tiny models and compares with the reference: refresh
+/// positions, every trace field (scores within `score_tol`), kept sets, and
+/// the logits of all 300 positions.
+fn check_against_reference(policy: Policy, file: &str, score_tol: f64) {
     for name in ["tiny-llama-gqa", "tiny-qwen2"] {
         let s = settings(name);
         let model = load(name);
         let ids = input_ids(&s);
-        let (logits, cache) = run(&model, &ids, golden_opts(&s, Policy::Window), 64);
+        let (logits, cache) = run(&model, &ids, golden_opts(&s, policy), 64);
         let dir = golden_dir().join("eviction").join(name);
-        let kept: Vec<Vec<u32>> =
-            serde_json::from_str(&std::fs::read_to_string(dir.join("window.kept.json")).unwrap())
-                .unwrap();
         let before: Vec<u32> = cache.trace.iter().map(|r| r.before_position).collect();
         let want_before: Vec<u32> = s["refresh_before_positions"]
             .as_array()
@@ -98,14 +95,20 @@ fn window_matches_the_reference_schedule_and_logits() {
             .iter()
             .map(|v| v.as_u64().unwrap() as u32)
             .collect();
-        assert_eq!(before, want_before, "{name}: refresh positions");
+        assert_eq!(before, want_before, "{name} {file}: refresh positions");
+        let kept: Vec<Vec<u32>> = serde_json::from_str(
+            &std::fs::read_to_string(dir.join(format!("{file}.kept.json"))).unwrap(),
+        )
+        .unwrap();
         let got: Vec<Vec<u32>> = cache.trace.iter().map(|r| r.kept.clone()).collect();
-        assert_eq!(got, kept, "{name}: kept sets");
+        assert_eq!(got, kept, "{name} {file}: kept sets");
         // The trace has the layout of the reference's scores.json: compare record by record.
-        let records: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(dir.join("window.scores.json")).unwrap())
-                .unwrap();
+        let records: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(dir.join(format!("{file}.scores.json"))).unwrap(),
+        )
+        .unwrap();
         let ours = serde_json::to_value(&cache.trace).unwrap();
+        let mut worst = 0.0f64;
         for (k, (want, got)) in records
             .as_array()
             .unwrap()
@@ -119,31 +122,47 @@ fn window_matches_the_reference_schedule_and_logits() {
                 "present",
                 "protected",
                 "unprotected",
-                "scores",
                 "kept",
             ] {
-                let (w, g) = (&want[field], &got[field]);
-                let same = match (w.as_array(), g.as_array()) {
-                    (Some(wa), Some(ga)) => {
-                        wa.len() == ga.len()
-                            && wa.iter().zip(ga).all(|(x, y)| x.as_f64() == y.as_f64())
-                    }
-                    _ => w.as_f64() == g.as_f64(),
-                };
-                assert!(
-                    same,
-                    "{name} refresh {k}: field {field} differs: {w} vs {g}"
+                assert_eq!(
+                    want[field], got[field],
+                    "{name} {file} refresh {k}: field {field}"
                 );
             }
+            let (ws, gs) = (
+                want["scores"].as_array().unwrap(),
+                got["scores"].as_array().unwrap(),
+            );
+            assert_eq!(ws.len(), gs.len());
+            for (w, g) in ws.iter().zip(gs) {
+                worst = worst.max((w.as_f64().unwrap() - g.as_f64().unwrap()).abs());
+            }
         }
-        let g = Npz::open(&dir.join("window.logits.npz"));
+        assert!(worst <= score_tol, "{name} {file}: scores max |d| {worst}");
+        let g = Npz::open(&dir.join(format!("{file}.logits.npz")));
         let (_, want) = g.f32("logits");
         let d = max_abs_diff(&logits, want);
-        eprintln!("{name}: window logits max |d| {d:.2e} over all 300 positions");
-        assert!(d <= 1e-3, "{name}: window logits max |d| {d}");
+        eprintln!("{name} {file}: scores max |d| {worst:.2e}, logits max |d| {d:.2e} over all 300 positions");
+        assert!(d <= 1e-3, "{name} {file}: logits max |d| {d}");
         // After the last token the cache holds J + (300 - 288) entries.
         assert_eq!(cache.slots.len(), 48 + 12);
     }
+}
+
+#[test]
+fn window_matches_the_reference() {
+    check_against_reference(Policy::Window, "window", 0.0);
+}
+
+/// EpiKV scores are z-scores of order 1, computed by the reference in float64
+/// from float32 hidden states; ours from GPU float32 states whose per-layer
+/// error is ~4e-6 of the layer's scale (measured: scores max |d| 1.1e-5). 1e-4
+/// allows for that and stays below the smallest gap between a kept and an
+/// evicted score in the reference (4.3e-5 in tiny-qwen2 is the one exception,
+/// which the exact kept-set comparison covers).
+#[test]
+fn epikv_matches_the_reference() {
+    check_against_reference(Policy::Epikv, "epikv", 1e-4);
 }
 
 #[test]
@@ -199,12 +218,8 @@ fn long_generation_stays_within_the_budget() {
         sieve::tokenizer::Tokenizer::load(&golden_dir().join("smollm2-135m"), &[]).unwrap(),
     );
     let opts = CacheOptions {
-        budget: 48,
-        chunk: 16,
-        sinks: 4,
         recent: 8,
-        policy: Policy::Window,
-        seed: 0,
+        ..CacheOptions::new(Policy::Window, 48, 16)
     };
     let mut s = Session::new(
         model,

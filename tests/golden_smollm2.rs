@@ -162,6 +162,7 @@ fn run_prompt(m: &Arc<Model>, g: &Npz) -> (Vec<Vec<f32>>, Vec<Vec<f32>>) {
             max_tokens: all.len(),
             max_logit_rows: 32,
             max_keep: None,
+            track_layers: vec![],
         },
     )
     .unwrap();
@@ -275,6 +276,7 @@ fn f32_hidden_states_match() {
                 max_tokens: l,
                 max_logit_rows: 1,
                 max_keep: None,
+                track_layers: vec![],
             },
         )
         .unwrap();

@@ -34,6 +34,7 @@ fn engine(model: &Arc<Model>, max_tokens: usize) -> Engine {
             max_tokens,
             max_logit_rows: max_tokens,
             max_keep: None,
+            track_layers: vec![],
         },
     )
     .unwrap()
@@ -147,6 +148,7 @@ fn chunked_prefill_and_split_bindings() {
                 max_tokens: 7,
                 max_logit_rows: 1,
                 max_keep: None,
+                track_layers: vec![],
             },
         )
         .unwrap();

@@ -91,6 +91,7 @@ pub fn run(model: &std::sync::Arc<Model>, a: &BenchArgs) -> Result<serde_json::V
             max_tokens: max_prefill,
             max_logit_rows: 1,
             max_keep: None,
+            track_layers: vec![],
         },
     )?;
     println!(

@@ -60,7 +60,8 @@ pub fn main(a: LogitsArgs) -> Result<()> {
             ids.len()
         );
     }
-    let mut cache = BoundedCache::new(cache_opts.unwrap_or(CacheOptions::new(Policy::Full, 0, 0)))?;
+    let full = CacheOptions::new(Policy::Full, 0, 0);
+    let mut cache = BoundedCache::new(cache_opts.unwrap_or(full), model.config.num_layers)?;
     cache.record = a.cache.trace.is_some();
     let slots = cache.capacity().unwrap_or(ids.len());
     let e_opts = EngineOptions {
@@ -68,6 +69,7 @@ pub fn main(a: LogitsArgs) -> Result<()> {
         max_tokens: a.prefill_chunk.clamp(1, slots),
         max_logit_rows: 1,
         max_keep: cache_opts.map(|o| o.budget),
+        track_layers: cache.tracked_layers(),
     };
     let mut e = Engine::new(model, e_opts)?;
     cache.feed(&mut e, &ids, 0, FeedOutput::Last, |_, _| Ok(()))?;

@@ -98,10 +98,19 @@ pub struct CacheArgs {
     /// Newest entries that are never evicted.
     #[arg(long, default_value_t = 64)]
     pub recent: usize,
-    /// Eviction policy: full, window, random (h2o, tova, epikv, ccs, ccs-full
+    /// Eviction policy: full, window, random, epikv (h2o, tova, ccs, ccs-full
     /// are not implemented yet). Default: window with --budget, else full.
     #[arg(long)]
     pub policy: Option<String>,
+    /// EpiKV rolling z-score window.
+    #[arg(long, default_value_t = 128)]
+    pub epikv_window: usize,
+    /// EpiKV: average z over whole layer bands instead of two layers.
+    #[arg(long)]
+    pub epikv_bands: bool,
+    /// EpiKV: the two layers (1-based), as A,B.
+    #[arg(long, value_delimiter = ',', num_args = 2)]
+    pub epikv_layers: Option<Vec<usize>>,
     /// Seed of the random policy.
     #[arg(long, default_value_t = 0)]
     pub policy_seed: u64,
@@ -137,9 +146,12 @@ impl CacheArgs {
             recent: self.recent,
             policy,
             seed: self.policy_seed,
+            epikv_window: self.epikv_window,
+            epikv_bands: self.epikv_bands,
+            epikv_layers: self.epikv_layers.as_ref().map(|v| (v[0], v[1])),
         };
         opts.validate()?;
-        policy.scorer(opts.seed)?;
+        policy.check_implemented()?;
         Ok(Some(opts))
     }
 }

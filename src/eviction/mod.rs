@@ -3,11 +3,13 @@
 //! ranking, the GPU compaction of K, V and slot data) is done once by
 //! [`crate::cache::BoundedCache`], whatever the policy.
 
+pub mod epikv;
 mod random;
 mod window;
 
 use anyhow::{bail, Result};
 
+use crate::cache::CacheOptions;
 use crate::engine::Engine;
 
 /// One cache entry as the host tracks it.
@@ -32,6 +34,14 @@ pub struct RefreshContext<'a> {
 
 /// A policy's scoring rule.
 pub trait Scorer {
+    /// Decoder layers (1-based) whose EpiKV signal the engine must compute.
+    fn tracked_layers(&self) -> Vec<usize> {
+        vec![]
+    }
+    /// Sees every step once it has run (`positions` of its tokens).
+    fn observe(&mut self, _engine: &Engine, _positions: &[u32]) -> Result<()> {
+        Ok(())
+    }
     /// One score per entry of `ctx.unprotected`, higher = keep.
     fn score(&mut self, engine: &mut Engine, ctx: &RefreshContext) -> Result<Vec<f64>>;
 }
@@ -82,16 +92,38 @@ impl Policy {
         }
     }
 
-    /// The scorer of this policy (`seed` feeds `random`).
-    pub fn scorer(self, seed: u64) -> Result<Box<dyn Scorer>> {
-        Ok(match self {
-            Policy::Window => Box::new(window::Window),
-            Policy::Random => Box::new(random::Random { seed }),
-            Policy::Full => bail!("policy 'full' never evicts and has no scorer"),
+    /// An error for the policies that are not built yet.
+    pub fn check_implemented(self) -> Result<()> {
+        match self {
+            Policy::Full | Policy::Window | Policy::Random | Policy::Epikv => Ok(()),
             other => bail!(
-                "--policy {}: not implemented yet (implemented: full, window, random)",
+                "--policy {}: not implemented yet (implemented: full, window, random, epikv)",
                 other.name()
             ),
+        }
+    }
+
+    /// The scorer of this policy for a model of `num_layers` layers.
+    pub fn scorer(self, opts: &CacheOptions, num_layers: usize) -> Result<Box<dyn Scorer>> {
+        self.check_implemented()?;
+        Ok(match self {
+            Policy::Window => Box::new(window::Window),
+            Policy::Random => Box::new(random::Random { seed: opts.seed }),
+            Policy::Epikv => {
+                if let Some((a, b)) = opts.epikv_layers {
+                    for l in [a, b] {
+                        if l == 0 || l > num_layers {
+                            bail!("--epikv-layers: layer {l} is outside the model's layers 1..={num_layers}");
+                        }
+                    }
+                }
+                if opts.epikv_window == 0 {
+                    bail!("--epikv-window must be at least 1");
+                }
+                let (a, b) = epikv::bands(num_layers, opts.epikv_bands, opts.epikv_layers);
+                Box::new(epikv::Epikv::new(opts.epikv_window, a, b))
+            }
+            _ => bail!("policy '{}' never evicts and has no scorer", self.name()),
         })
     }
 }

@@ -5,6 +5,7 @@
 pub mod attention;
 pub mod compact;
 pub mod embed;
+pub mod epikv_delta;
 pub mod matmul;
 pub mod rmsnorm;
 pub mod rope_kv;

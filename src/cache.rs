@@ -12,7 +12,7 @@
 use anyhow::{bail, Context, Result};
 use serde::Serialize;
 
-use crate::engine::{Engine, StepOutput};
+use crate::engine::{Engine, EngineOptions, StepOutput};
 use crate::eviction::{Policy, RefreshContext, Scorer, Slot};
 use crate::kernels::sample::SamplingParams;
 
@@ -135,12 +135,27 @@ impl BoundedCache {
         self.scorer.as_ref().map(|_| self.opts.capacity())
     }
 
-    /// Layers the engine must track for the policy (`EngineOptions::track_layers`).
-    pub fn tracked_layers(&self) -> Vec<usize> {
-        self.scorer
-            .as_ref()
-            .map(|s| s.tracked_layers())
-            .unwrap_or_default()
+    /// Engine options for this cache: C slots for an evicting policy (else
+    /// `full_slots`), the compaction budget, and what the policy needs computed.
+    pub fn engine_options(
+        &self,
+        full_slots: usize,
+        max_tokens: usize,
+        max_logit_rows: usize,
+    ) -> EngineOptions {
+        let slots = self.capacity().unwrap_or(full_slots);
+        EngineOptions {
+            max_slots: slots,
+            max_tokens: max_tokens.clamp(1, slots),
+            max_logit_rows,
+            max_keep: self.capacity().map(|_| self.opts.budget),
+            track_layers: self
+                .scorer
+                .as_ref()
+                .map(|s| s.tracked_layers())
+                .unwrap_or_default(),
+            attention_weights: self.scorer.as_ref().and_then(|s| s.attention_weights()),
+        }
     }
 
     /// Forgets the contents (and the engine's).

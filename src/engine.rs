@@ -10,6 +10,7 @@ use anyhow::{bail, Context, Result};
 use std::sync::Arc;
 
 use crate::kernels::attention::Attention;
+use crate::kernels::attn_weights::{AttnWeights, WeightMode};
 use crate::kernels::compact::Compactor;
 use crate::kernels::embed::Embed;
 use crate::kernels::epikv_delta::LayerDelta;
@@ -36,6 +37,8 @@ pub struct EngineOptions {
     /// Decoder layers (1-based) after which the EpiKV signal
     /// g_l(t) = ||h_l(t) - h_l(t-1)|| is computed for every token.
     pub track_layers: Vec<usize>,
+    /// Accumulate the attention weight each cache slot receives (H2O, TOVA).
+    pub attention_weights: Option<WeightMode>,
 }
 
 struct LayerKernels {
@@ -97,6 +100,10 @@ pub struct Engine {
     deltas: Vec<(usize, LayerDelta)>,
     /// `[max_tokens, tracked layers]` g values of the last step.
     delta_out: wgpu::Buffer,
+    /// Per layer, when attention weights are accumulated.
+    weights: Vec<AttnWeights>,
+    /// `[max_slots]` attention weight received per slot (compacted with K and V).
+    slot_scores: wgpu::Buffer,
     /// Entries in the cache (the next token goes to this slot).
     pub n_cached: usize,
     /// Bytes of every buffer the engine allocated (weights not included).
@@ -238,11 +245,38 @@ impl Engine {
             )?;
             deltas.push((l - 1, k));
         }
+        let slot_scores = gpu.storage("slot-attention-weights", opts.max_slots as u64 * 4);
+        let mut weights = vec![];
+        if let Some(mode) = opts.attention_weights {
+            let cell = gpu.storage(
+                "attention-weight-cells",
+                (c.num_heads * opts.max_slots) as u64 * 4,
+            );
+            bytes += (c.num_heads + 1) as u64 * opts.max_slots as u64 * 4;
+            for kc in &k_cache {
+                weights.push(AttnWeights::new(
+                    &gpu,
+                    &step,
+                    heads,
+                    c.num_layers,
+                    opts.max_slots,
+                    mode,
+                    &q,
+                    kc,
+                    &lse,
+                    &cell,
+                    &slot_scores,
+                )?);
+            }
+        }
         let compactor = match opts.max_keep {
             Some(keep) => {
                 let row = (c.num_kv_heads * c.head_dim * 4) as u64;
-                let targets: Vec<(&wgpu::Buffer, u64)> =
+                let mut targets: Vec<(&wgpu::Buffer, u64)> =
                     k_cache.iter().chain(&v_cache).map(|b| (b, row)).collect();
+                if !weights.is_empty() {
+                    targets.push((&slot_scores, 4));
+                }
                 bytes += 2 * c.num_layers as u64 * keep as u64 * row;
                 Some(Compactor::new(&gpu, &targets, keep)?)
             }
@@ -271,6 +305,8 @@ impl Engine {
             compactor,
             deltas,
             delta_out,
+            weights,
+            slot_scores,
             n_cached: 0,
             buffer_bytes: bytes,
             capture: None,
@@ -369,6 +405,9 @@ impl Engine {
             k.qkv.encode(p, nt);
             k.rope.encode(p, nt);
             k.attn.encode(p, nt, start);
+            if let Some(w) = self.weights.get(l) {
+                w.encode_accumulate(p, nt, start);
+            }
             k.o.encode(p, nt);
             k.mlp_norm.encode(p, nt);
             k.gate_up.encode(p, nt);
@@ -377,6 +416,9 @@ impl Engine {
             for (_, d) in self.deltas.iter().filter(|(dl, _)| *dl == l) {
                 d.encode(p, nt);
             }
+        }
+        if let Some(w) = self.weights.first() {
+            w.encode_reduce(pass.as_mut().unwrap(), nt, start);
         }
         if let Some(cap) = &self.capture {
             drop(pass.take());
@@ -439,6 +481,15 @@ impl Engine {
         self.model
             .gpu
             .read(&self.delta_out, 0, n * self.opts.track_layers.len())
+    }
+
+    /// Attention weight received by each of the first `n` cache slots, averaged
+    /// over layers and query heads (needs `EngineOptions::attention_weights`).
+    pub fn read_slot_attention(&self, n: usize) -> Result<Vec<f32>> {
+        if self.weights.is_empty() {
+            bail!("this engine does not accumulate attention weights");
+        }
+        self.model.gpu.read(&self.slot_scores, 0, n)
     }
 
     /// Keeps the cache slots listed in `keep` (ascending), moved to slots

@@ -22,7 +22,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::cache::{BoundedCache, CacheOptions, FeedOutput};
-use crate::engine::{Engine, EngineOptions};
+use crate::engine::Engine;
 use crate::eviction::Policy;
 use crate::kernels::sample::SamplingParams;
 use crate::model::{LoadOptions, Model};
@@ -161,21 +161,14 @@ impl Session {
             opts.cache.unwrap_or(CacheOptions::new(Policy::Full, 0, 0)),
             num_layers,
         )?;
-        let slots = match cache.capacity() {
-            Some(c) => c,
-            None if opts.max_context == 0 => model.config.max_position_embeddings.min(8192),
-            None => opts.max_context,
+        let full_slots = if opts.max_context == 0 {
+            model.config.max_position_embeddings.min(8192)
+        } else {
+            opts.max_context
         };
-        let chunk = opts.prefill_chunk.clamp(1, slots);
         let engine = Engine::new(
             model,
-            EngineOptions {
-                max_slots: slots,
-                max_tokens: chunk,
-                max_logit_rows: 1,
-                max_keep: cache.capacity().map(|_| cache.opts.budget),
-                track_layers: cache.tracked_layers(),
-            },
+            cache.engine_options(full_slots, opts.prefill_chunk, 1),
         )?;
         Ok(Session {
             engine,

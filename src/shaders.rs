@@ -62,6 +62,7 @@ shader!(ATTENTION, "attention", false);
 shader!(SILU_MUL, "silu_mul", false);
 shader!(SAMPLE, "sample", false);
 shader!(COMPACT, "compact", false);
+shader!(ATTN_WEIGHTS, "attn_weights", false);
 shader!(EPIKV_DELTA, "epikv_delta", false);
 shader!(READ_BANDWIDTH, "read_bandwidth", false);
 
@@ -76,6 +77,7 @@ pub fn all() -> Vec<&'static Shader> {
         &SILU_MUL,
         &SAMPLE,
         &COMPACT,
+        &ATTN_WEIGHTS,
         &EPIKV_DELTA,
         &READ_BANDWIDTH,
     ]

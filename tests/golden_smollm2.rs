@@ -161,8 +161,7 @@ fn run_prompt(m: &Arc<Model>, g: &Npz) -> (Vec<Vec<f32>>, Vec<Vec<f32>>) {
             max_slots: all.len(),
             max_tokens: all.len(),
             max_logit_rows: 32,
-            max_keep: None,
-            track_layers: vec![],
+            ..Default::default()
         },
     )
     .unwrap();
@@ -275,8 +274,7 @@ fn f32_hidden_states_match() {
                 max_slots: l,
                 max_tokens: l,
                 max_logit_rows: 1,
-                max_keep: None,
-                track_layers: vec![],
+                ..Default::default()
             },
         )
         .unwrap();

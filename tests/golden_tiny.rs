@@ -33,8 +33,7 @@ fn engine(model: &Arc<Model>, max_tokens: usize) -> Engine {
             max_slots: 400,
             max_tokens,
             max_logit_rows: max_tokens,
-            max_keep: None,
-            track_layers: vec![],
+            ..Default::default()
         },
     )
     .unwrap()
@@ -147,8 +146,7 @@ fn chunked_prefill_and_split_bindings() {
                 max_slots: 300,
                 max_tokens: 7,
                 max_logit_rows: 1,
-                max_keep: None,
-                track_layers: vec![],
+                ..Default::default()
             },
         )
         .unwrap();

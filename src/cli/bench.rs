@@ -90,8 +90,7 @@ pub fn run(model: &std::sync::Arc<Model>, a: &BenchArgs) -> Result<serde_json::V
             max_slots: (max_depth + a.decode_steps + 2).max(max_prefill),
             max_tokens: max_prefill,
             max_logit_rows: 1,
-            max_keep: None,
-            track_layers: vec![],
+            ..Default::default()
         },
     )?;
     println!(

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 
 use super::{parse_ids, write_atomic, CacheArgs, ModelArgs};
 use sieve::cache::{BoundedCache, CacheOptions, FeedOutput};
-use sieve::engine::{Engine, EngineOptions};
+use sieve::engine::Engine;
 use sieve::eviction::Policy;
 use sieve::model::Model;
 
@@ -63,15 +63,7 @@ pub fn main(a: LogitsArgs) -> Result<()> {
     let full = CacheOptions::new(Policy::Full, 0, 0);
     let mut cache = BoundedCache::new(cache_opts.unwrap_or(full), model.config.num_layers)?;
     cache.record = a.cache.trace.is_some();
-    let slots = cache.capacity().unwrap_or(ids.len());
-    let e_opts = EngineOptions {
-        max_slots: slots,
-        max_tokens: a.prefill_chunk.clamp(1, slots),
-        max_logit_rows: 1,
-        max_keep: cache_opts.map(|o| o.budget),
-        track_layers: cache.tracked_layers(),
-    };
-    let mut e = Engine::new(model, e_opts)?;
+    let mut e = Engine::new(model, cache.engine_options(ids.len(), a.prefill_chunk, 1))?;
     cache.feed(&mut e, &ids, 0, FeedOutput::Last, |_, _| Ok(()))?;
     let logits = e.read_logits(1)?;
     write_atomic(&a.out, &npy_f32(&logits))?;

@@ -3,6 +3,7 @@
 //! ranking, the GPU compaction of K, V and slot data) is done once by
 //! [`crate::cache::BoundedCache`], whatever the policy.
 
+mod attention;
 pub mod epikv;
 mod random;
 mod window;
@@ -11,6 +12,7 @@ use anyhow::{bail, Result};
 
 use crate::cache::CacheOptions;
 use crate::engine::Engine;
+use crate::kernels::attn_weights::WeightMode;
 
 /// One cache entry as the host tracks it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -37,6 +39,10 @@ pub trait Scorer {
     /// Decoder layers (1-based) whose EpiKV signal the engine must compute.
     fn tracked_layers(&self) -> Vec<usize> {
         vec![]
+    }
+    /// Whether the engine must accumulate attention weights per slot, and how.
+    fn attention_weights(&self) -> Option<WeightMode> {
+        None
     }
     /// Sees every step once it has run (`positions` of its tokens).
     fn observe(&mut self, _engine: &Engine, _positions: &[u32]) -> Result<()> {
@@ -95,11 +101,11 @@ impl Policy {
     /// An error for the policies that are not built yet.
     pub fn check_implemented(self) -> Result<()> {
         match self {
-            Policy::Full | Policy::Window | Policy::Random | Policy::Epikv => Ok(()),
-            other => bail!(
-                "--policy {}: not implemented yet (implemented: full, window, random, epikv)",
-                other.name()
+            Policy::Ccs | Policy::CcsFull => bail!(
+                "--policy {}: not implemented yet (implemented: full, window, random, h2o, tova, epikv)",
+                self.name()
             ),
+            _ => Ok(()),
         }
     }
 
@@ -109,6 +115,8 @@ impl Policy {
         Ok(match self {
             Policy::Window => Box::new(window::Window),
             Policy::Random => Box::new(random::Random { seed: opts.seed }),
+            Policy::H2o => Box::new(attention::AttentionWeights(WeightMode::Cumulative)),
+            Policy::Tova => Box::new(attention::AttentionWeights(WeightMode::LastRow)),
             Policy::Epikv => {
                 if let Some((a, b)) = opts.epikv_layers {
                     for l in [a, b] {

@@ -3,6 +3,7 @@
 //! pass, and carries a plain-Rust CPU reference with tests on awkward shapes.
 
 pub mod attention;
+pub mod attn_weights;
 pub mod compact;
 pub mod embed;
 pub mod epikv_delta;

@@ -1,0 +1,91 @@
+// attn_weights.wgsl: attention weights received by each cache entry, for the
+// H2O and TOVA policies, recomputed from each query row's log-sum-exp (which the
+// attention kernels already produce), so no score matrix is ever stored:
+// w(t, a, i) = exp(q_{t,a} . k_i * scale - lse_{t,a}).
+//
+//   accumulate  after a layer's attention: cell[a, i] += sum over the step's
+//               query rows t that see slot i (t >= i - start_slot; mode 1: only
+//               the last row) of w(t, a, i).
+//               Dispatch (ceil((start_slot + n_tokens) / 64), n_heads, 1).
+//   reduce      after the last layer: score[i] = (mode 0 and i < start_slot ?
+//               score[i] : 0) + sum_a cell[a, i] / (layers * heads); cell := 0.
+//               Dispatch (ceil((start_slot + n_tokens) / 64), 1, 1).
+// mode 0 (h2o): every query counts and sums persist, new slots start at 0;
+// mode 1 (tova): only the newest query, overwritten every step.
+//
+// Bindings (group 0):
+//   0 step   uniform Step
+//   1 p      uniform WeightParams
+//   2 q      storage read  [n_tokens, n_heads * head_dim/4] vec4<f32> (after RoPE)
+//   3 kc     storage read  [slots, n_kv * head_dim/4] vec4<f32>
+//   4 lse    storage read  [n_tokens, n_heads] f32
+//   5 cell   storage rw    [n_heads, slots] f32  (zero between steps)
+//   6 score  storage rw    [slots] f32
+// Per-invocation loop count: n_tokens * head_dim/4 (under lavapipe's 65535 limit
+// for steps of up to 2048 tokens at head_dim 128).
+struct WeightParams {
+    n_heads: u32,
+    n_kv: u32,
+    hd4: u32,
+    scale: f32,
+    mode: u32,
+    slots: u32,
+    n_layers: u32,
+    _p0: u32,
+}
+
+@group(0) @binding(0) var<uniform> step: Step;
+@group(0) @binding(1) var<uniform> p: WeightParams;
+@group(0) @binding(2) var<storage, read> q: array<vec4<f32>>;
+@group(0) @binding(3) var<storage, read> kc: array<vec4<f32>>;
+@group(0) @binding(4) var<storage, read> lse: array<f32>;
+@group(0) @binding(5) var<storage, read_write> cell: array<f32>;
+@group(0) @binding(6) var<storage, read_write> score: array<f32>;
+
+@compute @workgroup_size(64)
+fn accumulate(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let i = gid.x;
+    let a = gid.y;
+    let n_keys = step.start_slot + step.n_tokens;
+    if (i >= n_keys || a >= p.n_heads) {
+        return;
+    }
+    let kvh = a / (p.n_heads / p.n_kv);
+    let kb = i * p.n_kv * p.hd4 + kvh * p.hd4;
+    // First query row that sees slot i (causal by slot).
+    var t0 = 0u;
+    if (i > step.start_slot) {
+        t0 = i - step.start_slot;
+    }
+    if (p.mode == 1u) {
+        t0 = step.n_tokens - 1u;
+    }
+    var sum = 0.0;
+    for (var t = t0; t < step.n_tokens; t++) {
+        let qb = (t * p.n_heads + a) * p.hd4;
+        var s = 0.0;
+        for (var d = 0u; d < p.hd4; d++) {
+            s += dot(q[qb + d], kc[kb + d]);
+        }
+        sum += exp(s * p.scale - lse[t * p.n_heads + a]);
+    }
+    cell[a * p.slots + i] += sum;
+}
+
+@compute @workgroup_size(64)
+fn reduce(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let i = gid.x;
+    if (i >= step.start_slot + step.n_tokens) {
+        return;
+    }
+    var total = 0.0;
+    for (var a = 0u; a < p.n_heads; a++) {
+        total += cell[a * p.slots + i];
+        cell[a * p.slots + i] = 0.0;
+    }
+    var base = 0.0;
+    if (p.mode == 0u && i < step.start_slot) {
+        base = score[i];
+    }
+    score[i] = base + total / f32(p.n_layers * p.n_heads);
+}

@@ -1,0 +1,221 @@
+//! `shaders/attn_weights.wgsl`: attention weight received by each cache slot,
+//! summed over heads and layers (H2O: over every query so far; TOVA: from the
+//! newest query), recomputed from the attention's log-sum-exp.
+
+use anyhow::Result;
+use bytemuck::{Pod, Zeroable};
+use std::sync::Arc;
+
+use super::rope_kv::Heads;
+use super::{ceil_div, dispatch};
+use crate::gpu::Gpu;
+use crate::shaders;
+
+/// Which queries count.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WeightMode {
+    /// Every query since the entry entered the cache; sums persist (H2O).
+    Cumulative = 0,
+    /// Only the newest query; overwritten every step (TOVA).
+    LastRow = 1,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+struct Params {
+    n_heads: u32,
+    n_kv: u32,
+    hd4: u32,
+    scale: f32,
+    mode: u32,
+    slots: u32,
+    n_layers: u32,
+    _p: u32,
+}
+
+/// The accumulate kernel bound to one layer's keys (and the shared cell/score buffers).
+pub struct AttnWeights {
+    accumulate: Arc<wgpu::ComputePipeline>,
+    reduce: Arc<wgpu::ComputePipeline>,
+    group: wgpu::BindGroup,
+    n_heads: u32,
+}
+
+impl AttnWeights {
+    /// `cell` is `[n_heads, slots]` f32 (zeroed), `score` `[slots]` f32.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        gpu: &Gpu,
+        step: &wgpu::Buffer,
+        heads: Heads,
+        n_layers: usize,
+        slots: usize,
+        mode: WeightMode,
+        q: &wgpu::Buffer,
+        k_cache: &wgpu::Buffer,
+        lse: &wgpu::Buffer,
+        cell: &wgpu::Buffer,
+        score: &wgpu::Buffer,
+    ) -> Result<Self> {
+        let accumulate = gpu.pipeline(&shaders::ATTN_WEIGHTS, None, "accumulate", &[])?;
+        let reduce = gpu.pipeline(&shaders::ATTN_WEIGHTS, None, "reduce", &[])?;
+        let params = gpu.uniform(
+            "attn-weights-params",
+            &Params {
+                n_heads: heads.n_heads as u32,
+                n_kv: heads.n_kv as u32,
+                hd4: (heads.head_dim / 4) as u32,
+                scale: 1.0 / (heads.head_dim as f32).sqrt(),
+                mode: mode as u32,
+                slots: slots as u32,
+                n_layers: n_layers as u32,
+                _p: 0,
+            },
+        );
+        let group = gpu.bind_group(&accumulate, &[step, &params, q, k_cache, lse, cell, score]);
+        Ok(AttnWeights {
+            accumulate,
+            reduce,
+            group,
+            n_heads: heads.n_heads as u32,
+        })
+    }
+
+    /// After this layer's attention.
+    pub fn encode_accumulate(&self, pass: &mut wgpu::ComputePass, n_tokens: u32, start_slot: u32) {
+        dispatch(
+            pass,
+            &self.accumulate,
+            &self.group,
+            (ceil_div(start_slot + n_tokens, 64), self.n_heads, 1),
+        );
+    }
+
+    /// Once per step, after the last layer.
+    pub fn encode_reduce(&self, pass: &mut wgpu::ComputePass, n_tokens: u32, start_slot: u32) {
+        dispatch(
+            pass,
+            &self.reduce,
+            &self.group,
+            (ceil_div(start_slot + n_tokens, 64), 1, 1),
+        );
+    }
+}
+
+/// CPU reference for one layer: per slot, the sum over heads and counted query
+/// rows of the softmax weight (caller divides by layers x heads).
+pub fn reference(q: &[f32], k: &[f32], h: Heads, start_slot: usize, mode: WeightMode) -> Vec<f64> {
+    let hd = h.head_dim;
+    let n = q.len() / (h.n_heads * hd);
+    let group = h.n_heads / h.n_kv;
+    let scale = 1.0 / (hd as f64).sqrt();
+    let mut out = vec![0.0; start_slot + n];
+    let rows: Vec<usize> = match mode {
+        WeightMode::Cumulative => (0..n).collect(),
+        WeightMode::LastRow => vec![n - 1],
+    };
+    for t in rows {
+        for a in 0..h.n_heads {
+            let kvh = a / group;
+            let qv = &q[(t * h.n_heads + a) * hd..][..hd];
+            let scores: Vec<f64> = (0..=start_slot + t)
+                .map(|s| {
+                    qv.iter()
+                        .zip(&k[(s * h.n_kv + kvh) * hd..][..hd])
+                        .map(|(x, y)| *x as f64 * *y as f64)
+                        .sum::<f64>()
+                        * scale
+                })
+                .collect();
+            let m = scores.iter().cloned().fold(f64::MIN, f64::max);
+            let z: f64 = scores.iter().map(|s| (s - m).exp()).sum();
+            for (s, v) in scores.iter().enumerate() {
+                out[s] += (v - m).exp() / z;
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kernels::attention::Attention;
+    use crate::kernels::testutil::*;
+    use crate::kernels::Step;
+
+    #[test]
+    fn weights_from_lse_match_softmax() {
+        let gpu = gpu();
+        for &(nh, nkv, hd, n, start, mode) in &[
+            (2, 1, 32, 1, 0, WeightMode::Cumulative),
+            (6, 2, 32, 7, 20, WeightMode::Cumulative),
+            (9, 3, 64, 5, 300, WeightMode::LastRow),
+            (4, 4, 128, 1, 600, WeightMode::LastRow),
+        ] {
+            let h = Heads {
+                n_heads: nh,
+                n_kv: nkv,
+                head_dim: hd,
+            };
+            let slots = start + n;
+            let q = rand_vec(n * nh * hd, 5, 1.0);
+            let k = rand_vec(slots * nkv * hd, 6, 2.0);
+            let v = rand_vec(slots * nkv * hd, 7, 1.0);
+            let step = step_buffer(
+                &gpu,
+                Step {
+                    n_tokens: n as u32,
+                    start_slot: start as u32,
+                    ..Default::default()
+                },
+            );
+            let (qb, kb, vb) = (
+                gpu.storage_from("q", &q),
+                gpu.storage_from("k", &k),
+                gpu.storage_from("v", &v),
+            );
+            let part = gpu.storage("part", Attention::partials_bytes(h, n, slots));
+            let out = gpu.storage("out", (n * nh * hd * 4) as u64);
+            let lse = gpu.storage("lse", (n * nh * 4) as u64);
+            let cell = gpu.storage("cell", (nh * slots * 4) as u64);
+            // Earlier sums: H2O keeps them for old slots and restarts new ones at 0.
+            let old: Vec<f32> = (0..slots).map(|i| i as f32).collect();
+            let score = gpu.storage_from("score", &old);
+            let att =
+                Attention::new(&gpu, &step, h, slots, &qb, &kb, &vb, &part, &out, &lse).unwrap();
+            let w = AttnWeights::new(
+                &gpu, &step, h, 2, slots, mode, &qb, &kb, &lse, &cell, &score,
+            )
+            .unwrap();
+            // Two "layers" with the same keys: every weight counts twice, divided by 2 x heads.
+            run_pass(&gpu, |pass| {
+                att.encode(pass, n as u32, start as u32);
+                w.encode_accumulate(pass, n as u32, start as u32);
+                w.encode_accumulate(pass, n as u32, start as u32);
+                w.encode_reduce(pass, n as u32, start as u32);
+            });
+            let got: Vec<f32> = gpu.read(&score, 0, slots).unwrap();
+            let r = reference(&q, &k, h, start, mode);
+            let want: Vec<f32> = (0..slots)
+                .map(|i| {
+                    let base = if mode == WeightMode::Cumulative && i < start {
+                        old[i]
+                    } else {
+                        0.0
+                    };
+                    base + (2.0 * r[i] / (2.0 * nh as f64)) as f32
+                })
+                .collect();
+            assert!(
+                max_abs_diff(&got, &want) < 1e-5,
+                "{nh}/{nkv}/{hd} n {n} start {start} {mode:?}"
+            );
+            let cells: Vec<f32> = gpu.read(&cell, 0, nh * slots).unwrap();
+            assert!(
+                cells.iter().all(|&c| c == 0.0),
+                "cells are cleared for the next step"
+            );
+        }
+    }
+}

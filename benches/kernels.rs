@@ -83,7 +83,20 @@ fn main() {
         let part = gpu.storage("part", Attention::partials_bytes(heads, n, slots));
         let out = gpu.storage("out", (n * 9 * 64 * 4) as u64);
         let lse = gpu.storage("lse", (n * 9 * 4) as u64);
-        let a = Attention::new(&gpu, &step, heads, slots, &q, &k, &v, &part, &out, &lse).unwrap();
+        let a = Attention::new(
+            &gpu,
+            &step,
+            heads,
+            slots,
+            &q,
+            &k,
+            &v,
+            &part,
+            &out,
+            &lse,
+            &gpu.storage("qslot", 16),
+        )
+        .unwrap();
         let ms = time(&gpu, |p| a.encode(p, n as u32, depth as u32));
         println!("| attention | 9/3 heads x 64, n={n}, depth {depth} | {ms:.2} | |");
     }

@@ -10,6 +10,11 @@
 //                    streams the chunk's keys with an online softmax (running
 //                    max, running sum, rescaled accumulator, in tiles of BK keys).
 //                    Dispatch (ceil(n_tokens / 64), n_heads, n_chunks).
+//   anticausal_partial  the counter-causal pass of the CCS policies: query t is
+//                    the cached entry in slot qslot[t] and attends only the
+//                    entries after it (slots qslot[t]+1 .. n_keys-1, where
+//                    n_keys = start_slot + n_tokens is the number of entries
+//                    present). Dispatch as prefill_partial.
 //   decode_partial   one query: workgroup = one KV head x one chunk; it scores all
 //                    query heads of the KV group against the chunk (keys read once
 //                    per group). Dispatch (n_chunks, n_kv, 1).
@@ -28,6 +33,7 @@
 //                         (accumulator, then (max, sum, 0, 0))
 //   6 out   storage rw    [n_tokens, n_heads * head_dim/4] vec4<f32>
 //   7 lse   storage rw    [n_tokens, n_heads] f32  log-sum-exp of the scaled scores
+//   8 qslot storage read  [n_tokens] u32  (anticausal_partial only) each query's own slot
 // Limits: head_dim <= 128 (a multiple of 4), n_heads / n_kv <= 8.
 // Workgroup memory: 12 KiB (decode_partial).
 struct AttnParams {
@@ -45,6 +51,7 @@ struct AttnParams {
 @group(0) @binding(5) var<storage, read_write> part: array<vec4<f32>>;
 @group(0) @binding(6) var<storage, read_write> out: array<vec4<f32>>;
 @group(0) @binding(7) var<storage, read_write> lse: array<f32>;
+@group(0) @binding(8) var<storage, read> qslot: array<u32>;
 
 const CHUNK: u32 = 256u;
 const BK: u32 = 16u;
@@ -61,20 +68,11 @@ fn part_base(t: u32, h: u32, c: u32) -> u32 {
     return ((t * p.n_heads + h) * n_chunks() + c) * (p.hd4 + 1u);
 }
 
-@compute @workgroup_size(64)
-fn prefill_partial(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    let t = wid.x * 64u + lid;
-    let h = wid.y;
-    let c = wid.z;
-    if (t >= step.n_tokens) {
-        return;
-    }
+// One query row t of head h over the keys k_begin..k_end of chunk c.
+fn partial_row(t: u32, h: u32, c: u32, k_begin: u32, k_end: u32) {
     let kvh = h / (p.n_heads / p.n_kv);
     let hd4 = p.hd4;
     let kv_stride = p.n_kv * hd4;
-    let last_slot = step.start_slot + t;
-    let k_begin = c * CHUNK;
-    let k_end = min(k_begin + CHUNK, last_slot + 1u);
     let base = part_base(t, h, c);
 
     var qv: array<vec4<f32>, HD4_MAX>;
@@ -115,11 +113,37 @@ fn prefill_partial(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocat
         }
         m = m_new;
     }
-    // A chunk entirely after this query's slot leaves (NEG, 0): it adds nothing.
+    // A chunk with no keys for this row leaves (NEG, 0): it adds nothing.
     for (var d = 0u; d < hd4; d++) {
         part[base + d] = acc[d];
     }
     part[base + hd4] = vec4<f32>(m, l, 0.0, 0.0);
+}
+
+@compute @workgroup_size(64)
+fn prefill_partial(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let t = wid.x * 64u + lid;
+    if (t >= step.n_tokens) {
+        return;
+    }
+    // Causal: query t sits in slot start_slot + t.
+    let k_begin = wid.z * CHUNK;
+    let k_end = min(k_begin + CHUNK, step.start_slot + t + 1u);
+    partial_row(t, wid.y, wid.z, k_begin, max(k_begin, k_end));
+}
+
+@compute @workgroup_size(64)
+fn anticausal_partial(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    let t = wid.x * 64u + lid;
+    if (t >= step.n_tokens) {
+        return;
+    }
+    // Anti-causal: query t is the entry in cache slot qslot[t] and attends the
+    // slots after it, up to the n_keys = start_slot + n_tokens present entries.
+    let chunk_begin = wid.z * CHUNK;
+    let k_begin = max(chunk_begin, qslot[t] + 1u);
+    let k_end = min(chunk_begin + CHUNK, step.start_slot + step.n_tokens);
+    partial_row(t, wid.y, wid.z, k_begin, max(k_begin, k_end));
 }
 
 var<workgroup> qs: array<vec4<f32>, 256>;  // GMAX * HD4_MAX

@@ -155,6 +155,7 @@ impl BoundedCache {
                 .map(|s| s.tracked_layers())
                 .unwrap_or_default(),
             attention_weights: self.scorer.as_ref().and_then(|s| s.attention_weights()),
+            counter_causal: self.scorer.as_ref().and_then(|s| s.counter_causal()),
         }
     }
 

@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use crate::kernels::attention::Attention;
 use crate::kernels::attn_weights::{AttnWeights, WeightMode};
-use crate::kernels::compact::Compactor;
+use crate::kernels::compact::{Compactor, Gather};
 use crate::kernels::embed::Embed;
 use crate::kernels::epikv_delta::LayerDelta;
 use crate::kernels::matmul::{Matmul, MatmulOptions};
@@ -19,6 +19,7 @@ use crate::kernels::rmsnorm::RmsNorm;
 use crate::kernels::rope_kv::{Heads, RopeKv};
 use crate::kernels::sample::{Sampler, SamplingParams};
 use crate::kernels::silu_mul::SiluMul;
+use crate::kernels::token_logit::TokenLogit;
 use crate::kernels::{Rows, Step};
 use crate::model::Model;
 
@@ -39,6 +40,29 @@ pub struct EngineOptions {
     pub track_layers: Vec<usize>,
     /// Accumulate the attention weight each cache slot receives (H2O, TOVA).
     pub attention_weights: Option<WeightMode>,
+    /// Prepare the counter-causal pass of the CCS policies.
+    pub counter_causal: Option<CcsMode>,
+}
+
+/// The two counter-causal surprise modes (SPEC.md 4.2).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CcsMode {
+    /// From the stored residual stream entering the last layer, through the last layer.
+    Fast,
+    /// From the token embeddings, through every layer.
+    Full,
+}
+
+/// Buffers and kernels of the counter-causal pass.
+struct CounterCausal {
+    /// Per layer (all for Full, the last for Fast): RoPE writing k/v to scratch,
+    /// never to the real cache.
+    rope: Vec<RopeKv>,
+    /// Fast mode: `[max_slots, hidden]` residual stream entering the last layer,
+    /// per slot (compacted with K and V), and its gather into `x`.
+    hidden: Option<(wgpu::Buffer, Gather)>,
+    token_logit: TokenLogit,
+    out: wgpu::Buffer,
 }
 
 struct LayerKernels {
@@ -104,6 +128,9 @@ pub struct Engine {
     weights: Vec<AttnWeights>,
     /// `[max_slots]` attention weight received per slot (compacted with K and V).
     slot_scores: wgpu::Buffer,
+    /// `[max_tokens]` u32: each query's own slot (the counter-causal pass).
+    qslot: wgpu::Buffer,
+    ccs: Option<CounterCausal>,
     /// Entries in the cache (the next token goes to this slot).
     pub n_cached: usize,
     /// Bytes of every buffer the engine allocated (weights not included).
@@ -158,6 +185,7 @@ impl Engine {
             v_cache.push(buf(&format!("layer {l} value cache"), kv_bytes)?);
         }
         let step = gpu.uniform("step", &Step::default());
+        let qslot = buf("query slots", t * 4)?;
         let acc = MatmulOptions {
             accumulate: true,
             rows: Rows::Tokens,
@@ -194,6 +222,7 @@ impl Engine {
                     &part,
                     &attn_out,
                     &lse,
+                    &qslot,
                 )?,
                 o: Matmul::new(&gpu, &step, &w.o, None, &attn_out, &x, acc)?,
                 mlp_norm: RmsNorm::new(&gpu, &step, h, eps, &w.mlp_norm, &x, &xn, Rows::Tokens)?,
@@ -269,6 +298,63 @@ impl Engine {
                 )?);
             }
         }
+        let ccs = match opts.counter_causal {
+            None => None,
+            Some(mode) => {
+                let kv_row = (c.num_kv_heads * c.head_dim * 4) as u64;
+                let k_scratch = gpu.storage(
+                    "counter-causal keys (scratch)",
+                    opts.max_slots as u64 * kv_row,
+                );
+                let v_scratch = gpu.storage(
+                    "counter-causal values (scratch)",
+                    opts.max_slots as u64 * kv_row,
+                );
+                bytes += 2 * opts.max_slots as u64 * kv_row;
+                let first = if mode == CcsMode::Full {
+                    0
+                } else {
+                    c.num_layers - 1
+                };
+                let rope = (first..c.num_layers)
+                    .map(|_| {
+                        RopeKv::new(
+                            &gpu,
+                            &step,
+                            heads,
+                            &qkv,
+                            &positions,
+                            &model.inv_freq,
+                            &q,
+                            &k_scratch,
+                            &v_scratch,
+                        )
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                let hidden = if mode == CcsMode::Fast {
+                    let row = h as u64 * 4;
+                    gpu.check_binding(
+                        "stored last-layer inputs (slots x hidden)",
+                        opts.max_slots as u64 * row,
+                    )?;
+                    let store =
+                        gpu.storage("stored last-layer inputs", opts.max_slots as u64 * row);
+                    bytes += opts.max_slots as u64 * row;
+                    let gather = Gather::new(&gpu, &store, &x, row, opts.max_tokens)?;
+                    Some((store, gather))
+                } else {
+                    None
+                };
+                let out = gpu.storage("counter-causal logits", t * 4);
+                let token_logit = TokenLogit::new(&gpu, &step, model.head(), &ids, &xn, &out)?;
+                Some(CounterCausal {
+                    rope,
+                    hidden,
+                    token_logit,
+                    out,
+                })
+            }
+        };
         let compactor = match opts.max_keep {
             Some(keep) => {
                 let row = (c.num_kv_heads * c.head_dim * 4) as u64;
@@ -276,6 +362,9 @@ impl Engine {
                     k_cache.iter().chain(&v_cache).map(|b| (b, row)).collect();
                 if !weights.is_empty() {
                     targets.push((&slot_scores, 4));
+                }
+                if let Some((store, _)) = ccs.as_ref().and_then(|c| c.hidden.as_ref()) {
+                    targets.push((store, h as u64 * 4));
                 }
                 bytes += 2 * c.num_layers as u64 * keep as u64 * row;
                 Some(Compactor::new(&gpu, &targets, keep)?)
@@ -307,6 +396,8 @@ impl Engine {
             delta_out,
             weights,
             slot_scores,
+            qslot,
+            ccs,
             n_cached: 0,
             buffer_bytes: bytes,
             capture: None,
@@ -390,7 +481,22 @@ impl Engine {
                 .forget_lifetime(),
         );
         self.embed.encode(pass.as_mut().unwrap(), nt);
+        let ccs_store = self
+            .ccs
+            .as_ref()
+            .and_then(|cc| cc.hidden.as_ref())
+            .map(|(b, _)| b);
         for (l, k) in self.layers.iter().enumerate() {
+            if let (Some(store), true) = (ccs_store, l + 1 == self.layers.len()) {
+                // The residual stream entering the last layer, kept per slot for CCS.
+                drop(pass.take());
+                let row = (c.hidden_size * 4) as u64;
+                enc.copy_buffer_to_buffer(&self.x, 0, store, start as u64 * row, hidden_bytes);
+                pass = Some(
+                    enc.begin_compute_pass(&Default::default())
+                        .forget_lifetime(),
+                );
+            }
             if let Some(cap) = &self.capture {
                 // Copies happen between passes: end the pass, copy, start a new one.
                 drop(pass.take());
@@ -481,6 +587,70 @@ impl Engine {
         self.model
             .gpu
             .read(&self.delta_out, 0, n * self.opts.track_layers.len())
+    }
+
+    /// Counter-causal logits (SPEC.md 4.2) of the given cache entries, as
+    /// (slot, position, token): each entry's query attends only the entries
+    /// after it among those cached; returns `<FinalNorm(r'), E[token]>` per entry.
+    pub fn counter_causal_logits(&mut self, entries: &[(u32, u32, u32)]) -> Result<Vec<f32>> {
+        let cc = self
+            .ccs
+            .as_ref()
+            .context("this engine was built without the counter-causal pass")?;
+        let gpu = self.model.gpu.clone();
+        let n_present = self.n_cached as u32;
+        let mut logits = Vec::with_capacity(entries.len());
+        for batch in entries.chunks(self.opts.max_tokens) {
+            let m = batch.len() as u32;
+            if batch.iter().any(|e| e.0 >= n_present) {
+                bail!("counter-causal entry outside the {n_present} cached slots");
+            }
+            let step = Step {
+                n_tokens: m,
+                start_slot: n_present - m,
+                logit_row0: 0,
+                n_logits: m,
+            };
+            gpu.write(&self.step, 0, bytemuck::bytes_of(&step));
+            let col =
+                |f: fn(&(u32, u32, u32)) -> u32| -> Vec<u32> { batch.iter().map(f).collect() };
+            gpu.write(&self.qslot, 0, bytemuck::cast_slice(&col(|e| e.0)));
+            gpu.write(&self.positions, 0, bytemuck::cast_slice(&col(|e| e.1)));
+            gpu.write(&self.ids, 0, bytemuck::cast_slice(&col(|e| e.2)));
+            if let Some((_, gather)) = &cc.hidden {
+                gather.set_rows(&gpu, &col(|e| e.0))?;
+            }
+            let mut enc = gpu.device.create_command_encoder(&Default::default());
+            {
+                let mut p = enc.begin_compute_pass(&Default::default());
+                let first = match &cc.hidden {
+                    Some((_, gather)) => {
+                        gather.encode(&mut p, m);
+                        self.layers.len() - 1
+                    }
+                    None => {
+                        self.embed.encode(&mut p, m);
+                        0
+                    }
+                };
+                for (k, rope) in self.layers[first..].iter().zip(&cc.rope) {
+                    k.attn_norm.encode(&mut p, m);
+                    k.qkv.encode(&mut p, m);
+                    rope.encode(&mut p, m);
+                    k.attn.encode_anticausal(&mut p, m, n_present);
+                    k.o.encode(&mut p, m);
+                    k.mlp_norm.encode(&mut p, m);
+                    k.gate_up.encode(&mut p, m);
+                    k.silu.encode(&mut p, m);
+                    k.down.encode(&mut p, m);
+                }
+                self.final_norm.encode(&mut p, m);
+                cc.token_logit.encode(&mut p, m);
+            }
+            gpu.queue.submit([enc.finish()]);
+            logits.extend(gpu.read::<f32>(&cc.out, 0, batch.len())?);
+        }
+        Ok(logits)
     }
 
     /// Attention weight received by each of the first `n` cache slots, averaged

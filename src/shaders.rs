@@ -62,6 +62,7 @@ shader!(ATTENTION, "attention", false);
 shader!(SILU_MUL, "silu_mul", false);
 shader!(SAMPLE, "sample", false);
 shader!(COMPACT, "compact", false);
+shader!(TOKEN_LOGIT, "token_logit", true);
 shader!(ATTN_WEIGHTS, "attn_weights", false);
 shader!(EPIKV_DELTA, "epikv_delta", false);
 shader!(READ_BANDWIDTH, "read_bandwidth", false);
@@ -77,6 +78,7 @@ pub fn all() -> Vec<&'static Shader> {
         &SILU_MUL,
         &SAMPLE,
         &COMPACT,
+        &TOKEN_LOGIT,
         &ATTN_WEIGHTS,
         &EPIKV_DELTA,
         &READ_BANDWIDTH,

@@ -227,10 +227,7 @@ fn cache_options_are_checked_before_loading() {
         ),
         (vec!["--policy", "window"], "needs a KV budget"),
         (vec!["--budget", "100", "--policy", "full"], "--policy full"),
-        (
-            vec!["--budget", "100", "--policy", "ccs"],
-            "not implemented yet",
-        ),
+        (vec!["--budget", "100", "--recent", "96"], "--recent 96"),
     ] {
         let args: Vec<&str> = base.iter().copied().chain(extra.iter().copied()).collect();
         let (code, err) = run(&args);

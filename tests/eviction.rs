@@ -170,6 +170,20 @@ fn tova_matches_the_reference() {
     check_against_reference(Policy::Tova, "tova", 2e-6);
 }
 
+/// CCS scores are logits (|score| up to 14) from a pass through the last layer
+/// (or all layers); float32 error ~1e-4 on them, as for ordinary logits
+/// (measured: 6e-5 fast, 8e-5 full). The closest kept/evicted pair in the
+/// reference is 4.1e-4 apart (ccs, tiny-llama-gqa), 1.7e-3 for ccs-full.
+#[test]
+fn ccs_matches_the_reference() {
+    check_against_reference(Policy::Ccs, "ccs", 2e-4);
+}
+
+#[test]
+fn ccs_full_matches_the_reference() {
+    check_against_reference(Policy::CcsFull, "ccs-full", 2e-4);
+}
+
 #[test]
 fn batching_does_not_change_the_result() {
     let s = settings("tiny-qwen2");

@@ -98,8 +98,8 @@ pub struct CacheArgs {
     /// Newest entries that are never evicted.
     #[arg(long, default_value_t = 64)]
     pub recent: usize,
-    /// Eviction policy: full, window, random, h2o, tova, epikv (ccs and
-    /// ccs-full are not implemented yet). Default: window with --budget, else full.
+    /// Eviction policy: full, window, random, h2o, tova, epikv, ccs, ccs-full.
+    /// Default: window with --budget, else full.
     #[arg(long)]
     pub policy: Option<String>,
     /// EpiKV rolling z-score window.
@@ -151,7 +151,6 @@ impl CacheArgs {
             epikv_layers: self.epikv_layers.as_ref().map(|v| (v[0], v[1])),
         };
         opts.validate()?;
-        policy.check_implemented()?;
         Ok(Some(opts))
     }
 }

@@ -4,6 +4,7 @@
 //! [`crate::cache::BoundedCache`], whatever the policy.
 
 mod attention;
+mod ccs;
 pub mod epikv;
 mod random;
 mod window;
@@ -11,7 +12,7 @@ mod window;
 use anyhow::{bail, Result};
 
 use crate::cache::CacheOptions;
-use crate::engine::Engine;
+use crate::engine::{CcsMode, Engine};
 use crate::kernels::attn_weights::WeightMode;
 
 /// One cache entry as the host tracks it.
@@ -39,6 +40,10 @@ pub trait Scorer {
     /// Decoder layers (1-based) whose EpiKV signal the engine must compute.
     fn tracked_layers(&self) -> Vec<usize> {
         vec![]
+    }
+    /// Whether the engine must prepare the counter-causal pass, and which.
+    fn counter_causal(&self) -> Option<CcsMode> {
+        None
     }
     /// Whether the engine must accumulate attention weights per slot, and how.
     fn attention_weights(&self) -> Option<WeightMode> {
@@ -98,25 +103,15 @@ impl Policy {
         }
     }
 
-    /// An error for the policies that are not built yet.
-    pub fn check_implemented(self) -> Result<()> {
-        match self {
-            Policy::Ccs | Policy::CcsFull => bail!(
-                "--policy {}: not implemented yet (implemented: full, window, random, h2o, tova, epikv)",
-                self.name()
-            ),
-            _ => Ok(()),
-        }
-    }
-
     /// The scorer of this policy for a model of `num_layers` layers.
     pub fn scorer(self, opts: &CacheOptions, num_layers: usize) -> Result<Box<dyn Scorer>> {
-        self.check_implemented()?;
         Ok(match self {
             Policy::Window => Box::new(window::Window),
             Policy::Random => Box::new(random::Random { seed: opts.seed }),
             Policy::H2o => Box::new(attention::AttentionWeights(WeightMode::Cumulative)),
             Policy::Tova => Box::new(attention::AttentionWeights(WeightMode::LastRow)),
+            Policy::Ccs => Box::new(ccs::CounterCausalSurprise(CcsMode::Fast)),
+            Policy::CcsFull => Box::new(ccs::CounterCausalSurprise(CcsMode::Full)),
             Policy::Epikv => {
                 if let Some((a, b)) = opts.epikv_layers {
                     for l in [a, b] {

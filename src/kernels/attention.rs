@@ -30,6 +30,7 @@ struct Params {
 
 pub struct Attention {
     prefill: Arc<wgpu::ComputePipeline>,
+    anticausal: Arc<wgpu::ComputePipeline>,
     decode: Arc<wgpu::ComputePipeline>,
     merge: Arc<wgpu::ComputePipeline>,
     group: wgpu::BindGroup,
@@ -46,7 +47,8 @@ impl Attention {
 
     /// `q`/`out` `[n, n_heads * head_dim]`, caches `[max_slots, n_kv * head_dim]`,
     /// `lse` `[n, n_heads]`, all f32; `part` holds [`Self::partials_bytes`] bytes
-    /// (scratch, may be shared by all layers).
+    /// (scratch, may be shared by all layers); `qslot` `[n]` u32 is read only by
+    /// the anti-causal pass (any buffer otherwise).
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         gpu: &Gpu,
@@ -59,6 +61,7 @@ impl Attention {
         part: &wgpu::Buffer,
         out: &wgpu::Buffer,
         lse: &wgpu::Buffer,
+        qslot: &wgpu::Buffer,
     ) -> Result<Self> {
         gpu.check_workgroup_memory("attention decode_partial", 256 * 16 + 2048 * 4 + 8 * 8)?;
         let params = gpu.uniform(
@@ -73,12 +76,14 @@ impl Attention {
         let prefill = gpu.pipeline(&shaders::ATTENTION, None, "prefill_partial", &[])?;
         let decode = gpu.pipeline(&shaders::ATTENTION, None, "decode_partial", &[])?;
         let merge = gpu.pipeline(&shaders::ATTENTION, None, "merge", &[])?;
+        let anticausal = gpu.pipeline(&shaders::ATTENTION, None, "anticausal_partial", &[])?;
         let group = gpu.bind_group(
             &prefill,
-            &[step, &params, q, k_cache, v_cache, part, out, lse],
+            &[step, &params, q, k_cache, v_cache, part, out, lse, qslot],
         );
         Ok(Attention {
             prefill,
+            anticausal,
             decode,
             merge,
             group,
@@ -114,6 +119,73 @@ impl Attention {
             (n_tokens, h.n_heads as u32, 1),
         );
     }
+}
+
+impl Attention {
+    /// Encodes the counter-causal pass: `n_tokens` queries, query t being the
+    /// entry of slot `qslot[t]`, each attending the entries after it among the
+    /// `n_present` in the cache. The step uniform must hold
+    /// `start_slot = n_present - n_tokens`.
+    pub fn encode_anticausal(&self, pass: &mut wgpu::ComputePass, n_tokens: u32, n_present: u32) {
+        let h = self.heads;
+        let n_chunks = n_present.div_ceil(KEY_CHUNK);
+        dispatch(
+            pass,
+            &self.anticausal,
+            &self.group,
+            (ceil_div(n_tokens, 64), h.n_heads as u32, n_chunks),
+        );
+        dispatch(
+            pass,
+            &self.merge,
+            &self.group,
+            (n_tokens, h.n_heads as u32, 1),
+        );
+    }
+}
+
+/// CPU reference of the counter-causal attention: query t attends the slots
+/// after `qslot[t]` among the `n_present` keys. Returns out `[n, n_heads * hd]`.
+pub fn anticausal_reference(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    h: Heads,
+    qslot: &[u32],
+    n_present: usize,
+) -> Vec<f32> {
+    let hd = h.head_dim;
+    let group = h.n_heads / h.n_kv;
+    let scale = 1.0 / (hd as f64).sqrt();
+    let mut out = vec![0.0f32; q.len()];
+    for (t, &qs) in qslot.iter().enumerate() {
+        for head in 0..h.n_heads {
+            let kvh = head / group;
+            let qv = &q[(t * h.n_heads + head) * hd..][..hd];
+            let keys: Vec<usize> = (qs as usize + 1..n_present).collect();
+            let scores: Vec<f64> = keys
+                .iter()
+                .map(|&s| {
+                    qv.iter()
+                        .zip(&k[(s * h.n_kv + kvh) * hd..][..hd])
+                        .map(|(a, b)| *a as f64 * *b as f64)
+                        .sum::<f64>()
+                        * scale
+                })
+                .collect();
+            let m = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let z: f64 = scores.iter().map(|s| (s - m).exp()).sum();
+            for d in 0..hd {
+                let acc: f64 = keys
+                    .iter()
+                    .zip(&scores)
+                    .map(|(&s, sc)| (sc - m).exp() * v[(s * h.n_kv + kvh) * hd + d] as f64)
+                    .sum();
+                out[(t * h.n_heads + head) * hd + d] = (acc / z) as f32;
+            }
+        }
+    }
+    out
 }
 
 /// CPU reference: returns (out `[n, n_heads * hd]`, lse `[n, n_heads]`).
@@ -190,7 +262,20 @@ mod tests {
         let ob = gpu.storage("o", (n * nh * hd * 4) as u64);
         let lb = gpu.storage("lse", (n * nh * 4) as u64);
         let part = gpu.storage("part", Attention::partials_bytes(h, n, slots));
-        let a = Attention::new(gpu, &step, h, slots, &qb, &kb, &vb, &part, &ob, &lb).unwrap();
+        let a = Attention::new(
+            gpu,
+            &step,
+            h,
+            slots,
+            &qb,
+            &kb,
+            &vb,
+            &part,
+            &ob,
+            &lb,
+            &gpu.storage("qslot", 16),
+        )
+        .unwrap();
         run_pass(gpu, |pass| a.encode(pass, n as u32, start as u32));
         let got: Vec<f32> = gpu.read(&ob, 0, n * nh * hd).unwrap();
         let got_lse: Vec<f32> = gpu.read(&lb, 0, n * nh).unwrap();
@@ -225,6 +310,57 @@ mod tests {
         check(&gpu, 9, 3, 64, 1, 255);
         check(&gpu, 8, 2, 128, 1, 600);
         check(&gpu, 6, 2, 32, 1, 257);
+    }
+
+    #[test]
+    fn anticausal_matches_reference() {
+        let gpu = gpu();
+        for &(nh, nkv, hd, n_present, ref qslots) in &[
+            (2usize, 1usize, 32usize, 20usize, vec![0u32, 5, 18]),
+            (9, 3, 64, 300, vec![4, 100, 255, 256, 298]),
+            (8, 2, 128, 600, vec![0, 1, 2, 511, 512, 513]),
+        ] {
+            let h = Heads {
+                n_heads: nh,
+                n_kv: nkv,
+                head_dim: hd,
+            };
+            let n = qslots.len();
+            let q = rand_vec(n * nh * hd, 11, 1.0);
+            let k = rand_vec(n_present * nkv * hd, 12, 2.0);
+            let v = rand_vec(n_present * nkv * hd, 13, 1.0);
+            let step = step_buffer(
+                &gpu,
+                Step {
+                    n_tokens: n as u32,
+                    start_slot: (n_present - n) as u32,
+                    ..Default::default()
+                },
+            );
+            let (qb, kb, vb) = (
+                gpu.storage_from("q", &q),
+                gpu.storage_from("k", &k),
+                gpu.storage_from("v", &v),
+            );
+            let qs = gpu.storage_from("qslot", qslots);
+            let part = gpu.storage("part", Attention::partials_bytes(h, n, n_present));
+            let ob = gpu.storage("o", (n * nh * hd * 4) as u64);
+            let lb = gpu.storage("lse", (n * nh * 4) as u64);
+            let a = Attention::new(
+                &gpu, &step, h, n_present, &qb, &kb, &vb, &part, &ob, &lb, &qs,
+            )
+            .unwrap();
+            run_pass(&gpu, |pass| {
+                a.encode_anticausal(pass, n as u32, n_present as u32)
+            });
+            let got: Vec<f32> = gpu.read(&ob, 0, n * nh * hd).unwrap();
+            let want = anticausal_reference(&q, &k, &v, h, qslots, n_present);
+            assert!(
+                max_abs_diff(&got, &want) < 2e-5,
+                "{nh}/{nkv}/{hd} over {n_present}: {}",
+                max_abs_diff(&got, &want)
+            );
+        }
     }
 
     #[test]

@@ -182,8 +182,20 @@ mod tests {
             // Earlier sums: H2O keeps them for old slots and restarts new ones at 0.
             let old: Vec<f32> = (0..slots).map(|i| i as f32).collect();
             let score = gpu.storage_from("score", &old);
-            let att =
-                Attention::new(&gpu, &step, h, slots, &qb, &kb, &vb, &part, &out, &lse).unwrap();
+            let att = Attention::new(
+                &gpu,
+                &step,
+                h,
+                slots,
+                &qb,
+                &kb,
+                &vb,
+                &part,
+                &out,
+                &lse,
+                &gpu.storage("qslot", 16),
+            )
+            .unwrap();
             let w = AttnWeights::new(
                 &gpu, &step, h, 2, slots, mode, &qb, &kb, &lse, &cell, &score,
             )

@@ -126,6 +126,74 @@ impl Compactor {
     }
 }
 
+/// A plain gather with the same kernel: row i of `dst` becomes row `index[i]`
+/// of `src` (used to load stored per-slot states into an activation buffer).
+pub struct Gather {
+    pipeline: Arc<wgpu::ComputePipeline>,
+    refresh: wgpu::Buffer,
+    index: wgpu::Buffer,
+    group: wgpu::BindGroup,
+    row_words: u32,
+    max_rows: usize,
+}
+
+impl Gather {
+    pub fn new(
+        gpu: &Gpu,
+        src: &wgpu::Buffer,
+        dst: &wgpu::Buffer,
+        row_bytes: u64,
+        max_rows: usize,
+    ) -> Result<Self> {
+        let pipeline = gpu.pipeline(&shaders::COMPACT, None, "main", &[])?;
+        let refresh = gpu.uniform("gather-rows", &[0u32; 4]);
+        let index = gpu.storage("gather-index", max_rows as u64 * 4);
+        let params = gpu.uniform(
+            "gather-params",
+            &Params {
+                row_len: (row_bytes / 4) as u32,
+                dst_offset: 0,
+                _p: [0; 2],
+            },
+        );
+        let group = gpu.bind_group(&pipeline, &[&refresh, &params, &index, src, dst]);
+        Ok(Gather {
+            pipeline,
+            refresh,
+            index,
+            group,
+            row_words: (row_bytes / 4) as u32,
+            max_rows,
+        })
+    }
+
+    /// Writes the row list; encode the gather afterwards in the same submission.
+    pub fn set_rows(&self, gpu: &Gpu, rows: &[u32]) -> Result<()> {
+        anyhow::ensure!(
+            rows.len() <= self.max_rows,
+            "gather of {} rows, at most {}",
+            rows.len(),
+            self.max_rows
+        );
+        gpu.write(
+            &self.refresh,
+            0,
+            bytemuck::bytes_of(&[rows.len() as u32, 0, 0, 0]),
+        );
+        gpu.write(&self.index, 0, bytemuck::cast_slice(rows));
+        Ok(())
+    }
+
+    pub fn encode(&self, pass: &mut wgpu::ComputePass, n_rows: u32) {
+        dispatch(
+            pass,
+            &self.pipeline,
+            &self.group,
+            (ceil_div(self.row_words, 64), n_rows, 1),
+        );
+    }
+}
+
 /// CPU reference: rows of `data` (row length `row`) in keep order.
 pub fn reference(data: &[u32], row: usize, keep: &[u32]) -> Vec<u32> {
     keep.iter()

@@ -12,6 +12,7 @@ pub mod rmsnorm;
 pub mod rope_kv;
 pub mod sample;
 pub mod silu_mul;
+pub mod token_logit;
 
 use bytemuck::{Pod, Zeroable};
 

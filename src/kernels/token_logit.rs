@@ -1,0 +1,113 @@
+//! `shaders/token_logit.wgsl`: the LM-head logit of each row's own token.
+
+use anyhow::Result;
+use bytemuck::{Pod, Zeroable};
+use std::sync::Arc;
+
+use super::dispatch;
+use crate::gpu::Gpu;
+use crate::shaders;
+use crate::weights::GpuMatrix;
+
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+struct Params {
+    hidden4: u32,
+    row_begin: u32,
+    row_end: u32,
+    _p: u32,
+}
+
+pub struct TokenLogit {
+    pipeline: Arc<wgpu::ComputePipeline>,
+    groups: Vec<wgpu::BindGroup>,
+}
+
+impl TokenLogit {
+    /// `head` `[vocab, hidden]`, `ids` `[n]`, `x` `[n, hidden]`, `out` `[n]`.
+    pub fn new(
+        gpu: &Gpu,
+        step: &wgpu::Buffer,
+        head: &GpuMatrix,
+        ids: &wgpu::Buffer,
+        x: &wgpu::Buffer,
+        out: &wgpu::Buffer,
+    ) -> Result<Self> {
+        let pipeline = gpu.pipeline(&shaders::TOKEN_LOGIT, Some(head.format), "main", &[])?;
+        let groups = head
+            .parts
+            .iter()
+            .map(|part| {
+                let params = gpu.uniform(
+                    "token-logit-params",
+                    &Params {
+                        hidden4: (head.cols / 4) as u32,
+                        row_begin: part.row0 as u32,
+                        row_end: (part.row0 + part.rows) as u32,
+                        _p: 0,
+                    },
+                );
+                gpu.bind_group(&pipeline, &[step, &params, &part.buffer, ids, x, out])
+            })
+            .collect();
+        Ok(TokenLogit { pipeline, groups })
+    }
+
+    pub fn encode(&self, pass: &mut wgpu::ComputePass, n: u32) {
+        for g in &self.groups {
+            dispatch(pass, &self.pipeline, g, (n, 1, 1));
+        }
+    }
+}
+
+/// CPU reference.
+pub fn reference(head: &[f32], hidden: usize, ids: &[u32], x: &[f32]) -> Vec<f32> {
+    ids.iter()
+        .enumerate()
+        .map(|(t, &id)| {
+            let row = &head[id as usize * hidden..][..hidden];
+            row.iter()
+                .zip(&x[t * hidden..][..hidden])
+                .map(|(a, b)| *a as f64 * *b as f64)
+                .sum::<f64>() as f32
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gpu::GpuOptions;
+    use crate::kernels::testutil::*;
+    use crate::kernels::Step;
+    use crate::shaders::WeightFormat;
+
+    #[test]
+    fn own_token_logits_across_head_parts() {
+        let gpu = Gpu::new(&GpuOptions {
+            max_binding_override: Some(1024),
+            ..Default::default()
+        })
+        .unwrap();
+        let (vocab, hidden) = (50, 36);
+        let head = rand_vec(vocab * hidden, 3, 1.0);
+        let m = GpuMatrix::new(&gpu, "head", vocab, hidden, WeightFormat::F32).unwrap();
+        assert!(m.parts.len() > 1);
+        m.write_rows(&gpu, 0, &head, "head").unwrap();
+        let ids = vec![49u32, 0, 7, 8, 33];
+        let x = rand_vec(ids.len() * hidden, 4, 2.0);
+        let step = step_buffer(
+            &gpu,
+            Step {
+                n_tokens: ids.len() as u32,
+                ..Default::default()
+            },
+        );
+        let (ib, xb) = (gpu.storage_from("ids", &ids), gpu.storage_from("x", &x));
+        let out = gpu.storage("out", ids.len() as u64 * 4);
+        let k = TokenLogit::new(&gpu, &step, &m, &ib, &xb, &out).unwrap();
+        run_pass(&gpu, |pass| k.encode(pass, ids.len() as u32));
+        let got: Vec<f32> = gpu.read(&out, 0, ids.len()).unwrap();
+        assert!(max_abs_diff(&got, &reference(&head, hidden, &ids, &x)) < 1e-4);
+    }
+}

@@ -11,7 +11,7 @@
 //   3 pos   storage read  [n_tokens] u32                  positions of the step
 //   4 prev  storage rw    [hidden/4] vec4<f32>            h of the position before the step
 //   5 g     storage rw    [n_tokens, n_tracked] f32
-// Entry points and dispatch:
+// Entry points and Dispatch:
 //   delta     one workgroup per token: (n_tokens, 1, 1)
 //   save_last copies the step's last row into prev, for the next step: (1, 1, 1).
 //             A separate dispatch, so that no workgroup of `delta` can read prev

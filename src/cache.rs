@@ -168,7 +168,7 @@ impl BoundedCache {
     }
 
     /// Scores, ranks and compacts: the cache goes from C entries to J.
-    fn refresh(&mut self, engine: &mut Engine, before_position: u32) -> Result<()> {
+    pub fn refresh(&mut self, engine: &mut Engine, before_position: u32) -> Result<()> {
         let o = self.opts;
         let n = self.slots.len();
         let recent_from = n.saturating_sub(o.recent);

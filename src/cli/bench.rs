@@ -8,7 +8,9 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use super::{write_atomic, ModelArgs};
+use sieve::cache::{BoundedCache, CacheOptions, FeedOutput};
 use sieve::engine::{Engine, EngineOptions, StepOutput};
+use sieve::eviction::Policy;
 use sieve::gpu::Gpu;
 use sieve::kernels::sample::SamplingParams;
 use sieve::model::Model;
@@ -30,6 +32,22 @@ pub struct BenchArgs {
     /// Also write the JSON report to this file.
     #[arg(long)]
     pub json: Option<PathBuf>,
+    /// Eviction policies to measure (refresh latency, decode speed); empty = none.
+    #[arg(long, value_delimiter = ',')]
+    pub policies: Vec<String>,
+    /// Cache sizes C at which one refresh is timed (the cache is filled by a
+    /// real prefill of C tokens under the policy first).
+    #[arg(long, value_delimiter = ',', default_value = "512")]
+    pub refresh_sizes: Vec<usize>,
+    /// Chunk h for the eviction measurements (budget J = C - h).
+    #[arg(long, default_value_t = 64)]
+    pub chunk: usize,
+    /// Budget J for the decode-speed comparison with eviction.
+    #[arg(long, default_value_t = 512)]
+    pub budget: usize,
+    /// Tokens generated per policy in the decode-speed comparison (0 = skip).
+    #[arg(long, default_value_t = 0)]
+    pub generate: usize,
 }
 
 /// Streaming-read bandwidth of the device in bytes/s (best of 3 runs).
@@ -161,6 +179,16 @@ pub fn run(model: &std::sync::Arc<Model>, a: &BenchArgs) -> Result<serde_json::V
             "bandwidth_bound_tokens_per_second": bound, "fraction_of_bound": tps / bound
         }));
     }
+    let step_ms = decode
+        .first()
+        .map_or(f64::NAN, |d| 1e3 / d["tokens_per_second"].as_f64().unwrap());
+    let policies = a
+        .policies
+        .iter()
+        .map(|p| Policy::parse(p))
+        .collect::<Result<Vec<_>>>()?;
+    let refresh = eviction_refresh(model, &policies, &a.refresh_sizes, a.chunk, step_ms)?;
+    let generation = eviction_decode(model, &policies, a.budget, a.chunk, a.generate)?;
     let gpu_bytes = model.weight_bytes + e.buffer_bytes;
     let rss = peak_rss_bytes();
     println!(
@@ -179,5 +207,104 @@ pub fn run(model: &std::sync::Arc<Model>, a: &BenchArgs) -> Result<serde_json::V
         "gpu_buffer_bytes": gpu_bytes,
         "weight_bytes": model.weight_bytes,
         "peak_process_bytes": rss,
+        "refresh": refresh,
+        "decode_with_eviction": generation,
     }))
+}
+
+fn cache_for(model: &Model, policy: Policy, budget: usize, chunk: usize) -> Result<BoundedCache> {
+    let opts = CacheOptions {
+        recent: 64.min(budget / 4),
+        ..CacheOptions::new(policy, budget, chunk)
+    };
+    BoundedCache::new(opts, model.config.num_layers)
+}
+
+/// Time of one refresh at cache size C: the cache is filled by a real prefill
+/// under the policy (so its state is real), and the second refresh is timed.
+fn eviction_refresh(
+    model: &std::sync::Arc<Model>,
+    policies: &[Policy],
+    sizes: &[usize],
+    chunk: usize,
+    step_ms: f64,
+) -> Result<Vec<serde_json::Value>> {
+    let mut out = vec![];
+    if policies.is_empty() {
+        return Ok(out);
+    }
+    println!("| policy | cache size | refresh ms | x decode step ({step_ms:.1} ms) |");
+    println!("|---|---|---|---|");
+    let vocab = model.config.vocab_size;
+    for &c in sizes {
+        let ids: Vec<u32> = (0..c).map(|i| ((i * 7919 + 13) % vocab) as u32).collect();
+        for &policy in policies.iter().filter(|p| **p != Policy::Full) {
+            let mut cache = cache_for(model, policy, c - chunk, chunk)?;
+            let mut e = Engine::new(model.clone(), cache.engine_options(c, 256, 1))?;
+            // Fill to C, refresh once (the first use of each kernel pays for its
+            // compilation), refill with h tokens, then time the second refresh.
+            let more: Vec<u32> = ids[..chunk].to_vec();
+            cache.feed(&mut e, &ids, 0, FeedOutput::None, |_, _| Ok(()))?;
+            cache.feed(&mut e, &more, c as u32, FeedOutput::None, |_, _| Ok(()))?;
+            e.sync()?;
+            let t = Instant::now();
+            cache.refresh(&mut e, (c + chunk) as u32)?;
+            e.sync()?;
+            let ms = t.elapsed().as_secs_f64() * 1e3;
+            println!(
+                "| {} | {c} | {ms:.1} | {:.2} |",
+                policy.name(),
+                ms / step_ms
+            );
+            out.push(json!({"policy": policy.name(), "cache_size": c, "refresh_ms": ms, "decode_steps": ms / step_ms}));
+        }
+    }
+    Ok(out)
+}
+
+/// Decode speed generating `n` tokens with each policy at budget J, against the
+/// full cache, from the same short prompt (refreshes included in the time).
+fn eviction_decode(
+    model: &std::sync::Arc<Model>,
+    policies: &[Policy],
+    budget: usize,
+    chunk: usize,
+    n: usize,
+) -> Result<Vec<serde_json::Value>> {
+    let mut out = vec![];
+    if n == 0 || policies.is_empty() {
+        return Ok(out);
+    }
+    println!("| policy | budget | generated | decode tok/s |");
+    println!("|---|---|---|---|");
+    let prompt: Vec<u32> = (0..32)
+        .map(|i| ((i * 7919 + 13) % model.config.vocab_size) as u32)
+        .collect();
+    for &policy in policies {
+        let mut cache = cache_for(model, policy, budget, chunk)?;
+        let mut e = Engine::new(
+            model.clone(),
+            cache.engine_options(prompt.len() + n + 1, 256, 1),
+        )?;
+        let greedy = FeedOutput::Sample(SamplingParams::default(), 0);
+        let mut tok = cache
+            .feed(&mut e, &prompt, 0, greedy, |_, _| Ok(()))?
+            .unwrap_or(0);
+        let t = Instant::now();
+        for i in 0..n {
+            let pos = (prompt.len() + i) as u32;
+            tok = cache
+                .feed(&mut e, &[tok], pos, greedy, |_, _| Ok(()))?
+                .unwrap_or(0);
+        }
+        let tps = n as f64 / t.elapsed().as_secs_f64();
+        let j = if policy == Policy::Full {
+            "-".to_string()
+        } else {
+            budget.to_string()
+        };
+        println!("| {} | {j} | {n} | {tps:.2} |", policy.name());
+        out.push(json!({"policy": policy.name(), "budget": budget, "generated": n, "tokens_per_second": tps}));
+    }
+    Ok(out)
 }

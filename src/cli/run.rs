@@ -129,7 +129,7 @@ pub fn main(a: RunArgs) -> Result<()> {
     let s = &out.stats;
     let mem = session.memory();
     eprintln!(
-        "sieve: prompt {} tokens in {:.2} s ({:.1} tok/s), generated {} tokens in {:.2} s ({:.2} tok/s), stop: {:?}, GPU memory {:.1} MiB weights + {:.1} MiB cache and buffers",
+        "sieve: prompt {} tokens in {:.2} s ({:.1} tok/s), generated {} tokens in {:.2} s ({:.2} tok/s), stop: {:?}, GPU memory {:.1} MiB weights + {:.1} MiB cache and buffers, peak process memory {}",
         s.prompt_tokens,
         s.prefill_seconds,
         s.prefill_tokens_per_second(),
@@ -138,7 +138,8 @@ pub fn main(a: RunArgs) -> Result<()> {
         s.decode_tokens_per_second(),
         s.stop,
         mem.weights as f64 / 1048576.0,
-        mem.buffers as f64 / 1048576.0
+        mem.buffers as f64 / 1048576.0,
+        super::bench::peak_rss_bytes().map_or("n/a".into(), |b| format!("{:.1} MiB", b as f64 / 1048576.0))
     );
     Ok(())
 }

@@ -281,27 +281,9 @@ fn f32_hidden_states_match() {
         e.set_capture(true);
         let pos: Vec<u32> = (0..l as u32).collect();
         e.step(&ids, &pos, StepOutput::last(l)).unwrap();
-        let k = l.min(8);
-        let h = m.config.hidden_size;
-        let (_, layer_out) = g.f32("layer_out");
-        for layer in 0..=m.config.num_layers {
-            let got = e.read_hidden(layer, l).unwrap();
-            let got = &got[(l - k) * h..];
-            let want: &[f32] = if layer == 0 {
-                g.f32("embed_out").1
-            } else {
-                &layer_out[(layer - 1) * k * h..][..k * h]
-            };
-            let d = max_abs_diff(got, want);
-            eprintln!(
-                "{f} layer {layer}: hidden max |d| / max |ref| = {:.2e}",
-                d / max_abs(want)
-            );
-            assert!(
-                d <= 1e-4 * max_abs(want),
-                "{f} layer {layer}: max |d| {d} (max |ref| {})",
-                max_abs(want)
-            );
+        for (layer, rel) in hidden_state_errors(&e, &g, l).into_iter().enumerate() {
+            eprintln!("{f} layer {layer}: hidden max |d| / max |ref| = {rel:.2e}");
+            assert!(rel <= 1e-4, "{f} layer {layer}: max |d| / max |ref| {rel}");
         }
     }
 }

@@ -69,21 +69,10 @@ fn check_model(name: &str) {
             assert_eq!(argmax(got), argmax(w), "{name} len {len} pos {p}: argmax");
         }
         // Hidden states: embedding output and every layer at the last K positions.
-        let k = l.min(8);
-        let (_, layer_out) = g.f32("layer_out");
-        let h = model.config.hidden_size;
-        for layer in 0..=model.config.num_layers {
-            let got = e.read_hidden(layer, l).unwrap();
-            let got = &got[(l - k) * h..];
-            let want: &[f32] = if layer == 0 {
-                g.f32("embed_out").1
-            } else {
-                &layer_out[(layer - 1) * k * h..][..k * h]
-            };
-            let d = max_abs_diff(got, want);
+        for (layer, rel) in hidden_state_errors(&e, &g, l).into_iter().enumerate() {
             assert!(
-                d <= 1e-4 * max_abs(want),
-                "{name} len {len} layer {layer}: max |d| {d}"
+                rel <= 1e-4,
+                "{name} len {len} layer {layer}: max |d| / max |ref| {rel}"
             );
         }
         // Greedy decoding, one token per step through the decode kernels.

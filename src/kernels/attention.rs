@@ -144,6 +144,83 @@ impl Attention {
     }
 }
 
+/// CPU reference of one query row (row t, query head `head`) over the cache
+/// slots `keys`: the softmax weights and the log-sum-exp of the scaled scores.
+pub fn reference_softmax(
+    q: &[f32],
+    k: &[f32],
+    h: Heads,
+    t: usize,
+    head: usize,
+    keys: &[usize],
+) -> (Vec<f64>, f64) {
+    let hd = h.head_dim;
+    let kvh = head / (h.n_heads / h.n_kv);
+    let scale = 1.0 / (hd as f64).sqrt();
+    let qv = &q[(t * h.n_heads + head) * hd..][..hd];
+    let scores: Vec<f64> = keys
+        .iter()
+        .map(|&s| {
+            let kv = &k[(s * h.n_kv + kvh) * hd..][..hd];
+            qv.iter()
+                .zip(kv)
+                .map(|(a, b)| *a as f64 * *b as f64)
+                .sum::<f64>()
+                * scale
+        })
+        .collect();
+    let m = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+    let z: f64 = scores.iter().map(|s| (s - m).exp()).sum();
+    (
+        scores.iter().map(|s| (s - m).exp() / z).collect(),
+        m + z.ln(),
+    )
+}
+
+/// CPU reference of attention where query row t attends `keys_of(t)`.
+/// Returns (out `[n, n_heads * hd]`, lse `[n, n_heads]`).
+fn reference_over(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    h: Heads,
+    keys_of: impl Fn(usize) -> Vec<usize>,
+) -> (Vec<f32>, Vec<f32>) {
+    let hd = h.head_dim;
+    let n = q.len() / (h.n_heads * hd);
+    let mut out = vec![0.0f32; q.len()];
+    let mut lse = vec![0.0f32; n * h.n_heads];
+    for t in 0..n {
+        let keys = keys_of(t);
+        for head in 0..h.n_heads {
+            let kvh = head / (h.n_heads / h.n_kv);
+            let (w, l) = reference_softmax(q, k, h, t, head, &keys);
+            for d in 0..hd {
+                let acc: f64 = keys
+                    .iter()
+                    .zip(&w)
+                    .map(|(&s, p)| p * v[(s * h.n_kv + kvh) * hd + d] as f64)
+                    .sum();
+                out[(t * h.n_heads + head) * hd + d] = acc as f32;
+            }
+            lse[t * h.n_heads + head] = l as f32;
+        }
+    }
+    (out, lse)
+}
+
+/// CPU reference of causal attention: query t attends slots `0..=start_slot + t`.
+/// Returns (out `[n, n_heads * hd]`, lse `[n, n_heads]`).
+pub fn reference(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    h: Heads,
+    start_slot: usize,
+) -> (Vec<f32>, Vec<f32>) {
+    reference_over(q, k, v, h, |t| (0..=start_slot + t).collect())
+}
+
 /// CPU reference of the counter-causal attention: query t attends the slots
 /// after `qslot[t]` among the `n_present` keys. Returns out `[n, n_heads * hd]`.
 pub fn anticausal_reference(
@@ -154,81 +231,7 @@ pub fn anticausal_reference(
     qslot: &[u32],
     n_present: usize,
 ) -> Vec<f32> {
-    let hd = h.head_dim;
-    let group = h.n_heads / h.n_kv;
-    let scale = 1.0 / (hd as f64).sqrt();
-    let mut out = vec![0.0f32; q.len()];
-    for (t, &qs) in qslot.iter().enumerate() {
-        for head in 0..h.n_heads {
-            let kvh = head / group;
-            let qv = &q[(t * h.n_heads + head) * hd..][..hd];
-            let keys: Vec<usize> = (qs as usize + 1..n_present).collect();
-            let scores: Vec<f64> = keys
-                .iter()
-                .map(|&s| {
-                    qv.iter()
-                        .zip(&k[(s * h.n_kv + kvh) * hd..][..hd])
-                        .map(|(a, b)| *a as f64 * *b as f64)
-                        .sum::<f64>()
-                        * scale
-                })
-                .collect();
-            let m = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-            let z: f64 = scores.iter().map(|s| (s - m).exp()).sum();
-            for d in 0..hd {
-                let acc: f64 = keys
-                    .iter()
-                    .zip(&scores)
-                    .map(|(&s, sc)| (sc - m).exp() * v[(s * h.n_kv + kvh) * hd + d] as f64)
-                    .sum();
-                out[(t * h.n_heads + head) * hd + d] = (acc / z) as f32;
-            }
-        }
-    }
-    out
-}
-
-/// CPU reference: returns (out `[n, n_heads * hd]`, lse `[n, n_heads]`).
-pub fn reference(
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    h: Heads,
-    start_slot: usize,
-) -> (Vec<f32>, Vec<f32>) {
-    let hd = h.head_dim;
-    let n = q.len() / (h.n_heads * hd);
-    let group = h.n_heads / h.n_kv;
-    let scale = 1.0 / (hd as f64).sqrt();
-    let mut out = vec![0.0f32; q.len()];
-    let mut lse = vec![0.0f32; n * h.n_heads];
-    for t in 0..n {
-        for head in 0..h.n_heads {
-            let kvh = head / group;
-            let qv = &q[(t * h.n_heads + head) * hd..][..hd];
-            let n_keys = start_slot + t + 1;
-            let scores: Vec<f64> = (0..n_keys)
-                .map(|s| {
-                    let kv = &k[(s * h.n_kv + kvh) * hd..][..hd];
-                    qv.iter()
-                        .zip(kv)
-                        .map(|(a, b)| *a as f64 * *b as f64)
-                        .sum::<f64>()
-                        * scale
-                })
-                .collect();
-            let m = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-            let z: f64 = scores.iter().map(|s| (s - m).exp()).sum();
-            for d in 0..hd {
-                let acc: f64 = (0..n_keys)
-                    .map(|s| (scores[s] - m).exp() * v[(s * h.n_kv + kvh) * hd + d] as f64)
-                    .sum();
-                out[(t * h.n_heads + head) * hd + d] = (acc / z) as f32;
-            }
-            lse[t * h.n_heads + head] = (m + z.ln()) as f32;
-        }
-    }
-    (out, lse)
+    reference_over(q, k, v, h, |t| (qslot[t] as usize + 1..n_present).collect()).0
 }
 
 #[cfg(test)]

@@ -105,32 +105,18 @@ impl AttnWeights {
 /// CPU reference for one layer: per slot, the sum over heads and counted query
 /// rows of the softmax weight (caller divides by layers x heads).
 pub fn reference(q: &[f32], k: &[f32], h: Heads, start_slot: usize, mode: WeightMode) -> Vec<f64> {
-    let hd = h.head_dim;
-    let n = q.len() / (h.n_heads * hd);
-    let group = h.n_heads / h.n_kv;
-    let scale = 1.0 / (hd as f64).sqrt();
+    let n = q.len() / (h.n_heads * h.head_dim);
     let mut out = vec![0.0; start_slot + n];
     let rows: Vec<usize> = match mode {
         WeightMode::Cumulative => (0..n).collect(),
         WeightMode::LastRow => vec![n - 1],
     };
     for t in rows {
+        let keys: Vec<usize> = (0..=start_slot + t).collect();
         for a in 0..h.n_heads {
-            let kvh = a / group;
-            let qv = &q[(t * h.n_heads + a) * hd..][..hd];
-            let scores: Vec<f64> = (0..=start_slot + t)
-                .map(|s| {
-                    qv.iter()
-                        .zip(&k[(s * h.n_kv + kvh) * hd..][..hd])
-                        .map(|(x, y)| *x as f64 * *y as f64)
-                        .sum::<f64>()
-                        * scale
-                })
-                .collect();
-            let m = scores.iter().cloned().fold(f64::MIN, f64::max);
-            let z: f64 = scores.iter().map(|s| (s - m).exp()).sum();
-            for (s, v) in scores.iter().enumerate() {
-                out[s] += (v - m).exp() / z;
+            let (w, _) = super::attention::reference_softmax(q, k, h, t, a, &keys);
+            for (&s, p) in keys.iter().zip(w) {
+                out[s] += p;
             }
         }
     }

@@ -69,3 +69,24 @@ pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
 pub fn max_abs(a: &[f32]) -> f32 {
     a.iter().fold(0.0f32, |m, x| m.max(x.abs()))
 }
+
+/// Max |got - ref| / max|ref| over the last K = min(8, l) positions, for the
+/// embedding output (index 0) and every layer, from an engine that captured
+/// its hidden states while running all `l` tokens of `g` in one step.
+pub fn hidden_state_errors(e: &sieve::engine::Engine, g: &Npz, l: usize) -> Vec<f32> {
+    let c = &e.model.config;
+    let (k, h) = (l.min(8), c.hidden_size);
+    let (_, layer_out) = g.f32("layer_out");
+    (0..=c.num_layers)
+        .map(|layer| {
+            let got = e.read_hidden(layer, l).unwrap();
+            let got = &got[(l - k) * h..];
+            let want: &[f32] = if layer == 0 {
+                g.f32("embed_out").1
+            } else {
+                &layer_out[(layer - 1) * k * h..][..k * h]
+            };
+            max_abs_diff(got, want) / max_abs(want)
+        })
+        .collect()
+}

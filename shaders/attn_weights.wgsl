@@ -13,6 +13,15 @@
 // mode 0 (h2o): every query counts and sums persist, new slots start at 0;
 // mode 1 (tova): only the newest query, overwritten every step.
 //
+// `--materialize` (eager attention's memory, to reproduce the memory wall of
+// attention-scored eviction; same numbers):
+//   materialize           writes every weight into matrix[a, t, i] (0 where
+//                         slot i is not visible to row t), as eager attention
+//                         holds its probability matrix.
+//                         Dispatch (ceil((start_slot + n_tokens) / 64), n_tokens, n_heads).
+//   accumulate_materialized  as accumulate, summing rows of the matrix.
+//                         Dispatch as accumulate.
+//
 // Bindings (group 0):
 //   0 step   uniform Step
 //   1 p      uniform WeightParams
@@ -21,6 +30,8 @@
 //   4 lse    storage read  [n_tokens, n_heads] f32
 //   5 cell   storage rw    [n_heads, slots] f32  (zero between steps)
 //   6 score  storage rw    [slots] f32
+//   7 matrix storage rw    [n_heads, max_tokens, slots] f32 (materialize only; a
+//                          dummy otherwise)
 // Per-invocation loop count: n_tokens * head_dim/4 (under lavapipe's 65535 limit
 // for steps of up to 2048 tokens at head_dim 128).
 struct WeightParams {
@@ -31,7 +42,7 @@ struct WeightParams {
     mode: u32,
     slots: u32,
     n_layers: u32,
-    _p0: u32,
+    max_tokens: u32,
 }
 
 @group(0) @binding(0) var<uniform> step: Step;
@@ -41,6 +52,30 @@ struct WeightParams {
 @group(0) @binding(4) var<storage, read> lse: array<f32>;
 @group(0) @binding(5) var<storage, read_write> cell: array<f32>;
 @group(0) @binding(6) var<storage, read_write> score: array<f32>;
+@group(0) @binding(7) var<storage, read_write> matrix: array<f32>;
+
+// Rows of the step that count for slot i: from the first row that sees it
+// (causal by slot), or only the last row in mode 1.
+fn first_row(i: u32) -> u32 {
+    if (p.mode == 1u) {
+        return step.n_tokens - 1u;
+    }
+    if (i > step.start_slot) {
+        return i - step.start_slot;
+    }
+    return 0u;
+}
+
+fn weight(t: u32, a: u32, i: u32) -> f32 {
+    let kvh = a / (p.n_heads / p.n_kv);
+    let kb = i * p.n_kv * p.hd4 + kvh * p.hd4;
+    let qb = (t * p.n_heads + a) * p.hd4;
+    var s = 0.0;
+    for (var d = 0u; d < p.hd4; d++) {
+        s += dot(q[qb + d], kc[kb + d]);
+    }
+    return exp(s * p.scale - lse[t * p.n_heads + a]);
+}
 
 @compute @workgroup_size(64)
 fn accumulate(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -50,24 +85,38 @@ fn accumulate(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (i >= n_keys || a >= p.n_heads) {
         return;
     }
-    let kvh = a / (p.n_heads / p.n_kv);
-    let kb = i * p.n_kv * p.hd4 + kvh * p.hd4;
-    // First query row that sees slot i (causal by slot).
-    var t0 = 0u;
-    if (i > step.start_slot) {
-        t0 = i - step.start_slot;
+    var sum = 0.0;
+    for (var t = first_row(i); t < step.n_tokens; t++) {
+        sum += weight(t, a, i);
     }
-    if (p.mode == 1u) {
-        t0 = step.n_tokens - 1u;
+    cell[a * p.slots + i] += sum;
+}
+
+@compute @workgroup_size(64)
+fn materialize(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let i = gid.x;
+    let t = gid.y;
+    let a = gid.z;
+    if (i >= step.start_slot + step.n_tokens || t >= step.n_tokens) {
+        return;
+    }
+    var w = 0.0;
+    if (i <= step.start_slot + t) {
+        w = weight(t, a, i);
+    }
+    matrix[(a * p.max_tokens + t) * p.slots + i] = w;
+}
+
+@compute @workgroup_size(64)
+fn accumulate_materialized(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let i = gid.x;
+    let a = gid.y;
+    if (i >= step.start_slot + step.n_tokens || a >= p.n_heads) {
+        return;
     }
     var sum = 0.0;
-    for (var t = t0; t < step.n_tokens; t++) {
-        let qb = (t * p.n_heads + a) * p.hd4;
-        var s = 0.0;
-        for (var d = 0u; d < p.hd4; d++) {
-            s += dot(q[qb + d], kc[kb + d]);
-        }
-        sum += exp(s * p.scale - lse[t * p.n_heads + a]);
+    for (var t = first_row(i); t < step.n_tokens; t++) {
+        sum += matrix[(a * p.max_tokens + t) * p.slots + i];
     }
     cell[a * p.slots + i] += sum;
 }

@@ -36,6 +36,8 @@ pub struct CacheOptions {
     pub epikv_bands: bool,
     /// EpiKV: explicit (A, B) layers, 1-based.
     pub epikv_layers: Option<(usize, usize)>,
+    /// H2O/TOVA: hold the full attention weight matrix as eager attention does.
+    pub materialize: bool,
 }
 
 impl CacheOptions {
@@ -50,6 +52,7 @@ impl CacheOptions {
             epikv_window: 128,
             epikv_bands: false,
             epikv_layers: None,
+            materialize: false,
         }
     }
 
@@ -155,6 +158,7 @@ impl BoundedCache {
                 .map(|s| s.tracked_layers())
                 .unwrap_or_default(),
             attention_weights: self.scorer.as_ref().and_then(|s| s.attention_weights()),
+            materialize: self.opts.materialize,
             counter_causal: self.scorer.as_ref().and_then(|s| s.counter_causal()),
         }
     }

@@ -42,6 +42,9 @@ pub struct EngineOptions {
     pub attention_weights: Option<WeightMode>,
     /// Prepare the counter-causal pass of the CCS policies.
     pub counter_causal: Option<CcsMode>,
+    /// With `attention_weights`: hold each layer's full weight matrix (heads x
+    /// queries x slots) as eager attention does, to reproduce its memory.
+    pub materialize: bool,
 }
 
 /// The two counter-causal surprise modes (SPEC.md 4.2).
@@ -276,12 +279,26 @@ impl Engine {
         }
         let slot_scores = gpu.storage("slot-attention-weights", opts.max_slots as u64 * 4);
         let mut weights = vec![];
+        if opts.materialize && opts.attention_weights.is_none() {
+            bail!("--materialize applies to the attention-weight policies (h2o, tova)");
+        }
         if let Some(mode) = opts.attention_weights {
             let cell = gpu.storage(
                 "attention-weight-cells",
                 (c.num_heads * opts.max_slots) as u64 * 4,
             );
             bytes += (c.num_heads + 1) as u64 * opts.max_slots as u64 * 4;
+            let matrix = if opts.materialize {
+                let size = AttnWeights::matrix_bytes(heads, opts.max_tokens, opts.max_slots);
+                gpu.check_binding(
+                    "the materialized attention matrix (heads x queries x slots, --materialize)",
+                    size,
+                )?;
+                bytes += size;
+                Some(gpu.storage("materialized attention matrix", size))
+            } else {
+                None
+            };
             for kc in &k_cache {
                 weights.push(AttnWeights::new(
                     &gpu,
@@ -295,6 +312,8 @@ impl Engine {
                     &lse,
                     &cell,
                     &slot_scores,
+                    opts.max_tokens,
+                    matrix.as_ref(),
                 )?);
             }
         }

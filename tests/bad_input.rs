@@ -236,3 +236,39 @@ fn cache_options_are_checked_before_loading() {
     }
     assert!(!Path::new("/tmp/sieve-never-written.npy").exists());
 }
+
+/// The memory wall of attention-scored eviction with an eager weight matrix is
+/// a clear error naming the matrix and the device limit, not a crash.
+#[test]
+fn materialized_matrix_too_large_for_the_device() {
+    let tiny = golden_dir().join("tiny-llama-gqa");
+    let args = [
+        "logits",
+        "--model",
+        tiny.to_str().unwrap(),
+        "--dtype",
+        "f32",
+        "--ids",
+        "1,2,3",
+        "--out",
+        "/tmp/sieve-never-written-2.npy",
+        "--budget",
+        "4000",
+        "--chunk",
+        "96",
+        "--policy",
+        "h2o",
+        "--materialize",
+        "--prefill-chunk",
+        "4096",
+    ];
+    let (code, err) = run(&args);
+    assert_eq!(code, Some(1));
+    assert!(
+        err.contains("materialized attention matrix") && err.contains("bytes per binding"),
+        "{err}"
+    );
+    let (code, err) = run(&[&args[..13], &["--policy", "epikv", "--materialize"]].concat());
+    assert_eq!(code, Some(1));
+    assert!(err.contains("--materialize applies"), "{err}");
+}

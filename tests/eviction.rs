@@ -71,11 +71,19 @@ fn golden_opts(s: &serde_json::Value, policy: Policy) -> CacheOptions {
 /// positions, every trace field (scores within `score_tol`), kept sets, and
 /// the logits of all 300 positions.
 fn check_against_reference(policy: Policy, file: &str, score_tol: f64) {
+    check_against_reference_with(policy, file, score_tol, false)
+}
+
+fn check_against_reference_with(policy: Policy, file: &str, score_tol: f64, materialize: bool) {
     for name in ["tiny-llama-gqa", "tiny-qwen2"] {
         let s = settings(name);
         let model = load(name);
         let ids = input_ids(&s);
-        let (logits, cache) = run(&model, &ids, golden_opts(&s, policy), 64);
+        let opts = CacheOptions {
+            materialize,
+            ..golden_opts(&s, policy)
+        };
+        let (logits, cache) = run(&model, &ids, opts, 64);
         let dir = golden_dir().join("eviction").join(name);
         let before: Vec<u32> = cache.trace.iter().map(|r| r.before_position).collect();
         let want_before: Vec<u32> = s["refresh_before_positions"]
@@ -160,6 +168,14 @@ fn epikv_matches_the_reference() {
 #[test]
 fn h2o_matches_the_reference() {
     check_against_reference(Policy::H2o, "h2o", 1e-4);
+}
+
+/// `--materialize` holds the weight matrix as eager attention does; the
+/// numbers must not change.
+#[test]
+fn materialized_h2o_and_tova_match_the_reference() {
+    check_against_reference_with(Policy::H2o, "h2o", 1e-4, true);
+    check_against_reference_with(Policy::Tova, "tova", 2e-6, true);
 }
 
 /// TOVA's scores are single weights (at most 0.12); the reference's closest

@@ -114,6 +114,10 @@ pub struct CacheArgs {
     /// Seed of the random policy.
     #[arg(long, default_value_t = 0)]
     pub policy_seed: u64,
+    /// H2O/TOVA: build each layer's full attention weight matrix the way eager
+    /// attention does (same result, quadratic memory; to reproduce the memory wall).
+    #[arg(long)]
+    pub materialize: bool,
     /// Write every refresh (present, protected and kept positions, scores) as JSON.
     #[arg(long)]
     pub trace: Option<PathBuf>,
@@ -149,6 +153,7 @@ impl CacheArgs {
             epikv_window: self.epikv_window,
             epikv_bands: self.epikv_bands,
             epikv_layers: self.epikv_layers.as_ref().map(|v| (v[0], v[1])),
+            materialize: self.materialize,
         };
         opts.validate()?;
         Ok(Some(opts))

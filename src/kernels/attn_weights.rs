@@ -30,19 +30,27 @@ struct Params {
     mode: u32,
     slots: u32,
     n_layers: u32,
-    _p: u32,
+    max_tokens: u32,
 }
 
 /// The accumulate kernel bound to one layer's keys (and the shared cell/score buffers).
 pub struct AttnWeights {
     accumulate: Arc<wgpu::ComputePipeline>,
+    /// `materialize` and `accumulate_materialized`, with `--materialize`.
+    materialized: Option<(Arc<wgpu::ComputePipeline>, Arc<wgpu::ComputePipeline>)>,
     reduce: Arc<wgpu::ComputePipeline>,
     group: wgpu::BindGroup,
     n_heads: u32,
 }
 
 impl AttnWeights {
-    /// `cell` is `[n_heads, slots]` f32 (zeroed), `score` `[slots]` f32.
+    /// Bytes of the eager weight matrix of `--materialize`: heads x queries x slots.
+    pub fn matrix_bytes(heads: Heads, max_tokens: usize, slots: usize) -> u64 {
+        (heads.n_heads * max_tokens) as u64 * slots as u64 * 4
+    }
+
+    /// `cell` is `[n_heads, slots]` f32 (zeroed), `score` `[slots]` f32;
+    /// `matrix` ([`Self::matrix_bytes`]) switches to the materialized path.
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         gpu: &Gpu,
@@ -56,6 +64,8 @@ impl AttnWeights {
         lse: &wgpu::Buffer,
         cell: &wgpu::Buffer,
         score: &wgpu::Buffer,
+        max_tokens: usize,
+        matrix: Option<&wgpu::Buffer>,
     ) -> Result<Self> {
         let accumulate = gpu.pipeline(&shaders::ATTN_WEIGHTS, None, "accumulate", &[])?;
         let reduce = gpu.pipeline(&shaders::ATTN_WEIGHTS, None, "reduce", &[])?;
@@ -69,12 +79,25 @@ impl AttnWeights {
                 mode: mode as u32,
                 slots: slots as u32,
                 n_layers: n_layers as u32,
-                _p: 0,
+                max_tokens: max_tokens as u32,
             },
         );
-        let group = gpu.bind_group(&accumulate, &[step, &params, q, k_cache, lse, cell, score]);
+        let dummy = gpu.storage("no-matrix", 16);
+        let matrix_buf = matrix.unwrap_or(&dummy);
+        let group = gpu.bind_group(
+            &accumulate,
+            &[step, &params, q, k_cache, lse, cell, score, matrix_buf],
+        );
+        let materialized = match matrix {
+            Some(_) => Some((
+                gpu.pipeline(&shaders::ATTN_WEIGHTS, None, "materialize", &[])?,
+                gpu.pipeline(&shaders::ATTN_WEIGHTS, None, "accumulate_materialized", &[])?,
+            )),
+            None => None,
+        };
         Ok(AttnWeights {
             accumulate,
+            materialized,
             reduce,
             group,
             n_heads: heads.n_heads as u32,
@@ -83,12 +106,14 @@ impl AttnWeights {
 
     /// After this layer's attention.
     pub fn encode_accumulate(&self, pass: &mut wgpu::ComputePass, n_tokens: u32, start_slot: u32) {
-        dispatch(
-            pass,
-            &self.accumulate,
-            &self.group,
-            (ceil_div(start_slot + n_tokens, 64), self.n_heads, 1),
-        );
+        let keys = ceil_div(start_slot + n_tokens, 64);
+        match &self.materialized {
+            None => dispatch(pass, &self.accumulate, &self.group, (keys, self.n_heads, 1)),
+            Some((write, sum)) => {
+                dispatch(pass, write, &self.group, (keys, n_tokens, self.n_heads));
+                dispatch(pass, sum, &self.group, (keys, self.n_heads, 1));
+            }
+        }
     }
 
     /// Once per step, after the last layer.
@@ -182,8 +207,23 @@ mod tests {
                 &gpu.storage("qslot", 16),
             )
             .unwrap();
+            // The materialized path (eager matrix) must give the same numbers.
+            let matrix = gpu.storage("matrix", AttnWeights::matrix_bytes(h, n, slots));
+            let materialize = start % 2 == 0;
             let w = AttnWeights::new(
-                &gpu, &step, h, 2, slots, mode, &qb, &kb, &lse, &cell, &score,
+                &gpu,
+                &step,
+                h,
+                2,
+                slots,
+                mode,
+                &qb,
+                &kb,
+                &lse,
+                &cell,
+                &score,
+                n,
+                materialize.then_some(&matrix),
             )
             .unwrap();
             // Two "layers" with the same keys: every weight counts twice, divided by 2 x heads.
@@ -207,7 +247,7 @@ mod tests {
                 .collect();
             assert!(
                 max_abs_diff(&got, &want) < 1e-5,
-                "{nh}/{nkv}/{hd} n {n} start {start} {mode:?}"
+                "{nh}/{nkv}/{hd} n {n} start {start} {mode:?} materialized {materialize}"
             );
             let cells: Vec<f32> = gpu.read(&cell, 0, nh * slots).unwrap();
             assert!(

@@ -11,7 +11,7 @@
 //! llama.cpp's converter reorders the rows of the llama q/k projections so
 //! that its RoPE, which rotates adjacent pairs `(2j, 2j+1)`, matches HF's
 //! `rotate_half`, which rotates `(j, j + d/2)`; this module undoes that (see
-//! [`hf_source_row`]). Qwen2 files are not permuted by llama.cpp and are left
+//! `hf_source_row`). Qwen2 files are not permuted by llama.cpp and are left
 //! alone.
 //!
 //! Everything is validated before anything is written, and the output is

@@ -115,7 +115,7 @@ impl Matmul {
     }
 }
 
-/// CPU reference: y[t, r] = (accumulate ? y : 0) + sum_k w[r, k] x[t, k] + bias[r].
+/// CPU reference: `y[t, r] = (accumulate ? y : 0) + sum_k w[r, k] x[t, k] + bias[r]`.
 pub fn reference(
     w: &[f32],
     rows: usize,

@@ -508,22 +508,19 @@ impl Engine {
         for (l, k) in self.layers.iter().enumerate() {
             if let (Some(store), true) = (ccs_store, l + 1 == self.layers.len()) {
                 // The residual stream entering the last layer, kept per slot for CCS.
-                drop(pass.take());
                 let row = (c.hidden_size * 4) as u64;
-                enc.copy_buffer_to_buffer(&self.x, 0, store, start as u64 * row, hidden_bytes);
-                pass = Some(
-                    enc.begin_compute_pass(&Default::default())
-                        .forget_lifetime(),
+                copy_between_passes(
+                    &mut enc,
+                    &mut pass,
+                    &self.x,
+                    store,
+                    start as u64 * row,
+                    hidden_bytes,
                 );
             }
             if let Some(cap) = &self.capture {
-                // Copies happen between passes: end the pass, copy, start a new one.
-                drop(pass.take());
-                enc.copy_buffer_to_buffer(&self.x, 0, cap, l as u64 * capture_stride, hidden_bytes);
-                pass = Some(
-                    enc.begin_compute_pass(&Default::default())
-                        .forget_lifetime(),
-                );
+                let at = l as u64 * capture_stride;
+                copy_between_passes(&mut enc, &mut pass, &self.x, cap, at, hidden_bytes);
             }
             let p = pass.as_mut().unwrap();
             k.attn_norm.encode(p, nt);
@@ -546,13 +543,8 @@ impl Engine {
             w.encode_reduce(pass.as_mut().unwrap(), nt, start);
         }
         if let Some(cap) = &self.capture {
-            drop(pass.take());
             let at = c.num_layers as u64 * capture_stride;
-            enc.copy_buffer_to_buffer(&self.x, 0, cap, at, hidden_bytes);
-            pass = Some(
-                enc.begin_compute_pass(&Default::default())
-                    .forget_lifetime(),
-            );
+            copy_between_passes(&mut enc, &mut pass, &self.x, cap, at, hidden_bytes);
         }
         {
             let p = pass.as_mut().unwrap();
@@ -709,4 +701,22 @@ impl Engine {
             .map_err(|e| anyhow::anyhow!("waiting for the GPU: {e}"))?;
         Ok(())
     }
+}
+
+/// Buffer copies cannot happen inside a compute pass: end the pass, copy the
+/// first `bytes` of `src` to `dst` at `offset`, and start a new pass.
+fn copy_between_passes(
+    enc: &mut wgpu::CommandEncoder,
+    pass: &mut Option<wgpu::ComputePass<'static>>,
+    src: &wgpu::Buffer,
+    dst: &wgpu::Buffer,
+    offset: u64,
+    bytes: u64,
+) {
+    drop(pass.take());
+    enc.copy_buffer_to_buffer(src, 0, dst, offset, bytes);
+    *pass = Some(
+        enc.begin_compute_pass(&Default::default())
+            .forget_lifetime(),
+    );
 }

@@ -1,22 +1,12 @@
 //! `shaders/embed.wgsl`: token embedding lookup.
 
 use anyhow::Result;
-use bytemuck::{Pod, Zeroable};
 use std::sync::Arc;
 
-use super::{ceil_div, dispatch};
+use super::{ceil_div, dispatch, table_part_groups};
 use crate::gpu::Gpu;
 use crate::shaders;
 use crate::weights::GpuMatrix;
-
-#[repr(C)]
-#[derive(Clone, Copy, Pod, Zeroable)]
-struct Params {
-    hidden4: u32,
-    row_begin: u32,
-    row_end: u32,
-    _p: u32,
-}
 
 pub struct Embed {
     pipeline: Arc<wgpu::ComputePipeline>,
@@ -35,22 +25,7 @@ impl Embed {
     ) -> Result<Self> {
         let pipeline = gpu.pipeline(&shaders::EMBED, Some(table.format), "main", &[])?;
         let hidden4 = (table.cols / 4) as u32;
-        let groups = table
-            .parts
-            .iter()
-            .map(|part| {
-                let params = gpu.uniform(
-                    "embed-params",
-                    &Params {
-                        hidden4,
-                        row_begin: part.row0 as u32,
-                        row_end: (part.row0 + part.rows) as u32,
-                        _p: 0,
-                    },
-                );
-                gpu.bind_group(&pipeline, &[step, &params, &part.buffer, ids, x])
-            })
-            .collect();
+        let groups = table_part_groups(gpu, &pipeline, step, table, &[ids, x]);
         Ok(Embed {
             pipeline,
             groups,

@@ -35,6 +35,47 @@ pub enum Rows {
     Logits = 1,
 }
 
+/// Parameters of one row part of a table read by token id (`EmbedParams` in
+/// embed.wgsl, `TokenParams` in token_logit.wgsl): the kernel skips ids
+/// outside `row_begin..row_end`.
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+struct TablePartParams {
+    hidden4: u32,
+    row_begin: u32,
+    row_end: u32,
+    _p: u32,
+}
+
+/// One bind group per row part of `table`: bindings are `[step, part params,
+/// part buffer, rest...]`.
+pub(crate) fn table_part_groups(
+    gpu: &crate::gpu::Gpu,
+    pipeline: &wgpu::ComputePipeline,
+    step: &wgpu::Buffer,
+    table: &crate::weights::GpuMatrix,
+    rest: &[&wgpu::Buffer],
+) -> Vec<wgpu::BindGroup> {
+    table
+        .parts
+        .iter()
+        .map(|part| {
+            let params = gpu.uniform(
+                "table-part-params",
+                &TablePartParams {
+                    hidden4: (table.cols / 4) as u32,
+                    row_begin: part.row0 as u32,
+                    row_end: (part.row0 + part.rows) as u32,
+                    _p: 0,
+                },
+            );
+            let mut bufs = vec![step, &params, &part.buffer];
+            bufs.extend_from_slice(rest);
+            gpu.bind_group(pipeline, &bufs)
+        })
+        .collect()
+}
+
 pub(crate) fn ceil_div(a: u32, b: u32) -> u32 {
     a.div_ceil(b)
 }

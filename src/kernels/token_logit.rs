@@ -1,22 +1,12 @@
 //! `shaders/token_logit.wgsl`: the LM-head logit of each row's own token.
 
 use anyhow::Result;
-use bytemuck::{Pod, Zeroable};
 use std::sync::Arc;
 
-use super::dispatch;
+use super::{dispatch, table_part_groups};
 use crate::gpu::Gpu;
 use crate::shaders;
 use crate::weights::GpuMatrix;
-
-#[repr(C)]
-#[derive(Clone, Copy, Pod, Zeroable)]
-struct Params {
-    hidden4: u32,
-    row_begin: u32,
-    row_end: u32,
-    _p: u32,
-}
 
 pub struct TokenLogit {
     pipeline: Arc<wgpu::ComputePipeline>,
@@ -34,22 +24,7 @@ impl TokenLogit {
         out: &wgpu::Buffer,
     ) -> Result<Self> {
         let pipeline = gpu.pipeline(&shaders::TOKEN_LOGIT, Some(head.format), "main", &[])?;
-        let groups = head
-            .parts
-            .iter()
-            .map(|part| {
-                let params = gpu.uniform(
-                    "token-logit-params",
-                    &Params {
-                        hidden4: (head.cols / 4) as u32,
-                        row_begin: part.row0 as u32,
-                        row_end: (part.row0 + part.rows) as u32,
-                        _p: 0,
-                    },
-                );
-                gpu.bind_group(&pipeline, &[step, &params, &part.buffer, ids, x, out])
-            })
-            .collect();
+        let groups = table_part_groups(gpu, &pipeline, step, head, &[ids, x, out]);
         Ok(TokenLogit { pipeline, groups })
     }
 

@@ -254,6 +254,9 @@ impl Session {
         let mut text = String::new();
         let hold = opts.stop_strings.iter().map(|s| s.len()).max().unwrap_or(0);
         let stop = loop {
+            if opts.max_new_tokens == 0 {
+                break StopReason::MaxTokens;
+            }
             if opts.stop_at_eos && self.tokenizer.eos_ids.contains(&next) {
                 break StopReason::Eos;
             }

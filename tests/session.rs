@@ -131,6 +131,15 @@ fn turns_continue_the_conversation_and_the_context_fills() {
     };
     let first = s.generate(&PROMPT, &opts, |_| true).unwrap();
     assert_eq!(first.ids.len(), 10);
+    let none = GenerateOptions {
+        max_new_tokens: 0,
+        ..opts.clone()
+    };
+    assert!(session()
+        .generate(&PROMPT, &none, |_| true)
+        .unwrap()
+        .ids
+        .is_empty());
     // The second turn sees the first: its answer differs from a fresh session's.
     let second = s.generate(&PROMPT, &opts, |_| true).unwrap();
     let fresh = session().generate(&PROMPT, &opts, |_| true).unwrap();

@@ -177,10 +177,14 @@ impl Tokenizer {
 }
 
 /// Turns a growing list of token ids into text pieces for streaming. Bytes of a
-/// multi-byte character split over tokens are held back until complete.
+/// multi-byte character split over tokens are held back until complete. Each
+/// token costs O(1): only the ids since the last emitted piece (plus the one
+/// before, for byte-level context) are decoded, as Hugging Face's streamers do.
 pub struct StreamDecoder {
     ids: Vec<u32>,
-    emitted: usize,
+    /// Ids before `prefix` are done; `ids[prefix..read]` is decoded context.
+    prefix: usize,
+    read: usize,
 }
 
 impl Default for StreamDecoder {
@@ -193,27 +197,55 @@ impl StreamDecoder {
     pub fn new() -> Self {
         StreamDecoder {
             ids: vec![],
-            emitted: 0,
+            prefix: 0,
+            read: 0,
         }
     }
 
     /// Adds a token and returns the newly completed text (possibly empty).
     pub fn push(&mut self, tok: &Tokenizer, id: u32) -> Result<String> {
         self.ids.push(id);
-        let text = tok.decode(&self.ids)?;
-        if text.ends_with('\u{FFFD}')
-            || text.len() < self.emitted
-            || !text.is_char_boundary(self.emitted)
+        let before = tok.decode(&self.ids[self.prefix..self.read])?;
+        let now = tok.decode(&self.ids[self.prefix..])?;
+        if now.len() <= before.len()
+            || now.ends_with('\u{FFFD}')
+            || !now.is_char_boundary(before.len())
         {
             return Ok(String::new());
         }
-        let piece = text[self.emitted..].to_string();
-        self.emitted = text.len();
+        let piece = now[before.len()..].to_string();
+        self.prefix = self.read;
+        self.read = self.ids.len();
         Ok(piece)
     }
+}
 
-    /// The full text so far.
-    pub fn text(&self, tok: &Tokenizer) -> Result<String> {
-        tok.decode(&self.ids)
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tokenizer() -> Tokenizer {
+        let dir =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/golden/smollm2-135m");
+        Tokenizer::load(&dir, &[]).unwrap()
+    }
+
+    #[test]
+    fn streamed_pieces_add_up_to_the_text() {
+        let tok = tokenizer();
+        // Multi-byte characters split across byte-level tokens, spaces, digits.
+        let text = "Caf\u{e9} \u{1F600}\u{1F600} na\u{ef}ve 2024 \u{4e2d}\u{6587} end";
+        let ids = tok.encode(text).unwrap();
+        let mut d = StreamDecoder::new();
+        let mut out = String::new();
+        for &id in &ids {
+            let piece = d.push(&tok, id).unwrap();
+            assert!(
+                !piece.contains('\u{FFFD}'),
+                "a piece splits a character: {piece:?}"
+            );
+            out.push_str(&piece);
+        }
+        assert_eq!(out, text);
     }
 }

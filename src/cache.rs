@@ -308,11 +308,7 @@ impl BoundedCache {
 
     /// Writes the refresh records as JSON (atomically).
     pub fn write_trace(&self, path: &std::path::Path) -> Result<()> {
-        let json = serde_json::to_string(&self.trace)?;
-        let tmp = path.with_extension(format!("partial-{}", std::process::id()));
-        std::fs::write(&tmp, json).with_context(|| format!("writing {}", tmp.display()))?;
-        std::fs::rename(&tmp, path).with_context(|| format!("renaming to {}", path.display()))?;
-        Ok(())
+        crate::files::write_atomic(path, serde_json::to_string(&self.trace)?.as_bytes())
     }
 }
 

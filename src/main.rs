@@ -29,6 +29,8 @@ enum Command {
     Bench(cli::bench::BenchArgs),
     /// Convert a GGUF file into a Hugging Face model directory.
     ConvertGguf(cli::convert::ConvertArgs),
+    /// Measure eviction quality: fidelity, generation, needle, tasks, explain.
+    Eval(cli::eval::EvalArgs),
 }
 
 fn main() {
@@ -40,6 +42,7 @@ fn main() {
         Command::Info(a) => cli::info::main(a),
         Command::Bench(a) => cli::bench::main(a),
         Command::ConvertGguf(a) => cli::convert::main(a),
+        Command::Eval(a) => cli::eval::main(a),
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");

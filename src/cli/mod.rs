@@ -2,6 +2,7 @@
 
 pub mod bench;
 pub mod convert;
+pub mod eval;
 pub mod info;
 pub mod logits;
 pub mod run;
@@ -40,20 +41,14 @@ pub struct ModelArgs {
 
 impl ModelArgs {
     pub fn dir(&self) -> Result<PathBuf> {
-        if let Some(m) = &self.model {
-            return Ok(m.clone());
-        }
-        if let Ok(m) = std::env::var("SIEVE_MODEL") {
-            return Ok(PathBuf::from(m));
-        }
-        for base in [
-            PathBuf::from("."),
-            PathBuf::from(env!("CARGO_MANIFEST_DIR")),
-        ] {
-            let p = base.join(DEFAULT_MODEL);
-            if p.join("config.json").exists() {
-                return Ok(p);
-            }
+        let found = sieve::files::locate(
+            self.model.as_deref(),
+            "SIEVE_MODEL",
+            DEFAULT_MODEL,
+            "config.json",
+        );
+        if let Some(dir) = found {
+            return Ok(dir);
         }
         bail!(
             "no model given and the default model ({DEFAULT_MODEL}) is not set up; run `bash scripts/setup.sh` \
@@ -183,13 +178,4 @@ pub fn parse_ids(s: &str) -> Result<Vec<u32>> {
         .collect()
 }
 
-/// Writes `bytes` to `path` atomically (a temporary file renamed into place), so
-/// that no half-written output is ever left behind.
-pub fn write_atomic(path: &std::path::Path, bytes: &[u8]) -> Result<()> {
-    use anyhow::Context;
-    let tmp = path.with_extension(format!("partial-{}", std::process::id()));
-    std::fs::write(&tmp, bytes).with_context(|| format!("writing {}", tmp.display()))?;
-    std::fs::rename(&tmp, path)
-        .with_context(|| format!("renaming {} to {}", tmp.display(), path.display()))?;
-    Ok(())
-}
+pub use sieve::files::write_atomic;

@@ -23,6 +23,9 @@ struct Target {
     group: wgpu::BindGroup,
     row_bytes: u64,
     scratch_offset: u64,
+    /// Targets are gathered in batches whose kept rows fit one scratch binding;
+    /// this is the batch this target belongs to.
+    batch: usize,
 }
 
 /// Compacts a fixed set of per-slot buffers with one keep list.
@@ -37,21 +40,34 @@ pub struct Compactor {
 
 impl Compactor {
     /// `buffers` are (buffer, bytes per slot row); `max_keep` bounds the keep list.
-    /// Scratch holds `max_keep` rows of every buffer.
+    /// Scratch holds `max_keep` rows of as many buffers as fit one storage
+    /// binding of the device; the buffers are gathered batch by batch.
     pub fn new(gpu: &Gpu, buffers: &[(&wgpu::Buffer, u64)], max_keep: usize) -> Result<Self> {
         let pipeline = gpu.pipeline(&shaders::COMPACT, None, "main", &[])?;
         let refresh = gpu.uniform("refresh", &[0u32; 4]);
         let keep = gpu.storage("keep-list", max_keep as u64 * 4);
-        let scratch_bytes: u64 = buffers.iter().map(|(_, rb)| rb * max_keep as u64).sum();
+        let kept_bytes = |row_bytes: u64| row_bytes * max_keep as u64;
+        let largest = buffers
+            .iter()
+            .map(|(_, rb)| kept_bytes(*rb))
+            .max()
+            .unwrap_or(4);
         gpu.check_binding(
-            "compaction scratch (kept rows of every per-slot buffer)",
-            scratch_bytes,
+            "compaction scratch (the kept rows of one per-slot buffer)",
+            largest,
         )?;
+        let total: u64 = buffers.iter().map(|(_, rb)| kept_bytes(*rb)).sum();
+        let scratch_bytes = total.min(gpu.max_binding / 4 * 4).max(largest);
         let scratch = gpu.storage("compaction-scratch", scratch_bytes);
         let mut offset = 0;
+        let mut batch = 0;
         let mut targets = vec![];
         for (buf, row_bytes) in buffers {
             assert!(row_bytes % 4 == 0, "per-slot rows are whole u32 words");
+            if offset + kept_bytes(*row_bytes) > scratch_bytes {
+                batch += 1;
+                offset = 0;
+            }
             let params = gpu.uniform(
                 "compact-params",
                 &Params {
@@ -66,6 +82,7 @@ impl Compactor {
                 group,
                 row_bytes: *row_bytes,
                 scratch_offset: offset,
+                batch,
             });
             offset += row_bytes * max_keep as u64;
         }
@@ -77,6 +94,11 @@ impl Compactor {
             targets,
             max_keep,
         })
+    }
+
+    /// Number of gather batches (1 when the kept rows of all buffers fit one binding).
+    pub fn batches(&self) -> usize {
+        self.targets.last().map_or(0, |t| t.batch + 1)
     }
 
     /// Row i of every buffer becomes its former row `keep[i]`. `keep` must be
@@ -101,25 +123,28 @@ impl Compactor {
         );
         gpu.write(&self.keep, 0, bytemuck::cast_slice(keep));
         let mut enc = gpu.device.create_command_encoder(&Default::default());
-        {
-            let mut pass = enc.begin_compute_pass(&Default::default());
-            for t in &self.targets {
-                dispatch(
-                    &mut pass,
-                    &self.pipeline,
-                    &t.group,
-                    (ceil_div((t.row_bytes / 4) as u32, 64), keep.len() as u32, 1),
+        for batch in 0..self.batches() {
+            let in_batch = || self.targets.iter().filter(move |t| t.batch == batch);
+            {
+                let mut pass = enc.begin_compute_pass(&Default::default());
+                for t in in_batch() {
+                    dispatch(
+                        &mut pass,
+                        &self.pipeline,
+                        &t.group,
+                        (ceil_div((t.row_bytes / 4) as u32, 64), keep.len() as u32, 1),
+                    );
+                }
+            }
+            for t in in_batch() {
+                enc.copy_buffer_to_buffer(
+                    &self.scratch,
+                    t.scratch_offset,
+                    &t.buffer,
+                    0,
+                    t.row_bytes * keep.len() as u64,
                 );
             }
-        }
-        for t in &self.targets {
-            enc.copy_buffer_to_buffer(
-                &self.scratch,
-                t.scratch_offset,
-                &t.buffer,
-                0,
-                t.row_bytes * keep.len() as u64,
-            );
         }
         gpu.queue.submit([enc.finish()]);
         Ok(())
@@ -212,7 +237,22 @@ mod tests {
 
     #[test]
     fn keep_lists_that_stress_in_place_moves() {
-        let gpu = gpu();
+        keep_lists_on(&gpu());
+    }
+
+    /// With a storage-binding limit that holds the kept rows of only one
+    /// buffer, the compactor gathers in batches (what a long context needs on
+    /// a device with small bindings).
+    #[test]
+    fn scratch_larger_than_one_binding_is_split_into_batches() {
+        let opts = crate::gpu::GpuOptions {
+            max_binding_override: Some(93_000),
+            ..Default::default()
+        };
+        keep_lists_on(&Gpu::new(&opts).unwrap());
+    }
+
+    fn keep_lists_on(gpu: &Gpu) {
         let slots = 300usize;
         let rows = [192usize * 4, 12, 4]; // bytes: a K row, an odd-sized row, one word
         let data: Vec<Vec<u32>> = rows
@@ -253,8 +293,15 @@ mod tests {
                 .collect();
             let pairs: Vec<(&wgpu::Buffer, u64)> =
                 bufs.iter().zip(rows).map(|(b, r)| (b, r as u64)).collect();
-            let c = Compactor::new(&gpu, &pairs, j).unwrap();
-            c.compact(&gpu, &keep).unwrap();
+            let c = Compactor::new(gpu, &pairs, j).unwrap();
+            if gpu.max_binding < 94_000 {
+                assert_eq!(
+                    c.batches(),
+                    2,
+                    "a K row buffer alone, then the two small ones"
+                );
+            }
+            c.compact(gpu, &keep).unwrap();
             for (k, (b, rb)) in bufs.iter().zip(rows).enumerate() {
                 let row = rb / 4;
                 let got: Vec<u32> = gpu.read(b, 0, keep.len() * row).unwrap();

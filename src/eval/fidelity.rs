@@ -1,0 +1,96 @@
+//! Teacher-forced fidelity: one document through the full cache and through
+//! every (policy, budget) at once, compared position by position.
+//!
+//! The runs advance in lockstep, h tokens at a time, so the reference
+//! distributions of only one chunk are ever held (h x vocab), whatever the
+//! document's length. Each run has its own engine and cache; the weights are
+//! shared.
+
+use anyhow::{bail, Result};
+use std::sync::Arc;
+
+use super::metrics::{argmax, log_softmax, FidelitySums};
+use crate::cache::{BoundedCache, CacheOptions, FeedOutput};
+use crate::engine::Engine;
+use crate::eviction::Policy;
+use crate::model::Model;
+
+/// One configuration under test.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RunConfig {
+    pub policy: Policy,
+    pub budget: usize,
+}
+
+impl RunConfig {
+    /// The cache options: `base` (chunk, sinks, recent, policy settings) with
+    /// this policy and budget.
+    pub fn cache_options(&self, base: &CacheOptions) -> CacheOptions {
+        CacheOptions {
+            policy: self.policy,
+            budget: self.budget,
+            ..*base
+        }
+    }
+}
+
+/// Runs `tokens` through the full cache and every config; returns the sums of
+/// the metrics over the positions t >= C = J + h of each config (none when the
+/// document is not longer than C). `progress` gets the number of tokens fed
+/// (over all runs) after every chunk.
+pub fn fidelity_document(
+    model: &Arc<Model>,
+    tokens: &[u32],
+    base: &CacheOptions,
+    configs: &[RunConfig],
+    mut progress: impl FnMut(usize),
+) -> Result<Vec<FidelitySums>> {
+    let h = base.chunk;
+    if h == 0 {
+        bail!("--chunk must be at least 1");
+    }
+    let vocab = model.config.vocab_size;
+    let layers = model.config.num_layers;
+    let mut full_cache = BoundedCache::new(CacheOptions::new(Policy::Full, 0, h), layers)?;
+    let mut full = Engine::new(model.clone(), full_cache.engine_options(tokens.len(), h, h))?;
+    let mut runs = vec![];
+    for c in configs {
+        let opts = c.cache_options(base);
+        opts.validate()?;
+        let cache = BoundedCache::new(opts, layers)?;
+        let engine = Engine::new(model.clone(), cache.engine_options(tokens.len(), h, h))?;
+        runs.push((cache, engine, FidelitySums::default()));
+    }
+    let mut full_rows = vec![0f32; h * vocab];
+    for (piece_index, piece) in tokens.chunks(h).enumerate() {
+        let p0 = piece_index * h;
+        full_cache.feed(&mut full, piece, p0 as u32, FeedOutput::All, |first, l| {
+            full_rows[first * vocab..first * vocab + l.len()].copy_from_slice(l);
+            Ok(())
+        })?;
+        // Reference log-probabilities, computed once for every run.
+        let reference: Vec<(Vec<f64>, usize)> = (0..piece.len())
+            .map(|i| {
+                let row = &full_rows[i * vocab..(i + 1) * vocab];
+                (log_softmax(row), argmax(row))
+            })
+            .collect();
+        for (cache, engine, sums) in runs.iter_mut() {
+            let first_compared = cache.opts.capacity();
+            cache.feed(engine, piece, p0 as u32, FeedOutput::All, |first, l| {
+                for (r, row) in l.chunks(vocab).enumerate() {
+                    let i = first + r;
+                    let t = p0 + i;
+                    if t >= first_compared {
+                        let next = tokens.get(t + 1).copied();
+                        let (lp, top) = &reference[i];
+                        sums.add_reference(lp, *top, row, next);
+                    }
+                }
+                Ok(())
+            })?;
+        }
+        progress(piece.len() * (1 + runs.len()));
+    }
+    Ok(runs.into_iter().map(|(_, _, s)| s).collect())
+}

@@ -1,0 +1,395 @@
+//! Aggregation of eval records into tables, CSV, JSON and SVG plots.
+//!
+//! Every record is one unit (a document or a prompt under one policy and
+//! budget). A metric's mean and 95% interval are taken over the units of a
+//! group, so for fidelity the interval is across documents, as SPEC asks.
+
+use anyhow::{anyhow, Result};
+use serde::Serialize;
+use serde_json::Value;
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use super::metrics::{mean_ci, MeanCi};
+use super::store::write_atomic;
+
+/// One metric of a record kind: its column name and how to read it from a record.
+pub struct Metric {
+    pub name: &'static str,
+    pub field: &'static str,
+}
+
+/// The metrics reported for each kind of record.
+pub fn metrics_of(kind: &str) -> &'static [Metric] {
+    const FIDELITY: &[Metric] = &[
+        Metric {
+            name: "mean KL(full||policy)",
+            field: "mean_kl",
+        },
+        Metric {
+            name: "top-1 agreement",
+            field: "top1",
+        },
+        Metric {
+            name: "NLL increase",
+            field: "nll_increase",
+        },
+    ];
+    const GENERATE: &[Metric] = &[
+        Metric {
+            name: "common prefix (tokens)",
+            field: "common_prefix",
+        },
+        Metric {
+            name: "answer agreement",
+            field: "answer_agree",
+        },
+    ];
+    const NEEDLE: &[Metric] = &[Metric {
+        name: "retrieval accuracy",
+        field: "found",
+    }];
+    const TASK: &[Metric] = &[
+        Metric {
+            name: "accuracy",
+            field: "correct",
+        },
+        Metric {
+            name: "no answer (pred=None)",
+            field: "no_answer",
+        },
+        Metric {
+            name: "tokens generated",
+            field: "tokens",
+        },
+        Metric {
+            name: "seconds",
+            field: "seconds",
+        },
+    ];
+    match kind {
+        "fidelity" => FIDELITY,
+        "generate" => GENERATE,
+        "needle" => NEEDLE,
+        "task" => TASK,
+        _ => &[],
+    }
+}
+
+/// One row of a report: a policy at a budget (None: the full cache), within
+/// an optional subgroup (the needle's depth).
+#[derive(Clone, Debug, Serialize)]
+pub struct Row {
+    pub kind: String,
+    pub policy: String,
+    pub budget: Option<u64>,
+    pub group: Option<String>,
+    pub n: usize,
+    pub metrics: BTreeMap<String, MeanCi>,
+}
+
+fn number(v: &Value) -> Option<f64> {
+    match v {
+        Value::Bool(b) => Some(*b as u8 as f64),
+        v => v.as_f64(),
+    }
+}
+
+/// Rows of every (kind, policy, budget[, group]) in the records, in the order
+/// policies first appear, then budget, then group. `group_field` names a field
+/// that splits rows further (and a row over all its values is added).
+pub fn aggregate(records: &[Value], kind: &str, group_field: Option<&str>) -> Vec<Row> {
+    let mut policy_order: Vec<String> = vec![];
+    // (index of the policy in first-seen order, budget, subgroup)
+    type GroupKey = (usize, Option<u64>, Option<String>);
+    let mut groups: BTreeMap<GroupKey, Vec<&Value>> = BTreeMap::new();
+    // Units marked "skipped" (a document too short for the budget) have no metrics.
+    for r in records
+        .iter()
+        .filter(|r| r["kind"] == kind && r["skipped"] != true)
+    {
+        let policy = r["policy"].as_str().unwrap_or("?").to_string();
+        let pi = match policy_order.iter().position(|p| *p == policy) {
+            Some(i) => i,
+            None => {
+                policy_order.push(policy);
+                policy_order.len() - 1
+            }
+        };
+        let budget = r["budget"].as_u64();
+        if let Some(g) = group_field {
+            let label = match &r[g] {
+                Value::String(s) => s.clone(),
+                v => v.to_string(),
+            };
+            groups.entry((pi, budget, Some(label))).or_default().push(r);
+        }
+        groups.entry((pi, budget, None)).or_default().push(r);
+    }
+    groups
+        .into_iter()
+        .map(|((pi, budget, group), rs)| {
+            let metrics = metrics_of(kind)
+                .iter()
+                .filter_map(|m| {
+                    let v: Vec<f64> = rs.iter().filter_map(|r| number(&r[m.field])).collect();
+                    (!v.is_empty()).then(|| (m.name.to_string(), mean_ci(&v)))
+                })
+                .collect();
+            Row {
+                kind: kind.to_string(),
+                policy: policy_order[pi].clone(),
+                budget,
+                group,
+                n: rs.len(),
+                metrics,
+            }
+        })
+        .collect()
+}
+
+fn fmt_mean_ci(m: &MeanCi) -> String {
+    match m.ci95 {
+        Some(ci) => format!("{:.4} ± {:.4}", m.mean, ci),
+        None => format!("{:.4}", m.mean),
+    }
+}
+
+/// A markdown table of `rows` (one column per metric).
+pub fn markdown_table(rows: &[Row], group_name: Option<&str>) -> String {
+    let Some(first) = rows.first() else {
+        return "(no results)\n".into();
+    };
+    let names: Vec<&str> = metrics_of(&first.kind).iter().map(|m| m.name).collect();
+    let mut s = String::from("| policy | budget |");
+    if let Some(g) = group_name {
+        s.push_str(&format!(" {g} |"));
+    }
+    s.push_str(" n |");
+    for n in &names {
+        s.push_str(&format!(" {n} |"));
+    }
+    s.push('\n');
+    s.push_str(&"|---".repeat(names.len() + 3 + group_name.is_some() as usize));
+    s.push_str("|\n");
+    for r in rows {
+        let budget = r.budget.map_or("full".to_string(), |b| b.to_string());
+        s.push_str(&format!("| {} | {budget} |", r.policy));
+        if group_name.is_some() {
+            s.push_str(&format!(" {} |", r.group.as_deref().unwrap_or("all")));
+        }
+        s.push_str(&format!(" {} |", r.n));
+        for n in &names {
+            let cell = r.metrics.get(*n).map_or("-".to_string(), fmt_mean_ci);
+            s.push_str(&format!(" {cell} |"));
+        }
+        s.push('\n');
+    }
+    s
+}
+
+/// CSV, one line per row and metric.
+pub fn csv(rows: &[Row]) -> String {
+    let mut s = String::from("kind,policy,budget,group,metric,mean,ci95,n\n");
+    for r in rows {
+        for (name, m) in &r.metrics {
+            s.push_str(&format!(
+                "{},{},{},{},\"{}\",{},{},{}\n",
+                r.kind,
+                r.policy,
+                r.budget.map_or(String::new(), |b| b.to_string()),
+                r.group.as_deref().unwrap_or(""),
+                name.replace('"', "'"),
+                m.mean,
+                m.ci95.map_or(String::new(), |c| c.to_string()),
+                m.n
+            ));
+        }
+    }
+    s
+}
+
+/// An SVG with one panel per metric: the metric against the budget, one line
+/// per policy (with its 95% interval as whiskers); the full cache, which has
+/// no budget, as a dashed horizontal line.
+pub fn plot_svg(rows: &[Row], title: &str, metrics: &[&str]) -> Result<String> {
+    use plotters::prelude::*;
+    let rows: Vec<&Row> = rows.iter().filter(|r| r.group.is_none()).collect();
+    let budgets: Vec<f64> = rows
+        .iter()
+        .filter_map(|r| r.budget.map(|b| b as f64))
+        .collect();
+    let (x0, x1) = budgets
+        .iter()
+        .fold((f64::MAX, f64::MIN), |(a, b), &x| (a.min(x), b.max(x)));
+    let (x0, x1) = if x0 > x1 { (0.0, 1.0) } else { (x0, x1) };
+    let pad = ((x1 - x0) * 0.08).max(1.0);
+    let mut svg = String::new();
+    {
+        let width = 440 * metrics.len().max(1) as u32;
+        let root = SVGBackend::with_string(&mut svg, (width, 400)).into_drawing_area();
+        root.fill(&WHITE).map_err(|e| anyhow!("{e}"))?;
+        let root = root
+            .titled(title, ("sans-serif", 20))
+            .map_err(|e| anyhow!("{e}"))?;
+        let panels = root.split_evenly((1, metrics.len().max(1)));
+        let mut policies: Vec<&str> = vec![];
+        for r in &rows {
+            if !policies.contains(&r.policy.as_str()) {
+                policies.push(&r.policy);
+            }
+        }
+        for (panel, metric) in panels.iter().zip(metrics) {
+            let values: Vec<(f64, f64)> = rows
+                .iter()
+                .filter_map(|r| r.metrics.get(*metric))
+                .map(|m| {
+                    (
+                        m.mean - m.ci95.unwrap_or(0.0),
+                        m.mean + m.ci95.unwrap_or(0.0),
+                    )
+                })
+                .collect();
+            let (y0, y1) = values
+                .iter()
+                .fold((f64::MAX, f64::MIN), |(a, b), &(l, h)| (a.min(l), b.max(h)));
+            let (y0, y1) = if y0 > y1 { (0.0, 1.0) } else { (y0, y1) };
+            let ypad = ((y1 - y0) * 0.08).max(1e-6);
+            let mut chart = ChartBuilder::on(panel)
+                .margin(12)
+                .x_label_area_size(36)
+                .y_label_area_size(56)
+                .build_cartesian_2d((x0 - pad)..(x1 + pad), (y0 - ypad)..(y1 + ypad))
+                .map_err(|e| anyhow!("{e}"))?;
+            chart
+                .configure_mesh()
+                .x_desc("KV budget J (entries)")
+                .y_desc(*metric)
+                .draw()
+                .map_err(|e| anyhow!("{e}"))?;
+            for (i, policy) in policies.iter().enumerate() {
+                let color = Palette99::pick(i).to_rgba();
+                let mut pts: Vec<(f64, f64, f64)> = rows
+                    .iter()
+                    .filter(|r| r.policy == *policy)
+                    .filter_map(|r| {
+                        let m = r.metrics.get(*metric)?;
+                        Some((r.budget? as f64, m.mean, m.ci95.unwrap_or(0.0)))
+                    })
+                    .collect();
+                pts.sort_by(|a, b| a.0.total_cmp(&b.0));
+                let full = rows
+                    .iter()
+                    .find(|r| r.policy == *policy && r.budget.is_none())
+                    .and_then(|r| r.metrics.get(*metric));
+                let series = if let Some(m) = full {
+                    let dashes: Vec<Vec<(f64, f64)>> = (0..20)
+                        .map(|k| {
+                            let a = x0 - pad + (x1 - x0 + 2.0 * pad) * k as f64 / 20.0;
+                            vec![(a, m.mean), (a + (x1 - x0 + 2.0 * pad) / 40.0, m.mean)]
+                        })
+                        .collect();
+                    chart
+                        .draw_series(
+                            dashes
+                                .into_iter()
+                                .map(|d| PathElement::new(d, color.stroke_width(2))),
+                        )
+                        .map_err(|e| anyhow!("{e}"))?
+                } else {
+                    chart
+                        .draw_series(pts.iter().map(|&(x, y, ci)| {
+                            PathElement::new(vec![(x, y - ci), (x, y + ci)], color.stroke_width(1))
+                        }))
+                        .map_err(|e| anyhow!("{e}"))?;
+                    chart
+                        .draw_series(
+                            pts.iter()
+                                .map(|&(x, y, _)| Circle::new((x, y), 3, color.filled())),
+                        )
+                        .map_err(|e| anyhow!("{e}"))?;
+                    chart
+                        .draw_series(LineSeries::new(
+                            pts.iter().map(|&(x, y, _)| (x, y)),
+                            color.stroke_width(2),
+                        ))
+                        .map_err(|e| anyhow!("{e}"))?
+                };
+                series.label(*policy).legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2))
+                });
+            }
+            chart
+                .configure_series_labels()
+                .background_style(WHITE.mix(0.85))
+                .border_style(BLACK)
+                .position(SeriesLabelPosition::UpperRight)
+                .draw()
+                .map_err(|e| anyhow!("{e}"))?;
+        }
+        root.present().map_err(|e| anyhow!("{e}"))?;
+    }
+    Ok(svg)
+}
+
+/// Writes `<dir>/report.json`, `report.csv`, one `<kind>.svg` per kind present
+/// and `report.md`; returns the markdown (also printed by the CLI).
+pub fn write_report(dir: &Path, records: &[Value]) -> Result<String> {
+    let mut all_rows = vec![];
+    let mut md = String::new();
+    for (kind, group) in [
+        ("fidelity", None),
+        ("generate", None),
+        ("needle", Some("depth")),
+        ("task", Some("dataset")),
+    ] {
+        let rows = aggregate(records, kind, group);
+        if rows.is_empty() {
+            continue;
+        }
+        md.push_str(&format!("### {kind}\n\n{}\n", markdown_table(&rows, group)));
+        let metrics: Vec<&str> = metrics_of(kind).iter().take(3).map(|m| m.name).collect();
+        let svg = plot_svg(&rows, &format!("sieve eval {kind}"), &metrics)?;
+        write_atomic(&dir.join(format!("{kind}.svg")), svg.as_bytes())?;
+        all_rows.extend(rows);
+    }
+    write_atomic(
+        &dir.join("report.json"),
+        serde_json::to_string_pretty(&all_rows)?.as_bytes(),
+    )?;
+    write_atomic(&dir.join("report.csv"), csv(&all_rows).as_bytes())?;
+    write_atomic(&dir.join("report.md"), md.as_bytes())?;
+    Ok(md)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn aggregates_tables_and_plots() {
+        let recs = vec![
+            json!({"kind": "fidelity", "policy": "window", "budget": 128, "mean_kl": 1.0, "top1": 0.5, "nll_increase": 0.1}),
+            json!({"kind": "fidelity", "policy": "window", "budget": 128, "mean_kl": 3.0, "top1": 0.7, "nll_increase": 0.3}),
+            json!({"kind": "fidelity", "policy": "epikv", "budget": 256, "mean_kl": 0.5, "top1": 0.9, "nll_increase": 0.0}),
+            json!({"kind": "needle", "policy": "full", "budget": null, "depth": 0.5, "found": true}),
+            json!({"kind": "needle", "policy": "full", "budget": null, "depth": 0.1, "found": false}),
+        ];
+        let rows = aggregate(&recs, "fidelity", None);
+        assert_eq!(rows.len(), 2);
+        let w = &rows[0];
+        assert_eq!((w.policy.as_str(), w.budget, w.n), ("window", Some(128), 2));
+        assert_eq!(w.metrics["mean KL(full||policy)"].mean, 2.0);
+        let table = markdown_table(&rows, None);
+        assert!(table.contains("| window | 128 | 2 | 2.0000 ± "), "{table}");
+        let needle = aggregate(&recs, "needle", Some("depth"));
+        // depth 0.1, depth 0.5 and the row over all depths
+        assert_eq!(needle.len(), 3);
+        let all = needle.iter().find(|r| r.group.is_none()).unwrap();
+        assert_eq!(all.metrics["retrieval accuracy"].mean, 0.5);
+        let svg = plot_svg(&rows, "t", &["mean KL(full||policy)", "top-1 agreement"]).unwrap();
+        assert!(svg.starts_with("<svg") && svg.contains("epikv") && svg.contains("<circle"));
+        assert!(csv(&rows).lines().count() == 1 + 6);
+    }
+}

@@ -1,0 +1,370 @@
+//! `sieve eval`: the fidelity metrics against ../shared/golden/eviction's
+//! metrics.json (an independent implementation), and every eval command end
+//! to end on a tiny random model that has the SmolLM2 tokenizer (seconds).
+
+mod common;
+use common::*;
+use serde_json::Value;
+use sieve::cache::CacheOptions;
+use sieve::eval::fidelity::{fidelity_document, RunConfig};
+use sieve::eviction::Policy;
+use sieve::model::{LoadOptions, Model};
+use sieve::shaders::WeightFormat;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn read_json(p: &Path) -> Value {
+    serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
+}
+
+/// Top-1 agreement may differ by one position (near-ties of the argmax under
+/// a logit noise of ~1e-4); KL and NLL increase are means over 236 positions
+/// of quantities whose per-position error is ~1e-4.
+#[test]
+fn fidelity_matches_the_reference_metrics() {
+    let metrics = read_json(&golden_dir().join("eviction/metrics.json"));
+    for name in ["tiny-llama-gqa", "tiny-qwen2"] {
+        let s = read_json(
+            &golden_dir()
+                .join("eviction")
+                .join(name)
+                .join("settings.json"),
+        );
+        let u = |k: &str| s[k].as_u64().unwrap() as usize;
+        let ids: Vec<u32> = s["input_ids"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_u64().unwrap() as u32)
+            .collect();
+        let opts = LoadOptions {
+            dtype: Some(WeightFormat::F32),
+            ..Default::default()
+        };
+        let model = Model::load(&golden_dir().join(name), &opts).unwrap();
+        let base = CacheOptions {
+            sinks: u("sinks"),
+            recent: u("recent"),
+            ..CacheOptions::new(Policy::Full, 0, u("h"))
+        };
+        let policies = ["window", "h2o", "tova", "epikv", "ccs", "ccs-full"];
+        let configs: Vec<RunConfig> = policies
+            .iter()
+            .map(|p| RunConfig {
+                policy: Policy::parse(p).unwrap(),
+                budget: u("J"),
+            })
+            .collect();
+        let mut fed = 0;
+        let sums = fidelity_document(&model, &ids, &base, &configs, |n| fed += n).unwrap();
+        assert_eq!(fed, ids.len() * (1 + configs.len()));
+        for (p, m) in policies.iter().zip(&sums) {
+            let g = &metrics[name][p];
+            let f = |k: &str| g[k].as_f64().unwrap();
+            assert_eq!(m.positions, f("n_positions_after_first_refresh") as usize);
+            assert_eq!(m.nll_positions, m.positions - 1);
+            let top1 = f("top1_agree_after_first_refresh");
+            assert!(
+                (m.top1_agreement() - top1).abs() <= 1.0 / 236.0 + 1e-9,
+                "{name} {p}: top-1 {} vs {top1}",
+                m.top1_agreement()
+            );
+            for (got, key) in [
+                (m.mean_kl(), "mean_kl_full_policy_after_first_refresh"),
+                (
+                    m.mean_nll_increase(),
+                    "mean_nll_increase_after_first_refresh",
+                ),
+                (m.mean_nll_full(), "mean_nll_full_after_first_refresh"),
+            ] {
+                assert!(
+                    (got - f(key)).abs() < 2e-3,
+                    "{name} {p}: {key} {got} vs {}",
+                    f(key)
+                );
+            }
+        }
+    }
+}
+
+/// A 2-layer Llama with random weights and the SmolLM2 tokenizer (vocab
+/// 49152), so that text-level commands run in seconds.
+fn tiny_text_model() -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("sieve-tiny-text-{}", std::process::id()));
+    if dir.join("model.safetensors").exists() {
+        return dir;
+    }
+    std::fs::create_dir_all(&dir).unwrap();
+    let smol = golden_dir().join("smollm2-135m");
+    for f in [
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "special_tokens_map.json",
+    ] {
+        std::fs::copy(smol.join(f), dir.join(f)).unwrap();
+    }
+    let (v, h, heads, kv, hd, inter, layers) = (49152usize, 64, 4, 2, 16, 128, 2);
+    let config = serde_json::json!({
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama",
+        "hidden_size": h, "intermediate_size": inter, "num_hidden_layers": layers,
+        "num_attention_heads": heads, "num_key_value_heads": kv, "head_dim": hd,
+        "vocab_size": v, "max_position_embeddings": 8192, "rms_norm_eps": 1e-5,
+        "rope_theta": 10000.0, "tie_word_embeddings": true, "hidden_act": "silu",
+        "bos_token_id": 1, "eos_token_id": 2, "torch_dtype": "float32"
+    });
+    std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
+    let mut state = 0x2545F4914F6CDD1Du64;
+    let mut random = |n: usize, scale: f32, offset: f32| -> Vec<u8> {
+        (0..n)
+            .flat_map(|_| {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                let u = (state >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0;
+                (offset + scale * u).to_le_bytes()
+            })
+            .collect()
+    };
+    let mut data: Vec<(String, Vec<usize>, Vec<u8>)> = vec![
+        (
+            "model.embed_tokens.weight".into(),
+            vec![v, h],
+            random(v * h, 0.1, 0.0),
+        ),
+        ("model.norm.weight".into(), vec![h], random(h, 0.1, 1.0)),
+    ];
+    for l in 0..layers {
+        let p = format!("model.layers.{l}.");
+        for (n, shape) in [
+            ("self_attn.q_proj.weight", vec![heads * hd, h]),
+            ("self_attn.k_proj.weight", vec![kv * hd, h]),
+            ("self_attn.v_proj.weight", vec![kv * hd, h]),
+            ("self_attn.o_proj.weight", vec![h, heads * hd]),
+            ("mlp.gate_proj.weight", vec![inter, h]),
+            ("mlp.up_proj.weight", vec![inter, h]),
+            ("mlp.down_proj.weight", vec![h, inter]),
+        ] {
+            let n_el = shape.iter().product();
+            data.push((format!("{p}{n}"), shape, random(n_el, 0.15, 0.0)));
+        }
+        for n in ["input_layernorm.weight", "post_attention_layernorm.weight"] {
+            data.push((format!("{p}{n}"), vec![h], random(h, 0.1, 1.0)));
+        }
+    }
+    let views: Vec<(String, safetensors::tensor::TensorView)> = data
+        .iter()
+        .map(|(n, s, d)| {
+            let view = safetensors::tensor::TensorView::new(safetensors::Dtype::F32, s.clone(), d)
+                .unwrap();
+            (n.clone(), view)
+        })
+        .collect();
+    let tmp = dir.join("model.safetensors.partial");
+    safetensors::serialize_to_file(views, None, &tmp).unwrap();
+    std::fs::rename(tmp, dir.join("model.safetensors")).unwrap();
+    dir
+}
+
+fn sieve(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_sieve"))
+        .args(args)
+        .env("NODEVICE_SELECT", "1")
+        .output()
+        .unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).to_string(),
+        String::from_utf8_lossy(&out.stderr).to_string(),
+    )
+}
+
+fn ok(args: &[&str]) -> String {
+    let (success, stdout, stderr) = sieve(args);
+    assert!(success, "sieve {}: {stderr}", args.join(" "));
+    stdout
+}
+
+fn lines(p: &Path) -> usize {
+    std::fs::read_to_string(p).unwrap().lines().count()
+}
+
+#[test]
+fn eval_commands_end_to_end_on_a_tiny_model() {
+    let model = tiny_text_model();
+    let m = model.to_str().unwrap();
+    let work = std::env::temp_dir().join(format!("sieve-eval-e2e-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&work);
+    std::fs::create_dir_all(&work).unwrap();
+    let w = |p: &str| work.join(p).to_str().unwrap().to_string();
+    let sweep = [
+        "--model",
+        m,
+        "--dtype",
+        "f32",
+        "--policies",
+        "full,window,epikv,ccs",
+        "--budgets",
+        "72,96",
+        "--chunk",
+        "16",
+        "--sinks",
+        "4",
+        "--recent",
+        "8",
+    ];
+    let with = |cmd: &[&str], extra: &[&str]| -> Vec<String> {
+        let mut v: Vec<String> = cmd.iter().map(|s| s.to_string()).collect();
+        v.extend(sweep.iter().map(|s| s.to_string()));
+        v.extend(extra.iter().map(|s| s.to_string()));
+        v
+    };
+    let run = |args: &[String]| ok(&args.iter().map(|s| s.as_str()).collect::<Vec<_>>());
+
+    // Fidelity on prose: 2 documents x (window, epikv, ccs) x 2 budgets.
+    let fid = w("fidelity");
+    let args = with(
+        &["eval", "fidelity", "--dataset", "prose"],
+        &["--docs", "2", "--doc-tokens", "160", "--out", &fid],
+    );
+    let table = run(&args);
+    assert!(table.contains("| window | 72 | 2 |"), "{table}");
+    assert_eq!(lines(&work.join("fidelity/results.jsonl")), 12);
+    let report: Value = read_json(&work.join("fidelity/report.json"));
+    assert_eq!(report.as_array().unwrap().len(), 6);
+    for r in report.as_array().unwrap() {
+        let kl = r["metrics"]["mean KL(full||policy)"]["mean"]
+            .as_f64()
+            .unwrap();
+        let top1 = r["metrics"]["top-1 agreement"]["mean"].as_f64().unwrap();
+        assert!(
+            kl >= 0.0 && kl.is_finite() && (0.0..=1.0).contains(&top1),
+            "{r}"
+        );
+        assert!(r["metrics"]["mean KL(full||policy)"]["ci95"].is_number());
+    }
+    let svg = std::fs::read_to_string(work.join("fidelity/fidelity.svg")).unwrap();
+    assert!(svg.contains("<svg") && svg.contains("epikv"));
+    assert!(
+        std::fs::read_to_string(work.join("fidelity/report.csv"))
+            .unwrap()
+            .lines()
+            .count()
+            > 6
+    );
+    // Resuming does no work and adds nothing; other settings are refused.
+    run(&args);
+    assert_eq!(lines(&work.join("fidelity/results.jsonl")), 12);
+    let mut other = args.clone();
+    let i = other.iter().position(|a| a == "--chunk").unwrap();
+    other[i + 1] = "8".into();
+    let (success, _, err) = sieve(&other.iter().map(|s| s.as_str()).collect::<Vec<_>>());
+    assert!(!success && err.contains("chunk: 16 before, 8 now"), "{err}");
+
+    // Needle: 2 depths x 1 trial x (full + 3 policies x 2 budgets).
+    let args = with(
+        &["eval", "needle"],
+        &[
+            "--context",
+            "200",
+            "--depths",
+            "0.2,0.8",
+            "--trials",
+            "1",
+            "--out",
+            &w("needle"),
+        ],
+    );
+    let table = run(&args);
+    assert!(table.contains("| full | full | all |"), "{table}");
+    assert_eq!(lines(&work.join("needle/results.jsonl")), 14);
+
+    // Task in two shards, then merged.
+    for shard in ["0/2", "1/2"] {
+        let dir = w(&format!("task{}", &shard[..1]));
+        let args = with(
+            &["eval", "task", "--dataset", "gsm8k"],
+            &[
+                "--limit",
+                "3",
+                "--shard",
+                shard,
+                "--max-new-tokens",
+                "8",
+                "--out",
+                &dir,
+            ],
+        );
+        run(&args);
+    }
+    assert_eq!(lines(&work.join("task0/results.jsonl")), 2 * 7);
+    assert_eq!(lines(&work.join("task1/results.jsonl")), 7);
+    let merged = ok(&[
+        "eval",
+        "merge",
+        "--out",
+        &w("task"),
+        &w("task0"),
+        &w("task1"),
+    ]);
+    assert!(merged.contains("| full | full | all | 3 |"), "{merged}");
+    assert_eq!(lines(&work.join("task/results.jsonl")), 21);
+
+    // Generate: the full cache is the reference of every other run.
+    let args = with(
+        &["eval", "generate", "--dataset", "math500"],
+        &[
+            "--limit",
+            "1",
+            "--max-new-tokens",
+            "40",
+            "--out",
+            &w("generate"),
+        ],
+    );
+    run(&args);
+    let recs: Vec<Value> = std::fs::read_to_string(work.join("generate/results.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(recs.len(), 7);
+    let full = recs.iter().find(|r| r["policy"] == "full").unwrap();
+    for r in &recs {
+        let prefix = r["common_prefix"].as_u64().unwrap();
+        assert!(prefix <= full["generated"].as_u64().unwrap());
+    }
+
+    // Explain: an HTML page with one span per token.
+    let text = work.join("text.txt");
+    std::fs::write(
+        &text,
+        "The quick brown fox jumps over the lazy dog. ".repeat(12),
+    )
+    .unwrap();
+    let page = w("page.html");
+    ok(&[
+        "eval",
+        "explain",
+        "--model",
+        m,
+        "--dtype",
+        "f32",
+        "--policy",
+        "epikv",
+        "--budget",
+        "48",
+        "--chunk",
+        "16",
+        "--recent",
+        "8",
+        "--text",
+        text.to_str().unwrap(),
+        "--out",
+        &page,
+    ]);
+    let html = std::fs::read_to_string(&page).unwrap();
+    let n_tokens = html.matches("title=\"position ").count();
+    assert!(n_tokens > 100, "{n_tokens}");
+    assert!(html.contains("evicted at refresh 0") && html.contains("kept to the end"));
+    let _ = std::fs::remove_dir_all(&work);
+}

@@ -149,7 +149,7 @@ impl BoundedCache {
         let slots = self.capacity().unwrap_or(full_slots);
         EngineOptions {
             max_slots: slots,
-            max_tokens: max_tokens.clamp(1, slots),
+            max_tokens: max_tokens.min(slots).max(1),
             max_logit_rows,
             max_keep: self.capacity().map(|_| self.opts.budget),
             track_layers: self

@@ -145,6 +145,26 @@ pub struct Engine {
 
 impl Engine {
     pub fn new(model: Arc<Model>, opts: EngineOptions) -> Result<Self> {
+        // Buffers the device cannot allocate (out of memory, or larger than
+        // its largest buffer) become an error here, not a crash later.
+        let device = model.gpu.device.clone();
+        let oom = device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+        let invalid = device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let built = Self::build(model, opts);
+        let invalid = pollster::block_on(invalid.pop());
+        let oom = pollster::block_on(oom.pop());
+        let engine = built?;
+        if let Some(err) = oom.or(invalid) {
+            bail!(
+                "the GPU cannot hold this engine's buffers ({:.1} MiB of cache, activations and scratch besides {:.1} MiB of weights): {err}",
+                engine.buffer_bytes as f64 / 1048576.0,
+                engine.model.weight_bytes as f64 / 1048576.0
+            );
+        }
+        Ok(engine)
+    }
+
+    fn build(model: Arc<Model>, opts: EngineOptions) -> Result<Self> {
         let gpu = model.gpu.clone();
         let c = &model.config;
         if opts.max_tokens == 0 || opts.max_slots == 0 {
@@ -288,18 +308,20 @@ impl Engine {
                 (c.num_heads * opts.max_slots) as u64 * 4,
             );
             bytes += (c.num_heads + 1) as u64 * opts.max_slots as u64 * 4;
-            let matrix = if opts.materialize {
-                let size = AttnWeights::matrix_bytes(heads, opts.max_tokens, opts.max_slots);
-                gpu.check_binding(
-                    "the materialized attention matrix (heads x queries x slots, --materialize)",
-                    size,
-                )?;
-                bytes += size;
-                Some(gpu.storage("materialized attention matrix", size))
-            } else {
-                None
-            };
             for kc in &k_cache {
+                // Eager attention holds every layer's weight matrix at once
+                // (what attention-scored eviction reads): one per layer.
+                let matrix = if opts.materialize {
+                    let size = AttnWeights::matrix_bytes(heads, opts.max_tokens, opts.max_slots);
+                    gpu.check_binding(
+                        "the materialized attention matrix (heads x queries x slots, --materialize)",
+                        size,
+                    )?;
+                    bytes += size;
+                    Some(gpu.storage("materialized attention matrix", size))
+                } else {
+                    None
+                };
                 weights.push(AttnWeights::new(
                     &gpu,
                     &step,

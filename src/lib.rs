@@ -18,5 +18,6 @@ pub mod kernels;
 pub mod model;
 pub mod session;
 pub mod shaders;
+pub mod synthetic;
 pub mod tokenizer;
 pub mod weights;

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use crate::config::ModelConfig;
 use crate::gpu::{Gpu, GpuOptions};
 use crate::shaders::WeightFormat;
-use crate::weights::{GpuMatrix, TensorStore};
+use crate::weights::{GpuMatrix, TensorStore, WeightSource};
 
 /// How to load a model.
 #[derive(Clone, Debug, Default)]
@@ -58,11 +58,12 @@ impl Model {
         Self::upload(gpu, config, &store, dir, opts)
     }
 
-    /// Uploads weights from an opened store to `gpu`.
+    /// Builds the model on `gpu` with weights from `store` (safetensors files,
+    /// or random values for a synthetic model).
     pub fn upload(
         gpu: Arc<Gpu>,
         config: ModelConfig,
-        store: &TensorStore,
+        store: &dyn WeightSource,
         dir: &Path,
         opts: &LoadOptions,
     ) -> Result<Arc<Model>> {
@@ -80,14 +81,12 @@ impl Model {
             }
         };
         let matrix = |name: &str, rows: usize, cols: usize| -> Result<GpuMatrix> {
-            let t = store.read_shaped(name, &[rows, cols])?;
             let m = GpuMatrix::new(&gpu, name, rows, cols, format)?;
-            m.write_rows(&gpu, 0, &t.data, name)?;
+            store.fill_rows(&gpu, &m, 0, rows, name)?;
             Ok(m)
         };
         let vector = |name: &str, len: usize| -> Result<wgpu::Buffer> {
-            let t = store.read_shaped(name, &[len])?;
-            Ok(gpu.storage_from(name, &t.data))
+            Ok(gpu.storage_from(name, &store.vector(name, len)?))
         };
         let embed = matrix("model.embed_tokens.weight", c.vocab_size, h)?;
         tick(&gpu);
@@ -100,22 +99,16 @@ impl Model {
             let mut bias = Vec::new();
             for (proj, rows) in [("q_proj", qd), ("k_proj", kd), ("v_proj", kd)] {
                 let name = format!("{p}self_attn.{proj}.weight");
-                let t = store.read_shaped(&name, &[rows, h])?;
-                qkv.write_rows(&gpu, row, &t.data, &name)?;
+                store.fill_rows(&gpu, &qkv, row, rows, &name)?;
                 row += rows;
                 if c.qkv_bias {
-                    bias.extend(
-                        store
-                            .read_shaped(&format!("{p}self_attn.{proj}.bias"), &[rows])?
-                            .data,
-                    );
+                    bias.extend(store.vector(&format!("{p}self_attn.{proj}.bias"), rows)?);
                 }
             }
             let gate_up = GpuMatrix::new(&gpu, &format!("{p}gate_up"), 2 * ffn, h, format)?;
             for (i, proj) in ["gate_proj", "up_proj"].iter().enumerate() {
                 let name = format!("{p}mlp.{proj}.weight");
-                let t = store.read_shaped(&name, &[ffn, h])?;
-                gate_up.write_rows(&gpu, i * ffn, &t.data, &name)?;
+                store.fill_rows(&gpu, &gate_up, i * ffn, ffn, &name)?;
             }
             layers.push(LayerWeights {
                 attn_norm: vector(&format!("{p}input_layernorm.weight"), h)?,

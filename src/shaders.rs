@@ -66,6 +66,7 @@ shader!(TOKEN_LOGIT, "token_logit", true);
 shader!(ATTN_WEIGHTS, "attn_weights", false);
 shader!(EPIKV_DELTA, "epikv_delta", false);
 shader!(READ_BANDWIDTH, "read_bandwidth", false);
+shader!(RANDOM_FILL, "random_fill", false);
 
 /// Every kernel, for validation tests.
 pub fn all() -> Vec<&'static Shader> {
@@ -82,6 +83,7 @@ pub fn all() -> Vec<&'static Shader> {
         &ATTN_WEIGHTS,
         &EPIKV_DELTA,
         &READ_BANDWIDTH,
+        &RANDOM_FILL,
     ]
 }
 

@@ -131,6 +131,47 @@ impl TensorStore {
     }
 }
 
+/// Where weight values come from: safetensors files ([`TensorStore`]) or
+/// random values generated on the GPU (`crate::synthetic`).
+pub trait WeightSource {
+    /// Fills rows `row0 .. row0 + rows` of `m` with the tensor `name`
+    /// (shape `[rows, m.cols]`).
+    fn fill_rows(
+        &self,
+        gpu: &Gpu,
+        m: &GpuMatrix,
+        row0: usize,
+        rows: usize,
+        name: &str,
+    ) -> Result<()>;
+    /// A small vector tensor (norm weight, bias) of `len` values.
+    fn vector(&self, name: &str, len: usize) -> Result<Vec<f32>>;
+    /// Whether the tensor exists (an untied LM head).
+    fn contains(&self, name: &str) -> bool;
+}
+
+impl WeightSource for TensorStore {
+    fn fill_rows(
+        &self,
+        gpu: &Gpu,
+        m: &GpuMatrix,
+        row0: usize,
+        rows: usize,
+        name: &str,
+    ) -> Result<()> {
+        let t = self.read_shaped(name, &[rows, m.cols])?;
+        m.write_rows(gpu, row0, &t.data, name)
+    }
+
+    fn vector(&self, name: &str, len: usize) -> Result<Vec<f32>> {
+        Ok(self.read_shaped(name, &[len])?.data)
+    }
+
+    fn contains(&self, name: &str) -> bool {
+        TensorStore::contains(self, name)
+    }
+}
+
 /// Converts f32 values to the bytes of the storage format. f16 storage rejects
 /// values outside f16's range (bf16 checkpoints can hold them) instead of
 /// silently turning them into infinities.

@@ -1,5 +1,11 @@
 //! `sieve bench`: prefill and decode speed, the device's streaming-read
 //! bandwidth and the decode bound it implies, and memory; as a table and JSON.
+//! On a model directory or on a synthetic model of a given shape (random
+//! weights generated on the GPU); with eviction (`eviction.rs`) and at long
+//! contexts (`context.rs`).
+
+mod context;
+mod eviction;
 
 use anyhow::Result;
 use clap::Args;
@@ -8,7 +14,6 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use super::{write_atomic, ModelArgs};
-use sieve::cache::{BoundedCache, CacheOptions, FeedOutput};
 use sieve::engine::{Engine, EngineOptions, StepOutput};
 use sieve::eviction::Policy;
 use sieve::gpu::Gpu;
@@ -36,7 +41,7 @@ pub struct BenchArgs {
     #[arg(long, value_delimiter = ',')]
     pub policies: Vec<String>,
     /// Cache sizes C at which one refresh is timed (the cache is filled by a
-    /// real prefill of C tokens under the policy first).
+    /// real prefill of C tokens under the policy first); 0 = none.
     #[arg(long, value_delimiter = ',', default_value = "512")]
     pub refresh_sizes: Vec<usize>,
     /// Chunk h for the eviction measurements (budget J = C - h).
@@ -48,6 +53,30 @@ pub struct BenchArgs {
     /// Tokens generated per policy in the decode-speed comparison (0 = skip).
     #[arg(long, default_value_t = 0)]
     pub generate: usize,
+    /// Benchmark a model of this shape with random weights made on the GPU
+    /// instead of loading one: smollm2-135m, llama-3.2-1b, qwen2.5-1.5b,
+    /// llama-3.1-8b, qwen2.5-7b, or a path to a config.json.
+    #[arg(long)]
+    pub synthetic: Option<String>,
+    /// Seed of the synthetic weights.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Long-context decode: context lengths N at which decode speed and memory
+    /// are measured with the full cache and with each --policies entry at each
+    /// --context-budgets budget.
+    #[arg(long, value_delimiter = ',')]
+    pub context: Vec<usize>,
+    /// Budgets J for the long-context measurements.
+    #[arg(long, value_delimiter = ',', default_value = "2048,4096,8192")]
+    pub context_budgets: Vec<usize>,
+    /// Long-context: also run h2o/tova with the materialized attention matrix
+    /// (eager attention's memory) next to the fused path.
+    #[arg(long)]
+    pub materialize: bool,
+    /// Long-context: tokens per prefill step while filling a bounded cache
+    /// (the materialized matrix grows with it: heads x step x (J + h)).
+    #[arg(long, default_value_t = 256)]
+    pub fill_step: usize,
 }
 
 /// Streaming-read bandwidth of the device in bytes/s (best of 3 runs).
@@ -86,8 +115,10 @@ pub fn peak_rss_bytes() -> Option<u64> {
 }
 
 pub fn main(a: BenchArgs) -> Result<()> {
-    let dir = a.model.dir()?;
-    let model = Model::load(&dir, &a.model.load_options())?;
+    let model = match &a.synthetic {
+        Some(shape) => sieve::synthetic::synthetic_model(shape, &a.model.load_options(), a.seed)?,
+        None => Model::load(&a.model.dir()?, &a.model.load_options())?,
+    };
     let report = run(&model, &a)?;
     println!("{}", serde_json::to_string_pretty(&report)?);
     if let Some(path) = &a.json {
@@ -187,8 +218,9 @@ pub fn run(model: &std::sync::Arc<Model>, a: &BenchArgs) -> Result<serde_json::V
         .iter()
         .map(|p| Policy::parse(p))
         .collect::<Result<Vec<_>>>()?;
-    let refresh = eviction_refresh(model, &policies, &a.refresh_sizes, a.chunk, step_ms)?;
-    let generation = eviction_decode(model, &policies, a.budget, a.chunk, a.generate)?;
+    let refresh = eviction::refresh(model, &policies, &a.refresh_sizes, a.chunk, step_ms)?;
+    let generation = eviction::decode(model, &policies, a.budget, a.chunk, a.generate)?;
+    let long_context = context::sweep(model, &policies, a)?;
     let gpu_bytes = model.weight_bytes + e.buffer_bytes;
     let rss = peak_rss_bytes();
     println!(
@@ -209,102 +241,6 @@ pub fn run(model: &std::sync::Arc<Model>, a: &BenchArgs) -> Result<serde_json::V
         "peak_process_bytes": rss,
         "refresh": refresh,
         "decode_with_eviction": generation,
+        "long_context": long_context,
     }))
-}
-
-fn cache_for(model: &Model, policy: Policy, budget: usize, chunk: usize) -> Result<BoundedCache> {
-    let opts = CacheOptions {
-        recent: 64.min(budget / 4),
-        ..CacheOptions::new(policy, budget, chunk)
-    };
-    BoundedCache::new(opts, model.config.num_layers)
-}
-
-/// Time of one refresh at cache size C: the cache is filled by a real prefill
-/// under the policy (so its state is real), and the second refresh is timed.
-fn eviction_refresh(
-    model: &std::sync::Arc<Model>,
-    policies: &[Policy],
-    sizes: &[usize],
-    chunk: usize,
-    step_ms: f64,
-) -> Result<Vec<serde_json::Value>> {
-    let mut out = vec![];
-    if policies.is_empty() {
-        return Ok(out);
-    }
-    println!("| policy | cache size | refresh ms | x decode step ({step_ms:.1} ms) |");
-    println!("|---|---|---|---|");
-    let vocab = model.config.vocab_size;
-    for &c in sizes {
-        let ids: Vec<u32> = (0..c).map(|i| ((i * 7919 + 13) % vocab) as u32).collect();
-        for &policy in policies.iter().filter(|p| **p != Policy::Full) {
-            let mut cache = cache_for(model, policy, c - chunk, chunk)?;
-            let mut e = Engine::new(model.clone(), cache.engine_options(c, 256, 1))?;
-            // Fill to C, refresh once (the first use of each kernel pays for its
-            // compilation), refill with h tokens, then time the second refresh.
-            let more: Vec<u32> = ids[..chunk].to_vec();
-            cache.feed(&mut e, &ids, 0, FeedOutput::None, |_, _| Ok(()))?;
-            cache.feed(&mut e, &more, c as u32, FeedOutput::None, |_, _| Ok(()))?;
-            e.sync()?;
-            let t = Instant::now();
-            cache.refresh(&mut e, (c + chunk) as u32)?;
-            e.sync()?;
-            let ms = t.elapsed().as_secs_f64() * 1e3;
-            println!(
-                "| {} | {c} | {ms:.1} | {:.2} |",
-                policy.name(),
-                ms / step_ms
-            );
-            out.push(json!({"policy": policy.name(), "cache_size": c, "refresh_ms": ms, "decode_steps": ms / step_ms}));
-        }
-    }
-    Ok(out)
-}
-
-/// Decode speed generating `n` tokens with each policy at budget J, against the
-/// full cache, from the same short prompt (refreshes included in the time).
-fn eviction_decode(
-    model: &std::sync::Arc<Model>,
-    policies: &[Policy],
-    budget: usize,
-    chunk: usize,
-    n: usize,
-) -> Result<Vec<serde_json::Value>> {
-    let mut out = vec![];
-    if n == 0 || policies.is_empty() {
-        return Ok(out);
-    }
-    println!("| policy | budget | generated | decode tok/s |");
-    println!("|---|---|---|---|");
-    let prompt: Vec<u32> = (0..32)
-        .map(|i| ((i * 7919 + 13) % model.config.vocab_size) as u32)
-        .collect();
-    for &policy in policies {
-        let mut cache = cache_for(model, policy, budget, chunk)?;
-        let mut e = Engine::new(
-            model.clone(),
-            cache.engine_options(prompt.len() + n + 1, 256, 1),
-        )?;
-        let greedy = FeedOutput::Sample(SamplingParams::default(), 0);
-        let mut tok = cache
-            .feed(&mut e, &prompt, 0, greedy, |_, _| Ok(()))?
-            .unwrap_or(0);
-        let t = Instant::now();
-        for i in 0..n {
-            let pos = (prompt.len() + i) as u32;
-            tok = cache
-                .feed(&mut e, &[tok], pos, greedy, |_, _| Ok(()))?
-                .unwrap_or(0);
-        }
-        let tps = n as f64 / t.elapsed().as_secs_f64();
-        let j = if policy == Policy::Full {
-            "-".to_string()
-        } else {
-            budget.to_string()
-        };
-        println!("| {} | {j} | {n} | {tps:.2} |", policy.name());
-        out.push(json!({"policy": policy.name(), "budget": budget, "generated": n, "tokens_per_second": tps}));
-    }
-    Ok(out)
 }

@@ -1,0 +1,117 @@
+//! `sieve bench --policies`: refresh latency at given cache sizes and decode
+//! speed with eviction against the full cache.
+
+use anyhow::Result;
+use serde_json::json;
+use std::time::Instant;
+
+use sieve::cache::{BoundedCache, CacheOptions, FeedOutput};
+use sieve::engine::Engine;
+use sieve::eviction::Policy;
+use sieve::kernels::sample::SamplingParams;
+use sieve::model::Model;
+
+pub fn cache_for(
+    model: &Model,
+    policy: Policy,
+    budget: usize,
+    chunk: usize,
+) -> Result<BoundedCache> {
+    let opts = CacheOptions {
+        recent: 64.min(budget / 4),
+        ..CacheOptions::new(policy, budget, chunk)
+    };
+    BoundedCache::new(opts, model.config.num_layers)
+}
+
+/// Time of one refresh at cache size C: the cache is filled by a real prefill
+/// under the policy (so its state is real), and the second refresh is timed.
+pub fn refresh(
+    model: &std::sync::Arc<Model>,
+    policies: &[Policy],
+    sizes: &[usize],
+    chunk: usize,
+    step_ms: f64,
+) -> Result<Vec<serde_json::Value>> {
+    let mut out = vec![];
+    if policies.is_empty() || sizes.iter().all(|&c| c == 0) {
+        return Ok(out);
+    }
+    println!("| policy | cache size | refresh ms | x decode step ({step_ms:.1} ms) |");
+    println!("|---|---|---|---|");
+    let vocab = model.config.vocab_size;
+    for &c in sizes.iter().filter(|&&c| c > 0) {
+        if c <= chunk {
+            anyhow::bail!("--refresh-sizes {c}: a cache size must exceed --chunk {chunk}");
+        }
+        let ids: Vec<u32> = (0..c).map(|i| ((i * 7919 + 13) % vocab) as u32).collect();
+        for &policy in policies.iter().filter(|p| **p != Policy::Full) {
+            let mut cache = cache_for(model, policy, c - chunk, chunk)?;
+            let mut e = Engine::new(model.clone(), cache.engine_options(c, 256, 1))?;
+            // Fill to C, refresh once (the first use of each kernel pays for its
+            // compilation), refill with h tokens, then time the second refresh.
+            let more: Vec<u32> = ids[..chunk].to_vec();
+            cache.feed(&mut e, &ids, 0, FeedOutput::None, |_, _| Ok(()))?;
+            cache.feed(&mut e, &more, c as u32, FeedOutput::None, |_, _| Ok(()))?;
+            e.sync()?;
+            let t = Instant::now();
+            cache.refresh(&mut e, (c + chunk) as u32)?;
+            e.sync()?;
+            let ms = t.elapsed().as_secs_f64() * 1e3;
+            println!(
+                "| {} | {c} | {ms:.1} | {:.2} |",
+                policy.name(),
+                ms / step_ms
+            );
+            out.push(json!({"policy": policy.name(), "cache_size": c, "refresh_ms": ms, "decode_steps": ms / step_ms}));
+        }
+    }
+    Ok(out)
+}
+
+/// Decode speed generating `n` tokens with each policy at budget J, against the
+/// full cache, from the same short prompt (refreshes included in the time).
+pub fn decode(
+    model: &std::sync::Arc<Model>,
+    policies: &[Policy],
+    budget: usize,
+    chunk: usize,
+    n: usize,
+) -> Result<Vec<serde_json::Value>> {
+    let mut out = vec![];
+    if n == 0 || policies.is_empty() {
+        return Ok(out);
+    }
+    println!("| policy | budget | generated | decode tok/s |");
+    println!("|---|---|---|---|");
+    let prompt: Vec<u32> = (0..32)
+        .map(|i| ((i * 7919 + 13) % model.config.vocab_size) as u32)
+        .collect();
+    for &policy in policies {
+        let mut cache = cache_for(model, policy, budget, chunk)?;
+        let mut e = Engine::new(
+            model.clone(),
+            cache.engine_options(prompt.len() + n + 1, 256, 1),
+        )?;
+        let greedy = FeedOutput::Sample(SamplingParams::default(), 0);
+        let mut tok = cache
+            .feed(&mut e, &prompt, 0, greedy, |_, _| Ok(()))?
+            .unwrap_or(0);
+        let t = Instant::now();
+        for i in 0..n {
+            let pos = (prompt.len() + i) as u32;
+            tok = cache
+                .feed(&mut e, &[tok], pos, greedy, |_, _| Ok(()))?
+                .unwrap_or(0);
+        }
+        let tps = n as f64 / t.elapsed().as_secs_f64();
+        let j = if policy == Policy::Full {
+            "-".to_string()
+        } else {
+            budget.to_string()
+        };
+        println!("| {} | {j} | {n} | {tps:.2} |", policy.name());
+        out.push(json!({"policy": policy.name(), "budget": budget, "generated": n, "tokens_per_second": tps}));
+    }
+    Ok(out)
+}

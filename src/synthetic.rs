@@ -1,0 +1,234 @@
+//! Synthetic models: the shape of a real model (a built-in name or any
+//! config.json) with seeded random weights generated directly on the GPU, for
+//! speed and memory measurements of models whose weights are not at hand.
+//! Speed and memory do not depend on the values; the values are scaled
+//! (uniform, about 1/sqrt(fan-in); norm weights 1) so that activations stay finite.
+
+use anyhow::{Context, Result};
+use serde_json::{json, Value};
+use std::path::Path;
+use std::sync::Arc;
+
+use crate::config::ModelConfig;
+use crate::gpu::Gpu;
+use crate::kernels::random_fill::{reference_value, Distribution, RandomFill};
+use crate::model::{LoadOptions, Model};
+use crate::weights::{GpuMatrix, WeightSource};
+
+/// The built-in shapes: (name, config.json of the model it copies).
+pub fn builtin_shapes() -> Vec<(&'static str, Value)> {
+    let llama = |hidden, inter, layers, heads, kv, vocab, tied, theta: f64, scaling: Value| {
+        json!({
+            "architectures": ["LlamaForCausalLM"], "model_type": "llama",
+            "hidden_size": hidden, "intermediate_size": inter, "num_hidden_layers": layers,
+            "num_attention_heads": heads, "num_key_value_heads": kv, "vocab_size": vocab,
+            "tie_word_embeddings": tied, "rope_theta": theta, "rope_scaling": scaling,
+            "rms_norm_eps": 1e-5, "max_position_embeddings": 131072,
+            "bos_token_id": 1, "eos_token_id": 2,
+        })
+    };
+    let llama3 = |factor: f64| {
+        json!({"rope_type": "llama3", "factor": factor, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": 8192})
+    };
+    let qwen2 = |hidden, inter, layers, heads, kv, vocab, tied| {
+        json!({
+            "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2",
+            "hidden_size": hidden, "intermediate_size": inter, "num_hidden_layers": layers,
+            "num_attention_heads": heads, "num_key_value_heads": kv, "vocab_size": vocab,
+            "tie_word_embeddings": tied, "rope_theta": 1000000.0, "rms_norm_eps": 1e-6,
+            "max_position_embeddings": 131072, "bos_token_id": 151643, "eos_token_id": 151645,
+        })
+    };
+    vec![
+        (
+            "smollm2-135m",
+            llama(576, 1536, 30, 9, 3, 49152, true, 100000.0, Value::Null),
+        ),
+        (
+            "llama-3.2-1b",
+            llama(2048, 8192, 16, 32, 8, 128256, true, 500000.0, llama3(32.0)),
+        ),
+        ("qwen2.5-1.5b", qwen2(1536, 8960, 28, 12, 2, 151936, true)),
+        (
+            "llama-3.1-8b",
+            llama(4096, 14336, 32, 32, 8, 128256, false, 500000.0, llama3(8.0)),
+        ),
+        ("qwen2.5-7b", qwen2(3584, 18944, 28, 28, 4, 152064, false)),
+    ]
+}
+
+/// The configuration of a built-in shape name or of a config.json path.
+pub fn shape_config(spec: &str) -> Result<ModelConfig> {
+    if let Some((_, v)) = builtin_shapes().into_iter().find(|(n, _)| *n == spec) {
+        return ModelConfig::from_json(&v, Path::new(spec));
+    }
+    let path = Path::new(spec);
+    if path.exists() {
+        let file = if path.is_dir() {
+            path.join("config.json")
+        } else {
+            path.to_path_buf()
+        };
+        return ModelConfig::from_file(&file);
+    }
+    let names: Vec<&str> = builtin_shapes().iter().map(|(n, _)| *n).collect();
+    anyhow::bail!(
+        "--synthetic {spec}: neither a built-in shape ({}) nor a config.json path",
+        names.join(", ")
+    )
+}
+
+/// FNV-1a of a tensor name mixed with the seed: each tensor its own stream.
+fn tensor_seed(seed: u64, name: &str) -> u32 {
+    let mut h = 0xcbf29ce484222325u64 ^ seed;
+    for b in name.bytes() {
+        h ^= b as u64;
+        h = h.wrapping_mul(0x100000001b3);
+    }
+    (h ^ (h >> 32)) as u32
+}
+
+/// Random weights generated on the GPU.
+pub struct RandomWeights {
+    fill: RandomFill,
+    seed: u64,
+}
+
+impl WeightSource for RandomWeights {
+    fn fill_rows(
+        &self,
+        gpu: &Gpu,
+        m: &GpuMatrix,
+        row0: usize,
+        rows: usize,
+        name: &str,
+    ) -> Result<()> {
+        let d = Distribution {
+            seed: tensor_seed(self.seed, name),
+            scale: 1.0 / (m.cols as f32).sqrt(),
+            offset: 0.0,
+        };
+        let row_bytes = m.cols as u64 * m.format.bytes_per_value();
+        for part in &m.parts {
+            let lo = row0.max(part.row0);
+            let hi = (row0 + rows).min(part.row0 + part.rows);
+            if lo >= hi {
+                continue;
+            }
+            // Whole words covering the rows (an f16 row of odd length shares a
+            // word with its neighbour; both get random values either way).
+            let b0 = (lo - part.row0) as u64 * row_bytes;
+            let b1 = (hi - part.row0) as u64 * row_bytes;
+            let (w0, w1) = (b0 / 4, b1.div_ceil(4));
+            self.fill
+                .fill(gpu, &part.buffer, w0, w1 - w0, m.format, d)?;
+            // One tensor at a time, as for files: bounded driver-side queues.
+            gpu.queue.submit([]);
+        }
+        Ok(())
+    }
+
+    fn vector(&self, name: &str, len: usize) -> Result<Vec<f32>> {
+        if name.contains("norm") {
+            return Ok(vec![1.0; len]);
+        }
+        let d = Distribution {
+            seed: tensor_seed(self.seed, name),
+            scale: 0.02,
+            offset: 0.0,
+        };
+        Ok((0..len as u32).map(|e| reference_value(d, e)).collect())
+    }
+
+    fn contains(&self, _name: &str) -> bool {
+        true
+    }
+}
+
+/// A model of the shape `spec` (built-in name or config.json) with random
+/// weights from `seed`, on the adapter `opts.gpu` chooses.
+pub fn synthetic_model(spec: &str, opts: &LoadOptions, seed: u64) -> Result<Arc<Model>> {
+    let config = shape_config(spec)?;
+    let gpu = Gpu::new(&opts.gpu)?;
+    let source = RandomWeights {
+        fill: RandomFill::new(&gpu)?,
+        seed,
+    };
+    Model::upload(
+        gpu,
+        config,
+        &source,
+        Path::new(&format!("synthetic:{spec}")),
+        opts,
+    )
+    .with_context(|| format!("building the synthetic model {spec}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::{Engine, EngineOptions, StepOutput};
+
+    fn parameters(c: &ModelConfig) -> f64 {
+        let (h, i) = (c.hidden_size as f64, c.intermediate_size as f64);
+        let q = (c.num_heads * c.head_dim) as f64;
+        let head = if c.tie_word_embeddings { 0.0 } else { 1.0 };
+        let bias = if c.qkv_bias { c.qkv_dim() as f64 } else { 0.0 };
+        let layer = h * c.qkv_dim() as f64 + bias + q * h + 3.0 * h * i + 2.0 * h;
+        (1.0 + head) * c.vocab_size as f64 * h + c.num_layers as f64 * layer + h
+    }
+
+    /// The built-in shapes have the published parameter counts.
+    #[test]
+    fn shapes_have_their_models_parameter_counts() {
+        for (name, billions) in [
+            ("smollm2-135m", 0.1345),
+            ("llama-3.2-1b", 1.236),
+            ("qwen2.5-1.5b", 1.544),
+            ("llama-3.1-8b", 8.030),
+            ("qwen2.5-7b", 7.616),
+        ] {
+            let p = parameters(&shape_config(name).unwrap()) / 1e9;
+            assert!(
+                (p / billions - 1.0).abs() < 0.01,
+                "{name}: {p:.4}B vs {billions}B"
+            );
+        }
+        let err = shape_config("gpt-5").unwrap_err().to_string();
+        assert!(err.contains("llama-3.1-8b"), "{err}");
+    }
+
+    /// The smallest shape builds on the GPU and gives finite, seed-dependent logits.
+    #[test]
+    fn smallest_shape_runs() {
+        let logits = |seed| {
+            let m = synthetic_model("smollm2-135m", &LoadOptions::default(), seed).unwrap();
+            assert_eq!(m.weight_bytes, 2 * 134_515_008 - 2 * (2 * 576 * 30 + 576));
+            let mut e = Engine::new(
+                m.clone(),
+                EngineOptions {
+                    max_slots: 16,
+                    max_tokens: 8,
+                    max_logit_rows: 1,
+                    ..Default::default()
+                },
+            )
+            .unwrap();
+            let ids: Vec<u32> = (0..8).map(|i| i * 1000 + 7).collect();
+            let pos: Vec<u32> = (0..8).collect();
+            e.step(&ids, &pos, StepOutput::last(8)).unwrap();
+            e.read_logits(1).unwrap()
+        };
+        let a = logits(1);
+        assert_eq!(a.len(), 49152);
+        assert!(a.iter().all(|x| x.is_finite()));
+        let sd = (a.iter().map(|x| x * x).sum::<f32>() / a.len() as f32).sqrt();
+        assert!(sd > 1e-3 && sd < 100.0, "logit rms {sd}");
+        let b = logits(2);
+        assert!(
+            a.iter().zip(&b).any(|(x, y)| x != y),
+            "the seed changes the weights"
+        );
+    }
+}

@@ -141,6 +141,8 @@ pub struct Engine {
     /// When set, the residual stream after the embedding and after every layer
     /// is copied here: `[layers + 1, max_tokens, hidden]` (tests and inspection).
     capture: Option<wgpu::Buffer>,
+    /// Per-kernel timestamps (`set_profiling`).
+    profiler: Option<crate::profile::Profiler>,
 }
 
 impl Engine {
@@ -442,7 +444,24 @@ impl Engine {
             n_cached: 0,
             buffer_bytes: bytes,
             capture: None,
+            profiler: None,
         })
+    }
+
+    /// Starts (or stops) timing every kernel of each step with GPU timestamps;
+    /// returns false when the adapter cannot.
+    pub fn set_profiling(&mut self, on: bool) -> bool {
+        self.profiler = if on {
+            crate::profile::Profiler::new(&self.model.gpu)
+        } else {
+            None
+        };
+        self.profiler.is_some()
+    }
+
+    /// The kernel times gathered since profiling was turned on.
+    pub fn profiler(&mut self) -> Option<&mut crate::profile::Profiler> {
+        self.profiler.as_mut()
     }
 
     /// Starts (or stops) copying the residual stream after every layer.
@@ -521,7 +540,17 @@ impl Engine {
             enc.begin_compute_pass(&Default::default())
                 .forget_lifetime(),
         );
+        let mut prof = self.profiler.as_mut();
+        macro_rules! mark {
+            ($p:expr, $label:literal) => {
+                if let Some(pr) = prof.as_mut() {
+                    pr.mark($p, $label);
+                }
+            };
+        }
+        mark!(pass.as_mut().unwrap(), "start");
         self.embed.encode(pass.as_mut().unwrap(), nt);
+        mark!(pass.as_mut().unwrap(), "embedding");
         let ccs_store = self
             .ccs
             .as_ref()
@@ -545,24 +574,37 @@ impl Engine {
                 copy_between_passes(&mut enc, &mut pass, &self.x, cap, at, hidden_bytes);
             }
             let p = pass.as_mut().unwrap();
+            mark!(p, "copies");
             k.attn_norm.encode(p, nt);
+            mark!(p, "rmsnorm");
             k.qkv.encode(p, nt);
+            mark!(p, "qkv matmul");
             k.rope.encode(p, nt);
+            mark!(p, "rope + kv write");
             k.attn.encode(p, nt, start);
+            mark!(p, "attention");
             if let Some(w) = self.weights.get(l) {
                 w.encode_accumulate(p, nt, start);
+                mark!(p, "attention weights (h2o/tova)");
             }
             k.o.encode(p, nt);
+            mark!(p, "o matmul");
             k.mlp_norm.encode(p, nt);
+            mark!(p, "rmsnorm");
             k.gate_up.encode(p, nt);
+            mark!(p, "gate+up matmul");
             k.silu.encode(p, nt);
+            mark!(p, "silu*mul");
             k.down.encode(p, nt);
+            mark!(p, "down matmul");
             for (_, d) in self.deltas.iter().filter(|(dl, _)| *dl == l) {
                 d.encode(p, nt);
+                mark!(p, "epikv delta");
             }
         }
         if let Some(w) = self.weights.first() {
             w.encode_reduce(pass.as_mut().unwrap(), nt, start);
+            mark!(pass.as_mut().unwrap(), "attention weights (h2o/tova)");
         }
         if let Some(cap) = &self.capture {
             let at = c.num_layers as u64 * capture_stride;
@@ -570,20 +612,30 @@ impl Engine {
         }
         {
             let p = pass.as_mut().unwrap();
+            mark!(p, "copies");
             if out.n_logits > 0 {
                 self.final_norm.encode(p, out.n_logits as u32);
+                mark!(p, "rmsnorm");
                 self.lm_head.encode(p, out.n_logits as u32);
+                mark!(p, "lm head matmul");
             }
             if out.sample.is_some() {
                 self.sampler.encode(p);
+                mark!(p, "sampling");
             }
         }
         drop(pass);
+        if let Some(pr) = prof.as_ref() {
+            pr.resolve(&mut enc);
+        }
         if out.sample.is_some() {
             enc.copy_buffer_to_buffer(&self.sampler.result, 0, &self.sample_staging, 0, 4);
         }
         gpu.queue.submit([enc.finish()]);
         self.n_cached += n;
+        if let Some(pr) = self.profiler.as_mut() {
+            pr.collect(&gpu)?;
+        }
         if out.sample.is_some() {
             let bytes = gpu
                 .map_and_read(&self.sample_staging, 4)

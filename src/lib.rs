@@ -16,6 +16,7 @@ pub mod gguf;
 pub mod gpu;
 pub mod kernels;
 pub mod model;
+pub mod profile;
 pub mod session;
 pub mod shaders;
 pub mod synthetic;

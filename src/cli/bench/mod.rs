@@ -210,6 +210,7 @@ pub fn run(model: &std::sync::Arc<Model>, a: &BenchArgs) -> Result<serde_json::V
             "bandwidth_bound_tokens_per_second": bound, "fraction_of_bound": tps / bound
         }));
     }
+    let kernels = kernel_breakdown(&mut e, &ids(max_prefill), a.depths.first().copied())?;
     let step_ms = decode
         .first()
         .map_or(f64::NAN, |d| 1e3 / d["tokens_per_second"].as_f64().unwrap());
@@ -242,5 +243,55 @@ pub fn run(model: &std::sync::Arc<Model>, a: &BenchArgs) -> Result<serde_json::V
         "refresh": refresh,
         "decode_with_eviction": generation,
         "long_context": long_context,
+        "kernel_breakdown": kernels,
     }))
+}
+
+/// GPU time per kernel (timestamp queries) for one prefill step of the
+/// longest prompt and for decode steps at the first depth, as a table.
+fn kernel_breakdown(
+    e: &mut Engine,
+    prompt: &[u32],
+    depth: Option<usize>,
+) -> Result<serde_json::Value> {
+    if !e.set_profiling(true) {
+        println!(
+            "(no per-kernel times: the adapter has no timestamp queries inside compute passes)"
+        );
+        return Ok(serde_json::Value::Null);
+    }
+    let mut out = serde_json::Map::new();
+    let mut report = |name: String, e: &mut Engine| {
+        let p = e.profiler().expect("profiling is on");
+        let steps = p.steps.max(1) as f64;
+        let total: f64 = p.totals.iter().map(|(_, t)| t).sum();
+        println!("| {name}: kernel | ms per step | share |");
+        println!("|---|---|---|");
+        let mut rows = vec![];
+        for (label, ns) in &p.totals {
+            println!(
+                "| {label} | {:.3} | {:.1}% |",
+                ns / steps / 1e6,
+                100.0 * ns / total
+            );
+            rows.push(json!({"kernel": label, "ms_per_step": ns / steps / 1e6}));
+        }
+        println!("| total (GPU) | {:.3} | |", total / steps / 1e6);
+        out.insert(name, json!(rows));
+        p.clear();
+    };
+    e.reset();
+    let pos: Vec<u32> = (0..prompt.len() as u32).collect();
+    e.step(prompt, &pos, StepOutput::last(prompt.len()))?;
+    report(format!("prefill {}", prompt.len()), e);
+    if let Some(d) = depth {
+        e.reset();
+        e.n_cached = d;
+        for s in 0..4u32 {
+            e.step(&[1 + s], &[d as u32 + s], StepOutput::last(1))?;
+        }
+        report(format!("decode at depth {d}"), e);
+    }
+    e.set_profiling(false);
+    Ok(serde_json::Value::Object(out))
 }

@@ -232,7 +232,7 @@ fn eval_commands_end_to_end_on_a_tiny_model() {
     let report: Value = read_json(&work.join("fidelity/report.json"));
     assert_eq!(report.as_array().unwrap().len(), 6);
     for r in report.as_array().unwrap() {
-        let kl = r["metrics"]["mean KL(full||policy)"]["mean"]
+        let kl = r["metrics"]["mean KL(full ‖ policy)"]["mean"]
             .as_f64()
             .unwrap();
         let top1 = r["metrics"]["top-1 agreement"]["mean"].as_f64().unwrap();
@@ -240,7 +240,7 @@ fn eval_commands_end_to_end_on_a_tiny_model() {
             kl >= 0.0 && kl.is_finite() && (0.0..=1.0).contains(&top1),
             "{r}"
         );
-        assert!(r["metrics"]["mean KL(full||policy)"]["ci95"].is_number());
+        assert!(r["metrics"]["mean KL(full ‖ policy)"]["ci95"].is_number());
     }
     let svg = std::fs::read_to_string(work.join("fidelity/fidelity.svg")).unwrap();
     assert!(svg.contains("<svg") && svg.contains("epikv"));

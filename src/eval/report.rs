@@ -23,7 +23,7 @@ pub struct Metric {
 pub fn metrics_of(kind: &str) -> &'static [Metric] {
     const FIDELITY: &[Metric] = &[
         Metric {
-            name: "mean KL(full||policy)",
+            name: "mean KL(full ‖ policy)",
             field: "mean_kl",
         },
         Metric {
@@ -264,6 +264,7 @@ pub fn plot_svg(rows: &[Row], title: &str, metrics: &[&str]) -> Result<String> {
             chart
                 .configure_mesh()
                 .x_desc("KV budget J (entries)")
+                .x_label_formatter(&|x| format!("{x:.0}"))
                 .y_desc(*metric)
                 .draw()
                 .map_err(|e| anyhow!("{e}"))?;
@@ -380,7 +381,7 @@ mod tests {
         assert_eq!(rows.len(), 2);
         let w = &rows[0];
         assert_eq!((w.policy.as_str(), w.budget, w.n), ("window", Some(128), 2));
-        assert_eq!(w.metrics["mean KL(full||policy)"].mean, 2.0);
+        assert_eq!(w.metrics["mean KL(full ‖ policy)"].mean, 2.0);
         let table = markdown_table(&rows, None);
         assert!(table.contains("| window | 128 | 2 | 2.0000 ± "), "{table}");
         let needle = aggregate(&recs, "needle", Some("depth"));
@@ -388,7 +389,7 @@ mod tests {
         assert_eq!(needle.len(), 3);
         let all = needle.iter().find(|r| r.group.is_none()).unwrap();
         assert_eq!(all.metrics["retrieval accuracy"].mean, 0.5);
-        let svg = plot_svg(&rows, "t", &["mean KL(full||policy)", "top-1 agreement"]).unwrap();
+        let svg = plot_svg(&rows, "t", &["mean KL(full ‖ policy)", "top-1 agreement"]).unwrap();
         assert!(svg.starts_with("<svg") && svg.contains("epikv") && svg.contains("<circle"));
         assert!(csv(&rows).lines().count() == 1 + 6);
     }

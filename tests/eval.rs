@@ -18,8 +18,9 @@ fn read_json(p: &Path) -> Value {
 }
 
 /// Top-1 agreement may differ by one position (near-ties of the argmax under
-/// a logit noise of ~1e-4); KL and NLL increase are means over 236 positions
-/// of quantities whose per-position error is ~1e-4.
+/// a logit noise of ~1e-4 on other devices); KL and NLL increase are means
+/// over 236 positions and agree within 1e-4 (measured on lavapipe: 4e-6 at
+/// most, top-1 exact).
 #[test]
 fn fidelity_matches_the_reference_metrics() {
     let metrics = read_json(&golden_dir().join("eviction/metrics.json"));
@@ -69,6 +70,12 @@ fn fidelity_matches_the_reference_metrics() {
                 "{name} {p}: top-1 {} vs {top1}",
                 m.top1_agreement()
             );
+            eprintln!(
+                "{name} {p}: KL {:+.2e}, NLL increase {:+.2e}, top-1 {:+.4} against the reference",
+                m.mean_kl() - f("mean_kl_full_policy_after_first_refresh"),
+                m.mean_nll_increase() - f("mean_nll_increase_after_first_refresh"),
+                m.top1_agreement() - top1
+            );
             for (got, key) in [
                 (m.mean_kl(), "mean_kl_full_policy_after_first_refresh"),
                 (
@@ -78,7 +85,7 @@ fn fidelity_matches_the_reference_metrics() {
                 (m.mean_nll_full(), "mean_nll_full_after_first_refresh"),
             ] {
                 assert!(
-                    (got - f(key)).abs() < 2e-3,
+                    (got - f(key)).abs() < 1e-4,
                     "{name} {p}: {key} {got} vs {}",
                     f(key)
                 );

@@ -136,7 +136,8 @@ pub fn run(model: &std::sync::Arc<Model>, a: &BenchArgs) -> Result<serde_json::V
     let mut e = Engine::new(
         model.clone(),
         EngineOptions {
-            max_slots: (max_depth + a.decode_steps + 2).max(max_prefill),
+            // Room for the timed steps and the 4 profiled ones at the deepest depth.
+            max_slots: (max_depth + a.decode_steps.max(4) + 2).max(max_prefill),
             max_tokens: max_prefill,
             max_logit_rows: 1,
             ..Default::default()

@@ -3,8 +3,9 @@
 //! kernel variants can be compared in one run on a noisy machine.
 
 use sieve::gpu::{Gpu, GpuOptions};
-use sieve::kernels::attention::Attention;
+use sieve::kernels::attention::{Attention, KEY_CHUNK};
 use sieve::kernels::matmul::{Matmul, MatmulOptions};
+use sieve::kernels::paging::SlotPages;
 use sieve::kernels::rope_kv::Heads;
 use sieve::kernels::{Rows, Step};
 use sieve::shaders::WeightFormat;
@@ -78,8 +79,9 @@ fn main() {
             },
         );
         let q = gpu.storage("q", (n * 9 * 64 * 4) as u64);
-        let k = gpu.storage("k", (slots * 3 * 64 * 4) as u64);
-        let v = gpu.storage("v", (slots * 3 * 64 * 4) as u64);
+        let row = 3 * 64 * 4;
+        let k = SlotPages::new(&gpu, "k", slots, row, KEY_CHUNK as usize, None).unwrap();
+        let v = SlotPages::new(&gpu, "v", slots, row, KEY_CHUNK as usize, None).unwrap();
         let part = gpu.storage("part", Attention::partials_bytes(heads, n, slots));
         let out = gpu.storage("out", (n * 9 * 64 * 4) as u64);
         let lse = gpu.storage("lse", (n * 9 * 4) as u64);

@@ -21,19 +21,24 @@
 //   merge            combines the chunks of each (query, head).
 //                    Dispatch (n_tokens, n_heads, 1), 32 invocations each.
 // n_chunks = ceil((step.start_slot + step.n_tokens) / CHUNK).
+// The cache may be split into pages (src/kernels/paging.rs) of a multiple of
+// CHUNK slots: the partial kernels see one page at a time, chunk c of the
+// dispatch being chunk page.first / CHUNK + c of the whole cache; they are
+// dispatched once per page with keys, over that page's chunks only.
 // Query t of the step sits in slot step.start_slot + t and attends slots 0 ..= that slot.
 //
 // Bindings (group 0), all entry points:
 //   0 step  uniform Step
 //   1 p     uniform AttnParams
 //   2 q     storage read  [n_tokens, n_heads * head_dim/4] vec4<f32> (after RoPE)
-//   3 kc    storage read  [slots, n_kv * head_dim/4] vec4<f32>
-//   4 vc    storage read  [slots, n_kv * head_dim/4] vec4<f32>
+//   3 kc    storage read  [page.len, n_kv * head_dim/4] vec4<f32>  one page of the key cache
+//   4 vc    storage read  [page.len, n_kv * head_dim/4] vec4<f32>  the same page of the values
 //   5 part  storage rw    [n_tokens, n_heads, n_chunks, head_dim/4 + 1] vec4<f32>
 //                         (accumulator, then (max, sum, 0, 0))
 //   6 out   storage rw    [n_tokens, n_heads * head_dim/4] vec4<f32>
 //   7 lse   storage rw    [n_tokens, n_heads] f32  log-sum-exp of the scaled scores
 //   8 qslot storage read  [n_tokens] u32  (anticausal_partial only) each query's own slot
+//   9 page  uniform Page  the slots kc/vc hold (page.first a multiple of CHUNK)
 // Limits: head_dim <= 128 (a multiple of 4), n_heads / n_kv <= 8.
 // Workgroup memory: 12 KiB (decode_partial).
 struct AttnParams {
@@ -52,6 +57,7 @@ struct AttnParams {
 @group(0) @binding(6) var<storage, read_write> out: array<vec4<f32>>;
 @group(0) @binding(7) var<storage, read_write> lse: array<f32>;
 @group(0) @binding(8) var<storage, read> qslot: array<u32>;
+@group(0) @binding(9) var<uniform> page: Page;
 
 const CHUNK: u32 = 256u;
 const BK: u32 = 16u;
@@ -68,7 +74,8 @@ fn part_base(t: u32, h: u32, c: u32) -> u32 {
     return ((t * p.n_heads + h) * n_chunks() + c) * (p.hd4 + 1u);
 }
 
-// One query row t of head h over the keys k_begin..k_end of chunk c.
+// One query row t of head h over the keys (cache slots) k_begin..k_end of chunk c,
+// all within the bound page.
 fn partial_row(t: u32, h: u32, c: u32, k_begin: u32, k_end: u32) {
     let kvh = h / (p.n_heads / p.n_kv);
     let hd4 = p.hd4;
@@ -89,7 +96,7 @@ fn partial_row(t: u32, h: u32, c: u32, k_begin: u32, k_end: u32) {
         var s: array<f32, BK>;
         var tile_max = NEG;
         for (var j = 0u; j < n; j++) {
-            let kb = (k0 + j) * kv_stride + kvh * hd4;
+            let kb = (k0 + j - page.first) * kv_stride + kvh * hd4;
             var dotv = 0.0;
             for (var d = 0u; d < hd4; d++) {
                 dotv += dot(qv[d], kc[kb + d]);
@@ -106,7 +113,7 @@ fn partial_row(t: u32, h: u32, c: u32, k_begin: u32, k_end: u32) {
         for (var j = 0u; j < n; j++) {
             let pj = exp(s[j] - m_new);
             l += pj;
-            let vb = (k0 + j) * kv_stride + kvh * hd4;
+            let vb = (k0 + j - page.first) * kv_stride + kvh * hd4;
             for (var d = 0u; d < hd4; d++) {
                 acc[d] += pj * vc[vb + d];
             }
@@ -127,9 +134,10 @@ fn prefill_partial(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocat
         return;
     }
     // Causal: query t sits in slot start_slot + t.
-    let k_begin = wid.z * CHUNK;
+    let c = page.first / CHUNK + wid.z;
+    let k_begin = c * CHUNK;
     let k_end = min(k_begin + CHUNK, step.start_slot + t + 1u);
-    partial_row(t, wid.y, wid.z, k_begin, max(k_begin, k_end));
+    partial_row(t, wid.y, c, k_begin, max(k_begin, k_end));
 }
 
 @compute @workgroup_size(64)
@@ -140,10 +148,11 @@ fn anticausal_partial(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invo
     }
     // Anti-causal: query t is the entry in cache slot qslot[t] and attends the
     // slots after it, up to the n_keys = start_slot + n_tokens present entries.
-    let chunk_begin = wid.z * CHUNK;
+    let c = page.first / CHUNK + wid.z;
+    let chunk_begin = c * CHUNK;
     let k_begin = max(chunk_begin, qslot[t] + 1u);
     let k_end = min(chunk_begin + CHUNK, step.start_slot + step.n_tokens);
-    partial_row(t, wid.y, wid.z, k_begin, max(k_begin, k_end));
+    partial_row(t, wid.y, c, k_begin, max(k_begin, k_end));
 }
 
 var<workgroup> qs: array<vec4<f32>, 256>;  // GMAX * HD4_MAX
@@ -152,7 +161,7 @@ var<workgroup> ml: array<vec2<f32>, GMAX>;
 
 @compute @workgroup_size(64)
 fn decode_partial(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    let c = wid.x;
+    let c = page.first / CHUNK + wid.x;
     let kvh = wid.y;
     let g_n = p.n_heads / p.n_kv;
     let hd4 = p.hd4;
@@ -172,7 +181,7 @@ fn decode_partial(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocati
             sg[g] = 0.0;
         }
         if (slot < n_keys) {
-            let kb = slot * kv_stride + kvh * hd4;
+            let kb = (slot - page.first) * kv_stride + kvh * hd4;
             for (var d = 0u; d < hd4; d++) {
                 let kv = kc[kb + d];
                 for (var g = 0u; g < g_n; g++) {
@@ -207,7 +216,7 @@ fn decode_partial(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocati
             acc[g] = vec4<f32>(0.0);
         }
         for (var j = 0u; j < n_valid; j++) {
-            let v = vc[(k0 + j) * kv_stride + kvh * hd4 + d];
+            let v = vc[(k0 + j - page.first) * kv_stride + kvh * hd4 + d];
             for (var g = 0u; g < g_n; g++) {
                 acc[g] += sc[g * CHUNK + j] * v;
             }

@@ -6,7 +6,7 @@
 //   accumulate  after a layer's attention: cell[a, i] += sum over the step's
 //               query rows t that see slot i (t >= i - start_slot; mode 1: only
 //               the last row) of w(t, a, i).
-//               Dispatch (ceil((start_slot + n_tokens) / 64), n_heads, 1).
+//               Dispatch per page (ceil(keys in page / 64), n_heads, 1).
 //   reduce      after the last layer: score[i] = (mode 0 and i < start_slot ?
 //               score[i] : 0) + sum_a cell[a, i] / (layers * heads); cell := 0.
 //               Dispatch (ceil((start_slot + n_tokens) / 64), 1, 1).
@@ -18,20 +18,24 @@
 //   materialize           writes every weight into matrix[a, t, i] (0 where
 //                         slot i is not visible to row t), as eager attention
 //                         holds its probability matrix.
-//                         Dispatch (ceil((start_slot + n_tokens) / 64), n_tokens, n_heads).
-//   accumulate_materialized  as accumulate, summing rows of the matrix.
-//                         Dispatch as accumulate.
+//                         Dispatch per page (ceil(keys in page / 64), n_tokens, n_heads).
+//   accumulate_materialized  as accumulate, summing rows of the matrix (which
+//                         covers every slot: no page). Dispatch as reduce, n_heads for y.
 //
 // Bindings (group 0):
 //   0 step   uniform Step
 //   1 p      uniform WeightParams
 //   2 q      storage read  [n_tokens, n_heads * head_dim/4] vec4<f32> (after RoPE)
-//   3 kc     storage read  [slots, n_kv * head_dim/4] vec4<f32>
+//   3 kc     storage read  [page.len, n_kv * head_dim/4] vec4<f32>  one page of the key cache
 //   4 lse    storage read  [n_tokens, n_heads] f32
 //   5 cell   storage rw    [n_heads, slots] f32  (zero between steps)
 //   6 score  storage rw    [slots] f32
 //   7 matrix storage rw    [n_heads, max_tokens, slots] f32 (materialize only; a
 //                          dummy otherwise)
+//   8 page   uniform Page  the slots kc holds
+// accumulate and materialize cover one page's slots (gid.x = slot - page.first)
+// and are dispatched once per page holding slots below start_slot + n_tokens,
+// with ceil(keys in that page / 64) for x; reduce covers every slot.
 // Per-invocation loop count: n_tokens * head_dim/4 (under lavapipe's 65535 limit
 // for steps of up to 2048 tokens at head_dim 128).
 struct WeightParams {
@@ -53,6 +57,7 @@ struct WeightParams {
 @group(0) @binding(5) var<storage, read_write> cell: array<f32>;
 @group(0) @binding(6) var<storage, read_write> score: array<f32>;
 @group(0) @binding(7) var<storage, read_write> matrix: array<f32>;
+@group(0) @binding(8) var<uniform> page: Page;
 
 // Rows of the step that count for slot i: from the first row that sees it
 // (causal by slot), or only the last row in mode 1.
@@ -66,9 +71,10 @@ fn first_row(i: u32) -> u32 {
     return 0u;
 }
 
+// Weight of query row t, head a on the entry in slot i (within the bound page).
 fn weight(t: u32, a: u32, i: u32) -> f32 {
     let kvh = a / (p.n_heads / p.n_kv);
-    let kb = i * p.n_kv * p.hd4 + kvh * p.hd4;
+    let kb = (i - page.first) * p.n_kv * p.hd4 + kvh * p.hd4;
     let qb = (t * p.n_heads + a) * p.hd4;
     var s = 0.0;
     for (var d = 0u; d < p.hd4; d++) {
@@ -79,9 +85,9 @@ fn weight(t: u32, a: u32, i: u32) -> f32 {
 
 @compute @workgroup_size(64)
 fn accumulate(@builtin(global_invocation_id) gid: vec3<u32>) {
-    let i = gid.x;
+    let i = page.first + gid.x;
     let a = gid.y;
-    let n_keys = step.start_slot + step.n_tokens;
+    let n_keys = min(step.start_slot + step.n_tokens, page.first + page.len);
     if (i >= n_keys || a >= p.n_heads) {
         return;
     }
@@ -94,10 +100,11 @@ fn accumulate(@builtin(global_invocation_id) gid: vec3<u32>) {
 
 @compute @workgroup_size(64)
 fn materialize(@builtin(global_invocation_id) gid: vec3<u32>) {
-    let i = gid.x;
+    let i = page.first + gid.x;
     let t = gid.y;
     let a = gid.z;
-    if (i >= step.start_slot + step.n_tokens || t >= step.n_tokens) {
+    let n_keys = min(step.start_slot + step.n_tokens, page.first + page.len);
+    if (i >= n_keys || t >= step.n_tokens) {
         return;
     }
     var w = 0.0;

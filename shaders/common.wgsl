@@ -12,6 +12,16 @@ struct Step {
     n_logits: u32,
 }
 
+// `Page` says which cache slots a bound per-slot buffer holds: a long KV cache
+// is split into pages that each fit one storage binding (src/kernels/paging.rs);
+// row 0 of the bound page is slot `first`, and it holds `len` slots.
+struct Page {
+    first: u32,
+    len: u32,
+    _p0: u32,
+    _p1: u32,
+}
+
 // Kernels that can run on either all step rows or only the logit rows select
 // their row count with a `count_sel` parameter: 0 = n_tokens, 1 = n_logits.
 fn step_rows(s: Step, count_sel: u32) -> u32 {

@@ -1,19 +1,26 @@
 // compact.wgsl: the gather half of KV-cache compaction. Copies the rows named
-// by a sorted keep list into a scratch buffer: dst[dst_offset + i] = src[keep[i]]
-// for i < n_keep, each row `row_len` u32 words (a slot's keys of one layer, its
+// by a sorted keep list into a scratch buffer: row i of the kept data is source
+// slot keep[i], each row `row_len` u32 words (a slot's keys of one layer, its
 // values, or any other per-slot data). The caller then copies the scratch rows
-// back to rows 0..n_keep of the source with copy_buffer_to_buffer, after the pass.
-// Reading only `src` and writing only `dst` makes the gather race-free however
-// workgroups are scheduled (an in-place gather is not: a destination row can be
-// another workgroup's unread source).
+// back to rows 0..n_keep of the per-slot buffer with copy_buffer_to_buffer,
+// after the pass. Reading only `src` and writing only `dst` makes the gather
+// race-free however workgroups are scheduled (an in-place gather is not: a
+// destination row can be another workgroup's unread source).
+//
+// A per-slot buffer may be split into pages (src/kernels/paging.rs). One
+// dispatch gathers the kept rows dst_first .. dst_first + dst_len (those that
+// go to one destination page) whose source slot lies in the bound source page
+// src_first .. src_first + src_len; the caller dispatches once per (destination
+// page, source page). Rows from other source pages are left to their dispatch.
 //
 // Bindings (group 0):
 //   0 r     uniform Refresh       (n_keep)
-//   1 p     uniform CompactParams (row_len in u32 words, dst_offset in u32 words)
-//   2 keep  storage read  [n_keep] u32  source slot of destination row i
-//   3 src   storage read  [slots, row_len] u32
-//   4 dst   storage rw    [.., row_len] u32
-// Dispatch: (ceil(row_len / 64), n_keep, 1).
+//   1 p     uniform CompactParams
+//   2 keep  storage read  [n_keep] u32  source slot of kept row i (ascending)
+//   3 src   storage read  [src_len, row_len] u32  one source page
+//   4 dst   storage rw    [.., row_len] u32  scratch; kept row dst_first + j goes
+//                         to dst_offset + j * row_len
+// Dispatch: (ceil(row_len / 64), dst_len, 1).
 struct Refresh {
     n_keep: u32,
     _p0: u32,
@@ -24,6 +31,10 @@ struct Refresh {
 struct CompactParams {
     row_len: u32,
     dst_offset: u32,
+    dst_first: u32,
+    dst_len: u32,
+    src_first: u32,
+    src_len: u32,
     _p0: u32,
     _p1: u32,
 }
@@ -37,9 +48,14 @@ struct CompactParams {
 @compute @workgroup_size(64)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let w = gid.x;
-    let i = gid.y;
-    if (w >= p.row_len || i >= r.n_keep) {
+    let j = gid.y;
+    let i = p.dst_first + j;
+    if (w >= p.row_len || j >= p.dst_len || i >= r.n_keep) {
         return;
     }
-    dst[p.dst_offset + i * p.row_len + w] = src[keep[i] * p.row_len + w];
+    let s = keep[i];
+    if (s < p.src_first || s - p.src_first >= p.src_len) {
+        return;
+    }
+    dst[p.dst_offset + j * p.row_len + w] = src[(s - p.src_first) * p.row_len + w];
 }

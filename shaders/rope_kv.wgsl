@@ -8,9 +8,13 @@
 //   3 pos       storage read  [n_tokens] u32   original positions of the step's tokens
 //   4 inv_freq  storage read  [head_dim/2] f32 (rope_theta and rope_scaling folded in on the host)
 //   5 q         storage rw    [n_tokens, n_heads * head_dim] f32  rotated queries
-//   6 kc        storage rw    [slots, n_kv * head_dim] f32  key cache of this layer (keys after RoPE)
-//   7 vc        storage rw    [slots, n_kv * head_dim] f32  value cache of this layer
-// Token t is written to cache slot step.start_slot + t.
+//   6 kc        storage rw    [page.len, n_kv * head_dim] f32  one page of this layer's key cache (keys after RoPE)
+//   7 vc        storage rw    [page.len, n_kv * head_dim] f32  the same page of its value cache
+//   8 page      uniform Page  the slots kc/vc hold
+// Token t goes to cache slot step.start_slot + t, written only by the dispatch
+// whose page holds that slot (dispatch once per page the step's slots touch;
+// every dispatch rotates q, which is the same each time). A page of len 0
+// writes no key or value (the counter-causal pass needs only the queries).
 // Dispatch: (ceil(((n_heads + n_kv) * half + n_kv * half) / 64), n_tokens, 1), half = head_dim/2:
 // one invocation per rotated pair, then one per pair of copied v values.
 struct RopeParams {
@@ -28,6 +32,7 @@ struct RopeParams {
 @group(0) @binding(5) var<storage, read_write> q: array<f32>;
 @group(0) @binding(6) var<storage, read_write> kc: array<f32>;
 @group(0) @binding(7) var<storage, read_write> vc: array<f32>;
+@group(0) @binding(8) var<uniform> page: Page;
 
 @compute @workgroup_size(64)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -38,7 +43,9 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let half = p.head_dim / 2u;
     let rot_pairs = (p.n_heads + p.n_kv) * half;
     let row = t * (p.n_heads + 2u * p.n_kv) * p.head_dim;
-    let kv_row = (step.start_slot + t) * p.n_kv * p.head_dim;
+    let slot = step.start_slot + t;
+    let in_page = slot >= page.first && slot < page.first + page.len;
+    let kv_row = (slot - page.first) * p.n_kv * p.head_dim;
     let idx = gid.x;
     if (idx < rot_pairs) {
         let head = idx / half;
@@ -55,12 +62,12 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
             let dst = t * p.n_heads * p.head_dim + head * p.head_dim + j;
             q[dst] = ra;
             q[dst + half] = rb;
-        } else {
+        } else if (in_page) {
             let dst = kv_row + (head - p.n_heads) * p.head_dim + j;
             kc[dst] = ra;
             kc[dst + half] = rb;
         }
-    } else if (idx < rot_pairs + p.n_kv * half) {
+    } else if (idx < rot_pairs + p.n_kv * half && in_page) {
         let e = 2u * (idx - rot_pairs);
         let src = row + (p.n_heads + p.n_kv) * p.head_dim + e;
         vc[kv_row + e] = qkv[src];

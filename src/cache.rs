@@ -160,6 +160,7 @@ impl BoundedCache {
             attention_weights: self.scorer.as_ref().and_then(|s| s.attention_weights()),
             materialize: self.opts.materialize,
             counter_causal: self.scorer.as_ref().and_then(|s| s.counter_causal()),
+            ..Default::default()
         }
     }
 
@@ -248,7 +249,6 @@ impl BoundedCache {
         out: FeedOutput,
         mut on_logits: impl FnMut(usize, &[f32]) -> Result<()>,
     ) -> Result<Option<u32>> {
-        let step_max = engine.opts.max_tokens;
         let mut done = 0;
         let mut sampled = None;
         while done < tokens.len() {
@@ -268,7 +268,7 @@ impl BoundedCache {
                     engine.opts.max_slots
                 );
             }
-            let n = room.min(step_max).min(tokens.len() - done);
+            let n = room.min(engine.max_step_tokens()).min(tokens.len() - done);
             let ids = &tokens[done..done + n];
             let pos: Vec<u32> = (0..n as u32)
                 .map(|j| first_position + done as u32 + j)

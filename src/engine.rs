@@ -9,12 +9,13 @@
 use anyhow::{bail, Context, Result};
 use std::sync::Arc;
 
-use crate::kernels::attention::Attention;
+use crate::kernels::attention::{Attention, KEY_CHUNK};
 use crate::kernels::attn_weights::{AttnWeights, WeightMode};
 use crate::kernels::compact::{Compactor, Gather};
 use crate::kernels::embed::Embed;
 use crate::kernels::epikv_delta::LayerDelta;
 use crate::kernels::matmul::{Matmul, MatmulOptions};
+use crate::kernels::paging::SlotPages;
 use crate::kernels::rmsnorm::RmsNorm;
 use crate::kernels::rope_kv::{Heads, RopeKv};
 use crate::kernels::sample::{Sampler, SamplingParams};
@@ -45,6 +46,11 @@ pub struct EngineOptions {
     /// With `attention_weights`: hold each layer's full weight matrix (heads x
     /// queries x slots) as eager attention does, to reproduce its memory.
     pub materialize: bool,
+    /// At most this many slots per page of a layer's key or value cache (a
+    /// multiple of 256). None: a page is as large as one storage binding of
+    /// the device allows, so a cache that fits one binding is one buffer.
+    /// Smaller pages change no result; the tests use them to exercise paging.
+    pub kv_page_slots: Option<usize>,
 }
 
 /// The two counter-causal surprise modes (SPEC.md 4.2).
@@ -133,6 +139,9 @@ pub struct Engine {
     slot_scores: wgpu::Buffer,
     /// `[max_tokens]` u32: each query's own slot (the counter-causal pass).
     qslot: wgpu::Buffer,
+    /// Bytes of the attention partials buffer: at most one storage binding,
+    /// which can bound how many queries a step takes at depth.
+    partials_capacity: u64,
     ccs: Option<CounterCausal>,
     /// Entries in the cache (the next token goes to this slot).
     pub n_cached: usize,
@@ -194,23 +203,44 @@ impl Engine {
         let lse = buf("lse", t * c.num_heads as u64 * 4)?;
         let gate_up = buf("gate-up", t * 2 * c.intermediate_size as u64 * 4)?;
         let act = buf("ffn-act", t * c.intermediate_size as u64 * 4)?;
+        // Partials for max_tokens queries over every slot, but at most one
+        // binding: at long contexts the deepest steps then take fewer tokens
+        // (`max_step_tokens`); a single query must always fit.
+        let partials_one = Attention::partials_bytes(heads, 1, opts.max_slots);
+        gpu.check_binding(
+            "attention partials of one query over the whole cache",
+            partials_one,
+        )?;
+        let partials_capacity = Attention::partials_bytes(heads, opts.max_tokens, opts.max_slots)
+            .min(gpu.max_binding / 16 * 16);
         let part = buf(
-            "attention partials (prefill chunk x heads x key chunks)",
-            Attention::partials_bytes(heads, opts.max_tokens, opts.max_slots),
+            "attention partials (queries x heads x key chunks)",
+            partials_capacity,
         )?;
         let logits = buf(
             "logits (rows x vocabulary)",
             (opts.max_logit_rows.max(1) * c.vocab_size) as u64 * 4,
         )?;
-        let kv_bytes = (opts.max_slots * c.num_kv_heads * c.head_dim) as u64 * 4;
+        let qslot = buf("query slots", t * 4)?;
+        // A cache larger than one storage binding is split into pages.
+        let kv_row = (c.num_kv_heads * c.head_dim) as u64 * 4;
         let mut k_cache = Vec::new();
         let mut v_cache = Vec::new();
         for l in 0..c.num_layers {
-            k_cache.push(buf(&format!("layer {l} key cache"), kv_bytes)?);
-            v_cache.push(buf(&format!("layer {l} value cache"), kv_bytes)?);
+            for (cache, what) in [(&mut k_cache, "key"), (&mut v_cache, "value")] {
+                let pages = SlotPages::new(
+                    &gpu,
+                    &format!("layer {l} {what} cache"),
+                    opts.max_slots,
+                    kv_row,
+                    KEY_CHUNK as usize,
+                    opts.kv_page_slots,
+                )?;
+                bytes += pages.bytes();
+                cache.push(pages);
+            }
         }
         let step = gpu.uniform("step", &Step::default());
-        let qslot = buf("query slots", t * 4)?;
         let acc = MatmulOptions {
             accumulate: true,
             rows: Rows::Tokens,
@@ -233,8 +263,7 @@ impl Engine {
                     &positions,
                     &model.inv_freq,
                     &q,
-                    &k_cache[l],
-                    &v_cache[l],
+                    Some((&k_cache[l], &v_cache[l])),
                 )?,
                 attn: Attention::new(
                     &gpu,
@@ -344,16 +373,6 @@ impl Engine {
         let ccs = match opts.counter_causal {
             None => None,
             Some(mode) => {
-                let kv_row = (c.num_kv_heads * c.head_dim * 4) as u64;
-                let k_scratch = gpu.storage(
-                    "counter-causal keys (scratch)",
-                    opts.max_slots as u64 * kv_row,
-                );
-                let v_scratch = gpu.storage(
-                    "counter-causal values (scratch)",
-                    opts.max_slots as u64 * kv_row,
-                );
-                bytes += 2 * opts.max_slots as u64 * kv_row;
                 let first = if mode == CcsMode::Full {
                     0
                 } else {
@@ -361,6 +380,8 @@ impl Engine {
                 };
                 let rope = (first..c.num_layers)
                     .map(|_| {
+                        // The entries' keys and values are in the cache
+                        // already: the pass rotates the queries only.
                         RopeKv::new(
                             &gpu,
                             &step,
@@ -369,8 +390,7 @@ impl Engine {
                             &positions,
                             &model.inv_freq,
                             &q,
-                            &k_scratch,
-                            &v_scratch,
+                            None,
                         )
                     })
                     .collect::<Result<Vec<_>>>()?;
@@ -400,17 +420,24 @@ impl Engine {
         };
         let compactor = match opts.max_keep {
             Some(keep) => {
-                let row = (c.num_kv_heads * c.head_dim * 4) as u64;
-                let mut targets: Vec<(&wgpu::Buffer, u64)> =
-                    k_cache.iter().chain(&v_cache).map(|b| (b, row)).collect();
+                let mut singles = vec![];
                 if !weights.is_empty() {
-                    targets.push((&slot_scores, 4));
+                    singles.push(SlotPages::single(
+                        &gpu,
+                        slot_scores.clone(),
+                        opts.max_slots,
+                        4,
+                    ));
                 }
                 if let Some((store, _)) = ccs.as_ref().and_then(|c| c.hidden.as_ref()) {
-                    targets.push((store, h as u64 * 4));
+                    let row = h as u64 * 4;
+                    singles.push(SlotPages::single(&gpu, store.clone(), opts.max_slots, row));
                 }
-                bytes += 2 * c.num_layers as u64 * keep as u64 * row;
-                Some(Compactor::new(&gpu, &targets, keep)?)
+                let targets: Vec<&SlotPages> =
+                    k_cache.iter().chain(&v_cache).chain(&singles).collect();
+                let compactor = Compactor::new(&gpu, &targets, keep)?;
+                bytes += compactor.scratch_bytes();
+                Some(compactor)
             }
             None => None,
         };
@@ -440,6 +467,7 @@ impl Engine {
             weights,
             slot_scores,
             qslot,
+            partials_capacity,
             ccs,
             n_cached: 0,
             buffer_bytes: bytes,
@@ -483,6 +511,38 @@ impl Engine {
         self.sampler.reset_seen(&self.model.gpu, tokens);
     }
 
+    /// The most queries whose attention partials over `n_keys(n)` keys fit
+    /// the partials buffer (at most `max_tokens`; at least 1).
+    fn max_queries(&self, n_keys: impl Fn(usize) -> usize) -> usize {
+        let c = &self.model.config;
+        let heads = Heads {
+            n_heads: c.num_heads,
+            n_kv: c.num_kv_heads,
+            head_dim: c.head_dim,
+        };
+        let fits =
+            |n: usize| Attention::partials_bytes(heads, n, n_keys(n)) <= self.partials_capacity;
+        // The bytes grow with n: binary search for the last n that fits.
+        let (mut lo, mut hi) = (1, self.opts.max_tokens);
+        while lo < hi {
+            let mid = (lo + hi).div_ceil(2);
+            if fits(mid) {
+                lo = mid;
+            } else {
+                hi = mid - 1;
+            }
+        }
+        lo
+    }
+
+    /// The most tokens the next step can take: `max_tokens`, or fewer deep in
+    /// a long context when their attention partials would exceed one storage
+    /// binding of the device.
+    pub fn max_step_tokens(&self) -> usize {
+        let start = self.n_cached;
+        self.max_queries(|n| start + n)
+    }
+
     /// Runs one step: `ids` at `positions` go to cache slots `n_cached..`.
     /// Returns the sampled token when `out.sample` is set.
     pub fn step(&mut self, ids: &[u32], positions: &[u32], out: StepOutput) -> Result<Option<u32>> {
@@ -490,6 +550,14 @@ impl Engine {
         let c = &self.model.config;
         if n == 0 || n > self.opts.max_tokens {
             bail!("a step takes 1 to {} tokens, got {n}", self.opts.max_tokens);
+        }
+        if n > self.max_step_tokens() {
+            bail!(
+                "a step at cache depth {} takes at most {} tokens (their attention partials must fit one storage binding of {} bytes), got {n}",
+                self.n_cached,
+                self.max_step_tokens(),
+                self.model.gpu.max_binding
+            );
         }
         if positions.len() != n {
             bail!("{} positions for {n} tokens", positions.len());
@@ -579,7 +647,7 @@ impl Engine {
             mark!(p, "rmsnorm");
             k.qkv.encode(p, nt);
             mark!(p, "qkv matmul");
-            k.rope.encode(p, nt);
+            k.rope.encode(p, nt, start);
             mark!(p, "rope + kv write");
             k.attn.encode(p, nt, start);
             mark!(p, "attention");
@@ -685,7 +753,8 @@ impl Engine {
         let gpu = self.model.gpu.clone();
         let n_present = self.n_cached as u32;
         let mut logits = Vec::with_capacity(entries.len());
-        for batch in entries.chunks(self.opts.max_tokens) {
+        let batch_max = self.max_queries(|_| n_present as usize);
+        for batch in entries.chunks(batch_max) {
             let m = batch.len() as u32;
             if batch.iter().any(|e| e.0 >= n_present) {
                 bail!("counter-causal entry outside the {n_present} cached slots");
@@ -721,7 +790,7 @@ impl Engine {
                 for (k, rope) in self.layers[first..].iter().zip(&cc.rope) {
                     k.attn_norm.encode(&mut p, m);
                     k.qkv.encode(&mut p, m);
-                    rope.encode(&mut p, m);
+                    rope.encode(&mut p, m, n_present - m);
                     k.attn.encode_anticausal(&mut p, m, n_present);
                     k.o.encode(&mut p, m);
                     k.mlp_norm.encode(&mut p, m);

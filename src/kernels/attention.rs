@@ -11,6 +11,7 @@ use anyhow::Result;
 use bytemuck::{Pod, Zeroable};
 use std::sync::Arc;
 
+use super::paging::SlotPages;
 use super::rope_kv::Heads;
 use super::{ceil_div, dispatch};
 use crate::gpu::Gpu;
@@ -33,7 +34,8 @@ pub struct Attention {
     anticausal: Arc<wgpu::ComputePipeline>,
     decode: Arc<wgpu::ComputePipeline>,
     merge: Arc<wgpu::ComputePipeline>,
-    group: wgpu::BindGroup,
+    /// One bind group per cache page, with the slots the page holds.
+    pages: Vec<(std::ops::Range<u32>, wgpu::BindGroup)>,
     heads: Heads,
     max_slots: u32,
 }
@@ -45,7 +47,8 @@ impl Attention {
         max_tokens as u64 * heads.n_heads as u64 * max_chunks * (heads.head_dim as u64 / 4 + 1) * 16
     }
 
-    /// `q`/`out` `[n, n_heads * head_dim]`, caches `[max_slots, n_kv * head_dim]`,
+    /// `q`/`out` `[n, n_heads * head_dim]`, caches `[max_slots, n_kv * head_dim]`
+    /// in pages of a multiple of [`KEY_CHUNK`] slots,
     /// `lse` `[n, n_heads]`, all f32; `part` holds [`Self::partials_bytes`] bytes
     /// (scratch, may be shared by all layers); `qslot` `[n]` u32 is read only by
     /// the anti-causal pass (any buffer otherwise).
@@ -56,8 +59,8 @@ impl Attention {
         heads: Heads,
         max_slots: usize,
         q: &wgpu::Buffer,
-        k_cache: &wgpu::Buffer,
-        v_cache: &wgpu::Buffer,
+        k_cache: &SlotPages,
+        v_cache: &SlotPages,
         part: &wgpu::Buffer,
         out: &wgpu::Buffer,
         lse: &wgpu::Buffer,
@@ -77,16 +80,29 @@ impl Attention {
         let decode = gpu.pipeline(&shaders::ATTENTION, None, "decode_partial", &[])?;
         let merge = gpu.pipeline(&shaders::ATTENTION, None, "merge", &[])?;
         let anticausal = gpu.pipeline(&shaders::ATTENTION, None, "anticausal_partial", &[])?;
-        let group = gpu.bind_group(
-            &prefill,
-            &[step, &params, q, k_cache, v_cache, part, out, lse, qslot],
+        anyhow::ensure!(
+            k_cache.n_pages() == 1 || k_cache.page_slots.is_multiple_of(KEY_CHUNK as usize),
+            "key cache pages of {} slots are not whole key chunks of {KEY_CHUNK}",
+            k_cache.page_slots
         );
+        let pages = (0..k_cache.n_pages())
+            .map(|p| {
+                let r = k_cache.range(p);
+                let (kc, vc) = (&k_cache.buffers[p], &v_cache.buffers[p]);
+                let page = &k_cache.uniforms[p];
+                let group = gpu.bind_group(
+                    &prefill,
+                    &[step, &params, q, kc, vc, part, out, lse, qslot, page],
+                );
+                (r.start as u32..r.end as u32, group)
+            })
+            .collect();
         Ok(Attention {
             prefill,
             anticausal,
             decode,
             merge,
-            group,
+            pages,
             heads,
             max_slots: max_slots as u32,
         })
@@ -96,27 +112,37 @@ impl Attention {
     pub fn encode(&self, pass: &mut wgpu::ComputePass, n_tokens: u32, start_slot: u32) {
         debug_assert!(start_slot + n_tokens <= self.max_slots);
         let h = self.heads;
-        let n_chunks = (start_slot + n_tokens).div_ceil(KEY_CHUNK);
-        if n_tokens == 1 {
-            dispatch(
-                pass,
-                &self.decode,
-                &self.group,
-                (n_chunks, h.n_kv as u32, 1),
-            );
-        } else {
-            dispatch(
-                pass,
-                &self.prefill,
-                &self.group,
-                (ceil_div(n_tokens, 64), h.n_heads as u32, n_chunks),
-            );
+        for (group, n_chunks) in self.pages_with_keys(start_slot + n_tokens) {
+            if n_tokens == 1 {
+                dispatch(pass, &self.decode, group, (n_chunks, h.n_kv as u32, 1));
+            } else {
+                dispatch(
+                    pass,
+                    &self.prefill,
+                    group,
+                    (ceil_div(n_tokens, 64), h.n_heads as u32, n_chunks),
+                );
+            }
         }
+        self.encode_merge(pass, n_tokens);
+    }
+
+    /// The pages holding any of the first `n_keys` slots, with the number of
+    /// key chunks of each that hold some.
+    fn pages_with_keys(&self, n_keys: u32) -> impl Iterator<Item = (&wgpu::BindGroup, u32)> {
+        self.pages
+            .iter()
+            .filter(move |(r, _)| r.start < n_keys)
+            .map(move |(r, g)| (g, (r.end.min(n_keys) - r.start).div_ceil(KEY_CHUNK)))
+    }
+
+    fn encode_merge(&self, pass: &mut wgpu::ComputePass, n_tokens: u32) {
+        let group = &self.pages[0].1;
         dispatch(
             pass,
             &self.merge,
-            &self.group,
-            (n_tokens, h.n_heads as u32, 1),
+            group,
+            (n_tokens, self.heads.n_heads as u32, 1),
         );
     }
 }
@@ -128,19 +154,15 @@ impl Attention {
     /// `start_slot = n_present - n_tokens`.
     pub fn encode_anticausal(&self, pass: &mut wgpu::ComputePass, n_tokens: u32, n_present: u32) {
         let h = self.heads;
-        let n_chunks = n_present.div_ceil(KEY_CHUNK);
-        dispatch(
-            pass,
-            &self.anticausal,
-            &self.group,
-            (ceil_div(n_tokens, 64), h.n_heads as u32, n_chunks),
-        );
-        dispatch(
-            pass,
-            &self.merge,
-            &self.group,
-            (n_tokens, h.n_heads as u32, 1),
-        );
+        for (group, n_chunks) in self.pages_with_keys(n_present) {
+            dispatch(
+                pass,
+                &self.anticausal,
+                group,
+                (ceil_div(n_tokens, 64), h.n_heads as u32, n_chunks),
+            );
+        }
+        self.encode_merge(pass, n_tokens);
     }
 }
 
@@ -240,7 +262,9 @@ mod tests {
     use crate::kernels::testutil::*;
     use crate::kernels::Step;
 
-    fn check(gpu: &Gpu, nh: usize, nkv: usize, hd: usize, n: usize, start: usize) {
+    /// Attention of `n` queries from slot `start` against a cache in pages of
+    /// `page` slots (0: one page).
+    fn check(gpu: &Gpu, nh: usize, nkv: usize, hd: usize, n: usize, start: usize, page: usize) {
         let h = Heads {
             n_heads: nh,
             n_kv: nkv,
@@ -260,8 +284,9 @@ mod tests {
             },
         );
         let qb = gpu.storage_from("q", &q);
-        let kb = gpu.storage_from("k", &k);
-        let vb = gpu.storage_from("v", &v);
+        let page = if page == 0 { slots } else { page };
+        let kb = SlotPages::from_rows(gpu, &k, nkv * hd, page);
+        let vb = SlotPages::from_rows(gpu, &v, nkv * hd, page);
         let ob = gpu.storage("o", (n * nh * hd * 4) as u64);
         let lb = gpu.storage("lse", (n * nh * 4) as u64);
         let part = gpu.storage("part", Attention::partials_bytes(h, n, slots));
@@ -283,7 +308,7 @@ mod tests {
         let got: Vec<f32> = gpu.read(&ob, 0, n * nh * hd).unwrap();
         let got_lse: Vec<f32> = gpu.read(&lb, 0, n * nh).unwrap();
         let (want, want_lse) = reference(&q, &k, &v, h, start);
-        let what = format!("heads {nh}/{nkv} hd {hd} n {n} start {start}");
+        let what = format!("heads {nh}/{nkv} hd {hd} n {n} start {start} page {page}");
         assert!(
             max_abs_diff(&got, &want) < 2e-5,
             "{what}: out err {}",
@@ -300,28 +325,41 @@ mod tests {
     fn prefill_matches_reference() {
         let gpu = gpu();
         // GQA ratios 1, 3 and 4; head_dim 64 and 128; lengths off the 16-key tile and 64-query block.
-        check(&gpu, 2, 2, 64, 2, 0);
-        check(&gpu, 9, 3, 64, 37, 0);
-        check(&gpu, 8, 2, 128, 65, 5);
-        check(&gpu, 4, 1, 32, 130, 17);
+        check(&gpu, 2, 2, 64, 2, 0, 0);
+        check(&gpu, 9, 3, 64, 37, 0, 0);
+        check(&gpu, 8, 2, 128, 65, 5, 0);
+        check(&gpu, 4, 1, 32, 130, 17, 0);
+    }
+
+    /// A cache split into pages of whole key chunks gives the same result,
+    /// with queries on both sides of page boundaries and a short last page.
+    #[test]
+    fn paged_caches_match_reference() {
+        let gpu = gpu();
+        check(&gpu, 4, 2, 32, 100, 200, 256);
+        check(&gpu, 6, 3, 64, 1, 256, 256);
+        check(&gpu, 8, 2, 128, 1, 1100, 512);
+        check(&gpu, 4, 1, 64, 130, 700, 256);
     }
 
     #[test]
     fn decode_matches_reference() {
         let gpu = gpu();
-        check(&gpu, 2, 2, 64, 1, 0);
-        check(&gpu, 9, 3, 64, 1, 255);
-        check(&gpu, 8, 2, 128, 1, 600);
-        check(&gpu, 6, 2, 32, 1, 257);
+        check(&gpu, 2, 2, 64, 1, 0, 0);
+        check(&gpu, 9, 3, 64, 1, 255, 0);
+        check(&gpu, 8, 2, 128, 1, 600, 0);
+        check(&gpu, 6, 2, 32, 1, 257, 0);
     }
 
     #[test]
     fn anticausal_matches_reference() {
         let gpu = gpu();
-        for &(nh, nkv, hd, n_present, ref qslots) in &[
-            (2usize, 1usize, 32usize, 20usize, vec![0u32, 5, 18]),
-            (9, 3, 64, 300, vec![4, 100, 255, 256, 298]),
-            (8, 2, 128, 600, vec![0, 1, 2, 511, 512, 513]),
+        // The last case holds the cache in pages of 256 slots.
+        for &(nh, nkv, hd, n_present, ref qslots, page) in &[
+            (2usize, 1usize, 32usize, 20usize, vec![0u32, 5, 18], 20usize),
+            (9, 3, 64, 300, vec![4, 100, 255, 256, 298], 300),
+            (8, 2, 128, 600, vec![0, 1, 2, 511, 512, 513], 600),
+            (8, 2, 128, 600, vec![0, 1, 2, 255, 256, 511, 512, 513], 256),
         ] {
             let h = Heads {
                 n_heads: nh,
@@ -342,8 +380,8 @@ mod tests {
             );
             let (qb, kb, vb) = (
                 gpu.storage_from("q", &q),
-                gpu.storage_from("k", &k),
-                gpu.storage_from("v", &v),
+                SlotPages::from_rows(&gpu, &k, nkv * hd, page),
+                SlotPages::from_rows(&gpu, &v, nkv * hd, page),
             );
             let qs = gpu.storage_from("qslot", qslots);
             let part = gpu.storage("part", Attention::partials_bytes(h, n, n_present));
@@ -369,8 +407,8 @@ mod tests {
     #[test]
     fn long_contexts_past_4096() {
         let gpu = gpu();
-        check(&gpu, 4, 1, 128, 1, 5000);
-        check(&gpu, 6, 2, 64, 3, 4200);
-        check(&gpu, 8, 2, 128, 70, 4100);
+        check(&gpu, 4, 1, 128, 1, 5000, 0);
+        check(&gpu, 6, 2, 64, 3, 4200, 0);
+        check(&gpu, 8, 2, 128, 70, 4100, 0);
     }
 }

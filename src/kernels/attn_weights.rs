@@ -6,6 +6,7 @@ use anyhow::Result;
 use bytemuck::{Pod, Zeroable};
 use std::sync::Arc;
 
+use super::paging::SlotPages;
 use super::rope_kv::Heads;
 use super::{ceil_div, dispatch};
 use crate::gpu::Gpu;
@@ -39,7 +40,8 @@ pub struct AttnWeights {
     /// `materialize` and `accumulate_materialized`, with `--materialize`.
     materialized: Option<(Arc<wgpu::ComputePipeline>, Arc<wgpu::ComputePipeline>)>,
     reduce: Arc<wgpu::ComputePipeline>,
-    group: wgpu::BindGroup,
+    /// One bind group per key-cache page, with the slots it holds.
+    pages: Vec<(std::ops::Range<u32>, wgpu::BindGroup)>,
     n_heads: u32,
 }
 
@@ -60,7 +62,7 @@ impl AttnWeights {
         slots: usize,
         mode: WeightMode,
         q: &wgpu::Buffer,
-        k_cache: &wgpu::Buffer,
+        k_cache: &SlotPages,
         lse: &wgpu::Buffer,
         cell: &wgpu::Buffer,
         score: &wgpu::Buffer,
@@ -84,10 +86,17 @@ impl AttnWeights {
         );
         let dummy = gpu.storage("no-matrix", 16);
         let matrix_buf = matrix.unwrap_or(&dummy);
-        let group = gpu.bind_group(
-            &accumulate,
-            &[step, &params, q, k_cache, lse, cell, score, matrix_buf],
-        );
+        let pages = (0..k_cache.n_pages())
+            .map(|p| {
+                let (kc, page) = (&k_cache.buffers[p], &k_cache.uniforms[p]);
+                let group = gpu.bind_group(
+                    &accumulate,
+                    &[step, &params, q, kc, lse, cell, score, matrix_buf, page],
+                );
+                let r = k_cache.range(p);
+                (r.start as u32..r.end as u32, group)
+            })
+            .collect();
         let materialized = match matrix {
             Some(_) => Some((
                 gpu.pipeline(&shaders::ATTN_WEIGHTS, None, "materialize", &[])?,
@@ -99,20 +108,24 @@ impl AttnWeights {
             accumulate,
             materialized,
             reduce,
-            group,
+            pages,
             n_heads: heads.n_heads as u32,
         })
     }
 
     /// After this layer's attention.
     pub fn encode_accumulate(&self, pass: &mut wgpu::ComputePass, n_tokens: u32, start_slot: u32) {
-        let keys = ceil_div(start_slot + n_tokens, 64);
-        match &self.materialized {
-            None => dispatch(pass, &self.accumulate, &self.group, (keys, self.n_heads, 1)),
-            Some((write, sum)) => {
-                dispatch(pass, write, &self.group, (keys, n_tokens, self.n_heads));
-                dispatch(pass, sum, &self.group, (keys, self.n_heads, 1));
+        let n_keys = start_slot + n_tokens;
+        for (range, group) in self.pages.iter().filter(|(r, _)| r.start < n_keys) {
+            let x = ceil_div(range.end.min(n_keys) - range.start, 64);
+            match &self.materialized {
+                None => dispatch(pass, &self.accumulate, group, (x, self.n_heads, 1)),
+                Some((write, _)) => dispatch(pass, write, group, (x, n_tokens, self.n_heads)),
             }
+        }
+        if let Some((_, sum)) = &self.materialized {
+            let x = ceil_div(n_keys, 64);
+            dispatch(pass, sum, &self.pages[0].1, (x, self.n_heads, 1));
         }
     }
 
@@ -121,7 +134,7 @@ impl AttnWeights {
         dispatch(
             pass,
             &self.reduce,
-            &self.group,
+            &self.pages[0].1,
             (ceil_div(start_slot + n_tokens, 64), 1, 1),
         );
     }
@@ -158,11 +171,14 @@ mod tests {
     #[test]
     fn weights_from_lse_match_softmax() {
         let gpu = gpu();
-        for &(nh, nkv, hd, n, start, mode) in &[
-            (2, 1, 32, 1, 0, WeightMode::Cumulative),
-            (6, 2, 32, 7, 20, WeightMode::Cumulative),
-            (9, 3, 64, 5, 300, WeightMode::LastRow),
-            (4, 4, 128, 1, 600, WeightMode::LastRow),
+        // The last two hold the keys in pages of 256 slots (0: one page).
+        for &(nh, nkv, hd, n, start, mode, page) in &[
+            (2, 1, 32, 1, 0, WeightMode::Cumulative, 0),
+            (6, 2, 32, 7, 20, WeightMode::Cumulative, 0),
+            (9, 3, 64, 5, 300, WeightMode::LastRow, 0),
+            (4, 4, 128, 1, 600, WeightMode::LastRow, 0),
+            (6, 2, 32, 9, 501, WeightMode::Cumulative, 256),
+            (4, 2, 64, 1, 600, WeightMode::LastRow, 256),
         ] {
             let h = Heads {
                 n_heads: nh,
@@ -181,10 +197,11 @@ mod tests {
                     ..Default::default()
                 },
             );
+            let page = if page == 0 { slots } else { page };
             let (qb, kb, vb) = (
                 gpu.storage_from("q", &q),
-                gpu.storage_from("k", &k),
-                gpu.storage_from("v", &v),
+                SlotPages::from_rows(&gpu, &k, nkv * hd, page),
+                SlotPages::from_rows(&gpu, &v, nkv * hd, page),
             );
             let part = gpu.storage("part", Attention::partials_bytes(h, n, slots));
             let out = gpu.storage("out", (n * nh * hd * 4) as u64);
@@ -247,7 +264,7 @@ mod tests {
                 .collect();
             assert!(
                 max_abs_diff(&got, &want) < 1e-5,
-                "{nh}/{nkv}/{hd} n {n} start {start} {mode:?} materialized {materialize}"
+                "{nh}/{nkv}/{hd} n {n} start {start} {mode:?} materialized {materialize} page {page}"
             );
             let cells: Vec<f32> = gpu.read(&cell, 0, nh * slots).unwrap();
             assert!(

@@ -4,8 +4,10 @@
 
 use anyhow::Result;
 use bytemuck::{Pod, Zeroable};
+use std::ops::Range;
 use std::sync::Arc;
 
+use super::paging::SlotPages;
 use super::{ceil_div, dispatch};
 use crate::gpu::Gpu;
 use crate::shaders;
@@ -15,17 +17,25 @@ use crate::shaders;
 struct Params {
     row_len: u32,
     dst_offset: u32,
+    dst_first: u32,
+    dst_len: u32,
+    src_first: u32,
+    src_len: u32,
     _p: [u32; 2],
 }
 
-struct Target {
-    buffer: wgpu::Buffer,
-    group: wgpu::BindGroup,
+/// The kept rows of one per-slot buffer that land in one of its pages.
+struct Unit {
+    /// The destination page; its row 0 is kept row `rows.start`.
+    dest: wgpu::Buffer,
+    rows: Range<usize>,
     row_bytes: u64,
     scratch_offset: u64,
-    /// Targets are gathered in batches whose kept rows fit one scratch binding;
-    /// this is the batch this target belongs to.
+    /// Units are gathered in batches whose rows fit one scratch binding;
+    /// this is the batch this unit belongs to.
     batch: usize,
+    /// One bind group per source page that can hold these rows' sources.
+    groups: Vec<wgpu::BindGroup>,
 }
 
 /// Compacts a fixed set of per-slot buffers with one keep list.
@@ -34,71 +44,107 @@ pub struct Compactor {
     refresh: wgpu::Buffer,
     keep: wgpu::Buffer,
     scratch: wgpu::Buffer,
-    targets: Vec<Target>,
+    units: Vec<Unit>,
     max_keep: usize,
 }
 
 impl Compactor {
-    /// `buffers` are (buffer, bytes per slot row); `max_keep` bounds the keep list.
-    /// Scratch holds `max_keep` rows of as many buffers as fit one storage
-    /// binding of the device; the buffers are gathered batch by batch.
-    pub fn new(gpu: &Gpu, buffers: &[(&wgpu::Buffer, u64)], max_keep: usize) -> Result<Self> {
+    /// `targets` are per-slot buffers, each in one or more pages; `max_keep`
+    /// bounds the keep list. Scratch holds the kept rows of as many
+    /// (buffer, destination page) units as fit one storage binding of the
+    /// device; the units are gathered batch by batch.
+    pub fn new(gpu: &Gpu, targets: &[&SlotPages], max_keep: usize) -> Result<Self> {
         let pipeline = gpu.pipeline(&shaders::COMPACT, None, "main", &[])?;
         let refresh = gpu.uniform("refresh", &[0u32; 4]);
         let keep = gpu.storage("keep-list", max_keep as u64 * 4);
-        let kept_bytes = |row_bytes: u64| row_bytes * max_keep as u64;
-        let largest = buffers
-            .iter()
-            .map(|(_, rb)| kept_bytes(*rb))
-            .max()
-            .unwrap_or(4);
+        // (target, destination page, kept rows that land there), in target
+        // order and ascending pages. Batches copy back in this order, which is
+        // safe because keep[i] >= i: a unit never reads a slot of a page that
+        // an earlier unit of its buffer has overwritten.
+        let mut plan = vec![];
+        for (t, target) in targets.iter().enumerate() {
+            for p in 0..target.n_pages() {
+                let r = target.range(p);
+                let rows = r.start..r.end.min(max_keep);
+                if !rows.is_empty() {
+                    plan.push((t, p, rows));
+                }
+            }
+        }
+        let unit_bytes =
+            |(t, _, rows): &(usize, usize, Range<usize>)| targets[*t].row_bytes * rows.len() as u64;
+        let largest = plan.iter().map(unit_bytes).max().unwrap_or(4);
         gpu.check_binding(
-            "compaction scratch (the kept rows of one per-slot buffer)",
+            "compaction scratch (the kept rows of one per-slot buffer page)",
             largest,
         )?;
-        let total: u64 = buffers.iter().map(|(_, rb)| kept_bytes(*rb)).sum();
+        let total: u64 = plan.iter().map(unit_bytes).sum();
         let scratch_bytes = total.min(gpu.max_binding / 4 * 4).max(largest);
         let scratch = gpu.storage("compaction-scratch", scratch_bytes);
         let mut offset = 0;
         let mut batch = 0;
-        let mut targets = vec![];
-        for (buf, row_bytes) in buffers {
-            assert!(row_bytes % 4 == 0, "per-slot rows are whole u32 words");
-            if offset + kept_bytes(*row_bytes) > scratch_bytes {
+        let mut units = vec![];
+        for unit in &plan {
+            let (t, p, rows) = unit;
+            let target = targets[*t];
+            assert!(
+                target.row_bytes.is_multiple_of(4),
+                "per-slot rows are whole u32 words"
+            );
+            let bytes = unit_bytes(unit);
+            if offset + bytes > scratch_bytes {
                 batch += 1;
                 offset = 0;
             }
-            let params = gpu.uniform(
-                "compact-params",
-                &Params {
-                    row_len: (*row_bytes / 4) as u32,
-                    dst_offset: (offset / 4) as u32,
-                    _p: [0; 2],
-                },
-            );
-            let group = gpu.bind_group(&pipeline, &[&refresh, &params, &keep, buf, &scratch]);
-            targets.push(Target {
-                buffer: (*buf).clone(),
-                group,
-                row_bytes: *row_bytes,
+            // Sources of rows >= rows.start sit in slots >= rows.start.
+            let groups = (0..target.n_pages())
+                .filter(|&sp| target.range(sp).end > rows.start)
+                .map(|sp| {
+                    let src = target.range(sp);
+                    let params = gpu.uniform(
+                        "compact-params",
+                        &Params {
+                            row_len: (target.row_bytes / 4) as u32,
+                            dst_offset: (offset / 4) as u32,
+                            dst_first: rows.start as u32,
+                            dst_len: rows.len() as u32,
+                            src_first: src.start as u32,
+                            src_len: src.len() as u32,
+                            _p: [0; 2],
+                        },
+                    );
+                    let src_buf = &target.buffers[sp];
+                    gpu.bind_group(&pipeline, &[&refresh, &params, &keep, src_buf, &scratch])
+                })
+                .collect();
+            units.push(Unit {
+                dest: target.buffers[*p].clone(),
+                rows: rows.clone(),
+                row_bytes: target.row_bytes,
                 scratch_offset: offset,
                 batch,
+                groups,
             });
-            offset += row_bytes * max_keep as u64;
+            offset += bytes;
         }
         Ok(Compactor {
             pipeline,
             refresh,
             keep,
             scratch,
-            targets,
+            units,
             max_keep,
         })
     }
 
     /// Number of gather batches (1 when the kept rows of all buffers fit one binding).
     pub fn batches(&self) -> usize {
-        self.targets.last().map_or(0, |t| t.batch + 1)
+        self.units.last().map_or(0, |u| u.batch + 1)
+    }
+
+    /// Bytes of the scratch buffer.
+    pub fn scratch_bytes(&self) -> u64 {
+        self.scratch.size()
     }
 
     /// Row i of every buffer becomes its former row `keep[i]`. `keep` must be
@@ -122,27 +168,32 @@ impl Compactor {
             bytemuck::bytes_of(&[keep.len() as u32, 0, 0, 0]),
         );
         gpu.write(&self.keep, 0, bytemuck::cast_slice(keep));
+        let n_keep = keep.len();
         let mut enc = gpu.device.create_command_encoder(&Default::default());
         for batch in 0..self.batches() {
-            let in_batch = || self.targets.iter().filter(move |t| t.batch == batch);
+            let in_batch = || {
+                self.units
+                    .iter()
+                    .filter(move |u| u.batch == batch && u.rows.start < n_keep)
+            };
             {
                 let mut pass = enc.begin_compute_pass(&Default::default());
-                for t in in_batch() {
-                    dispatch(
-                        &mut pass,
-                        &self.pipeline,
-                        &t.group,
-                        (ceil_div((t.row_bytes / 4) as u32, 64), keep.len() as u32, 1),
-                    );
+                for u in in_batch() {
+                    let rows = (u.rows.end.min(n_keep) - u.rows.start) as u32;
+                    let words = ceil_div((u.row_bytes / 4) as u32, 64);
+                    for group in &u.groups {
+                        dispatch(&mut pass, &self.pipeline, group, (words, rows, 1));
+                    }
                 }
             }
-            for t in in_batch() {
+            for u in in_batch() {
+                let rows = (u.rows.end.min(n_keep) - u.rows.start) as u64;
                 enc.copy_buffer_to_buffer(
                     &self.scratch,
-                    t.scratch_offset,
-                    &t.buffer,
+                    u.scratch_offset,
+                    &u.dest,
                     0,
-                    t.row_bytes * keep.len() as u64,
+                    u.row_bytes * rows,
                 );
             }
         }
@@ -178,6 +229,10 @@ impl Gather {
             &Params {
                 row_len: (row_bytes / 4) as u32,
                 dst_offset: 0,
+                dst_first: 0,
+                dst_len: max_rows as u32,
+                src_first: 0,
+                src_len: u32::MAX,
                 _p: [0; 2],
             },
         );
@@ -237,7 +292,17 @@ mod tests {
 
     #[test]
     fn keep_lists_that_stress_in_place_moves() {
-        keep_lists_on(&gpu());
+        keep_lists_on(&gpu(), 300);
+    }
+
+    /// Buffers split into pages (a long KV cache on a device with small
+    /// bindings): kept rows move between pages, and page sizes need not
+    /// divide the slot count or the keep count.
+    #[test]
+    fn paged_buffers() {
+        let gpu = gpu();
+        keep_lists_on(&gpu, 64);
+        keep_lists_on(&gpu, 7);
     }
 
     /// With a storage-binding limit that holds the kept rows of only one
@@ -249,10 +314,12 @@ mod tests {
             max_binding_override: Some(93_000),
             ..Default::default()
         };
-        keep_lists_on(&Gpu::new(&opts).unwrap());
+        keep_lists_on(&Gpu::new(&opts).unwrap(), 300);
     }
 
-    fn keep_lists_on(gpu: &Gpu) {
+    /// Three per-slot buffers of 300 slots in pages of `page` slots, compacted
+    /// to 120 with keep lists that stress in-place moves.
+    fn keep_lists_on(gpu: &Gpu, page: usize) {
         let slots = 300usize;
         let rows = [192usize * 4, 12, 4]; // bytes: a K row, an odd-sized row, one word
         let data: Vec<Vec<u32>> = rows
@@ -287,13 +354,12 @@ mod tests {
             ("one slot", vec![299]),
         ];
         for (name, keep) in cases {
-            let bufs: Vec<wgpu::Buffer> = data
+            let bufs: Vec<SlotPages> = data
                 .iter()
-                .map(|d| gpu.storage_from("slot-data", d))
+                .zip(rows)
+                .map(|(d, rb)| SlotPages::from_rows(gpu, d, rb / 4, page))
                 .collect();
-            let pairs: Vec<(&wgpu::Buffer, u64)> =
-                bufs.iter().zip(rows).map(|(b, r)| (b, r as u64)).collect();
-            let c = Compactor::new(gpu, &pairs, j).unwrap();
+            let c = Compactor::new(gpu, &bufs.iter().collect::<Vec<_>>(), j).unwrap();
             if gpu.max_binding < 94_000 {
                 assert_eq!(
                     c.batches(),
@@ -304,14 +370,15 @@ mod tests {
             c.compact(gpu, &keep).unwrap();
             for (k, (b, rb)) in bufs.iter().zip(rows).enumerate() {
                 let row = rb / 4;
-                let got: Vec<u32> = gpu.read(b, 0, keep.len() * row).unwrap();
-                assert_eq!(got, reference(&data[k], row, &keep), "{name}, buffer {k}");
+                let all: Vec<u32> = b.read(gpu, slots).unwrap();
+                let got = &all[..keep.len() * row];
+                let what = format!("{name}, buffer {k}, pages of {page}");
+                assert_eq!(got, reference(&data[k], row, &keep), "{what}");
                 // Rows past the kept ones are untouched.
-                let tail: Vec<u32> = gpu.read(b, (keep.len() * row) as u64, row).unwrap();
                 assert_eq!(
-                    tail,
-                    data[k][keep.len() * row..(keep.len() + 1) * row],
-                    "{name}, buffer {k} tail"
+                    all[keep.len() * row..],
+                    data[k][keep.len() * row..],
+                    "{what}: tail"
                 );
             }
         }
@@ -320,8 +387,8 @@ mod tests {
     #[test]
     fn rejects_unsorted_or_long_keep_lists() {
         let gpu = gpu();
-        let b = gpu.storage("b", 64);
-        let c = Compactor::new(&gpu, &[(&b, 4)], 4).unwrap();
+        let b = SlotPages::single(&gpu, gpu.storage("b", 64), 16, 4);
+        let c = Compactor::new(&gpu, &[&b], 4).unwrap();
         assert!(c.compact(&gpu, &[2, 1]).is_err());
         assert!(c.compact(&gpu, &[0, 1, 2, 3, 4]).is_err());
     }

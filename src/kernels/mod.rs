@@ -8,6 +8,7 @@ pub mod compact;
 pub mod embed;
 pub mod epikv_delta;
 pub mod matmul;
+pub mod paging;
 pub mod random_fill;
 pub mod rmsnorm;
 pub mod rope_kv;

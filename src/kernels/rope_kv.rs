@@ -4,6 +4,7 @@ use anyhow::Result;
 use bytemuck::{Pod, Zeroable};
 use std::sync::Arc;
 
+use super::paging::{PageUniform, SlotPages};
 use super::{ceil_div, dispatch};
 use crate::gpu::Gpu;
 use crate::shaders;
@@ -27,11 +28,14 @@ pub struct Heads {
 
 pub struct RopeKv {
     pipeline: Arc<wgpu::ComputePipeline>,
-    group: wgpu::BindGroup,
+    /// One bind group per cache page with the slots it holds; `None` for the
+    /// group that writes no key or value (always dispatched).
+    groups: Vec<(Option<std::ops::Range<usize>>, wgpu::BindGroup)>,
     invocations: u32,
 }
 
 impl RopeKv {
+    /// `cache` is this layer's (keys, values); `None` rotates the queries only.
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         gpu: &Gpu,
@@ -41,8 +45,7 @@ impl RopeKv {
         positions: &wgpu::Buffer,
         inv_freq: &wgpu::Buffer,
         q: &wgpu::Buffer,
-        k_cache: &wgpu::Buffer,
-        v_cache: &wgpu::Buffer,
+        cache: Option<(&SlotPages, &SlotPages)>,
     ) -> Result<Self> {
         let pipeline = gpu.pipeline(&shaders::ROPE_KV, None, "main", &[])?;
         let params = gpu.uniform(
@@ -54,26 +57,50 @@ impl RopeKv {
                 _p: 0,
             },
         );
-        let group = gpu.bind_group(
-            &pipeline,
-            &[step, &params, qkv, positions, inv_freq, q, k_cache, v_cache],
-        );
+        let group = |kc: &wgpu::Buffer, vc: &wgpu::Buffer, page: &wgpu::Buffer| {
+            gpu.bind_group(
+                &pipeline,
+                &[step, &params, qkv, positions, inv_freq, q, kc, vc, page],
+            )
+        };
+        let groups = match cache {
+            Some((k, v)) => (0..k.n_pages())
+                .map(|p| {
+                    let g = group(&k.buffers[p], &v.buffers[p], &k.uniforms[p]);
+                    (Some(k.range(p)), g)
+                })
+                .collect(),
+            None => {
+                let none = gpu.storage("no-kv-write", 16);
+                let page = gpu.uniform("no-kv-page", &PageUniform::default());
+                vec![(None, group(&none, &none, &page))]
+            }
+        };
         let half = heads.head_dim / 2;
         let invocations = ((heads.n_heads + heads.n_kv) * half + heads.n_kv * half) as u32;
         Ok(RopeKv {
             pipeline,
-            group,
+            groups,
             invocations,
         })
     }
 
-    pub fn encode(&self, pass: &mut wgpu::ComputePass, n_tokens: u32) {
-        dispatch(
-            pass,
-            &self.pipeline,
-            &self.group,
-            (ceil_div(self.invocations, 64), n_tokens, 1),
-        );
+    /// `n_tokens` tokens going to cache slots `start_slot..`.
+    pub fn encode(&self, pass: &mut wgpu::ComputePass, n_tokens: u32, start_slot: u32) {
+        let slots = start_slot as usize..(start_slot + n_tokens) as usize;
+        for (range, group) in &self.groups {
+            let touched = range
+                .as_ref()
+                .is_none_or(|r| r.start < slots.end && slots.start < r.end);
+            if touched {
+                dispatch(
+                    pass,
+                    &self.pipeline,
+                    group,
+                    (ceil_div(self.invocations, 64), n_tokens, 1),
+                );
+            }
+        }
     }
 }
 
@@ -118,14 +145,20 @@ mod tests {
     use crate::kernels::testutil::*;
     use crate::kernels::Step;
 
+    use crate::kernels::paging::SlotPages;
+
     #[test]
     fn rotates_and_appends_at_the_start_slot() {
         let gpu = gpu();
-        for &(nh, nkv, hd, n, start) in &[
-            (2, 1, 4, 1, 0),
-            (9, 3, 64, 5, 3),
-            (4, 4, 128, 3, 4090),
-            (6, 2, 32, 7, 1),
+        // (heads, kv heads, head_dim, tokens, start slot, slots per cache page):
+        // the last two write across page boundaries.
+        for &(nh, nkv, hd, n, start, page) in &[
+            (2, 1, 4, 1, 0, 1),
+            (9, 3, 64, 5, 3, 8),
+            (4, 4, 128, 3, 4090, 4093),
+            (6, 2, 32, 7, 1, 8),
+            (6, 2, 32, 20, 3, 8),
+            (4, 2, 16, 9, 13, 4),
         ] {
             let h = Heads {
                 n_heads: nh,
@@ -151,18 +184,19 @@ mod tests {
             let posb = gpu.storage_from("pos", &pos);
             let invb = gpu.storage_from("inv", &inv);
             let qb = gpu.storage("q", (n * nh * hd * 4) as u64);
-            let kc = gpu.storage("kc", (slots * nkv * hd * 4) as u64);
-            let vc = gpu.storage("vc", (slots * nkv * hd * 4) as u64);
-            let k = RopeKv::new(&gpu, &step, h, &qkvb, &posb, &invb, &qb, &kc, &vc).unwrap();
-            run_pass(&gpu, |pass| k.encode(pass, n as u32));
+            let zeros = vec![0f32; slots * nkv * hd];
+            let kc = SlotPages::from_rows(&gpu, &zeros, nkv * hd, page);
+            let vc = SlotPages::from_rows(&gpu, &zeros, nkv * hd, page);
+            let k =
+                RopeKv::new(&gpu, &step, h, &qkvb, &posb, &invb, &qb, Some((&kc, &vc))).unwrap();
+            run_pass(&gpu, |pass| k.encode(pass, n as u32, start as u32));
             let (wq, wk, wv) = reference(&qkv, h, &pos, &inv);
             let gq: Vec<f32> = gpu.read(&qb, 0, n * nh * hd).unwrap();
-            let gk: Vec<f32> = gpu
-                .read(&kc, (start * nkv * hd) as u64, n * nkv * hd)
-                .unwrap();
-            let gv: Vec<f32> = gpu
-                .read(&vc, (start * nkv * hd) as u64, n * nkv * hd)
-                .unwrap();
+            let all_k: Vec<f32> = kc.read(&gpu, slots).unwrap();
+            let all_v: Vec<f32> = vc.read(&gpu, slots).unwrap();
+            let (gk, gv) = (&all_k[start * nkv * hd..], &all_v[start * nkv * hd..]);
+            // Slots before the step are untouched.
+            assert!(all_k[..start * nkv * hd].iter().all(|&x| x == 0.0));
             // Angles up to ~8000 rad: f32 cos/sin on the GPU differ from f64 by ~1e-4 there.
             let tol = if start > 1000 { 2e-3 } else { 2e-5 };
             assert!(
@@ -170,7 +204,7 @@ mod tests {
                 "q {nh}/{nkv}/{hd}: {}",
                 max_abs_diff(&gq, &wq)
             );
-            assert!(max_abs_diff(&gk, &wk) < tol, "k {nh}/{nkv}/{hd}");
+            assert!(max_abs_diff(gk, &wk) < tol, "k {nh}/{nkv}/{hd}");
             assert_eq!(gv, wv);
         }
     }

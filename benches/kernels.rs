@@ -67,6 +67,7 @@ fn main() {
         n_heads: 9,
         n_kv: 3,
         head_dim: 64,
+        kv_format: WeightFormat::F32,
     };
     for &(n, depth) in &[(1usize, 1024usize), (1, 4096), (128, 0), (128, 4096)] {
         let slots = depth + n;
@@ -79,7 +80,7 @@ fn main() {
             },
         );
         let q = gpu.storage("q", (n * 9 * 64 * 4) as u64);
-        let row = 3 * 64 * 4;
+        let row = heads.kv_row_bytes();
         let k = SlotPages::new(&gpu, "k", slots, row, KEY_CHUNK as usize, None).unwrap();
         let v = SlotPages::new(&gpu, "v", slots, row, KEY_CHUNK as usize, None).unwrap();
         let part = gpu.storage("part", Attention::partials_bytes(heads, n, slots));

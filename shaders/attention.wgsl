@@ -31,8 +31,9 @@
 //   0 step  uniform Step
 //   1 p     uniform AttnParams
 //   2 q     storage read  [n_tokens, n_heads * head_dim/4] vec4<f32> (after RoPE)
-//   3 kc    storage read  [page.len, n_kv * head_dim/4] vec4<f32>  one page of the key cache
-//   4 vc    storage read  [page.len, n_kv * head_dim/4] vec4<f32>  the same page of the values
+//   3 kc    storage read  [page.len, n_kv * head_dim/4] KvPacked  one page of the key cache
+//   4 vc    storage read  [page.len, n_kv * head_dim/4] KvPacked  the same page of the values
+// (KvPacked: four values in the cache's format, from the kv_f16/kv_f32 prelude)
 //   5 part  storage rw    [n_tokens, n_heads, n_chunks, head_dim/4 + 1] vec4<f32>
 //                         (accumulator, then (max, sum, 0, 0))
 //   6 out   storage rw    [n_tokens, n_heads * head_dim/4] vec4<f32>
@@ -51,8 +52,8 @@ struct AttnParams {
 @group(0) @binding(0) var<uniform> step: Step;
 @group(0) @binding(1) var<uniform> p: AttnParams;
 @group(0) @binding(2) var<storage, read> q: array<vec4<f32>>;
-@group(0) @binding(3) var<storage, read> kc: array<vec4<f32>>;
-@group(0) @binding(4) var<storage, read> vc: array<vec4<f32>>;
+@group(0) @binding(3) var<storage, read> kc: array<KvPacked>;
+@group(0) @binding(4) var<storage, read> vc: array<KvPacked>;
 @group(0) @binding(5) var<storage, read_write> part: array<vec4<f32>>;
 @group(0) @binding(6) var<storage, read_write> out: array<vec4<f32>>;
 @group(0) @binding(7) var<storage, read_write> lse: array<f32>;
@@ -99,7 +100,7 @@ fn partial_row(t: u32, h: u32, c: u32, k_begin: u32, k_end: u32) {
             let kb = (k0 + j - page.first) * kv_stride + kvh * hd4;
             var dotv = 0.0;
             for (var d = 0u; d < hd4; d++) {
-                dotv += dot(qv[d], kc[kb + d]);
+                dotv += dot(qv[d], unpack_kv(kc[kb + d]));
             }
             s[j] = dotv;
             tile_max = max(tile_max, dotv);
@@ -115,7 +116,7 @@ fn partial_row(t: u32, h: u32, c: u32, k_begin: u32, k_end: u32) {
             l += pj;
             let vb = (k0 + j - page.first) * kv_stride + kvh * hd4;
             for (var d = 0u; d < hd4; d++) {
-                acc[d] += pj * vc[vb + d];
+                acc[d] += pj * unpack_kv(vc[vb + d]);
             }
         }
         m = m_new;
@@ -183,7 +184,7 @@ fn decode_partial(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocati
         if (slot < n_keys) {
             let kb = (slot - page.first) * kv_stride + kvh * hd4;
             for (var d = 0u; d < hd4; d++) {
-                let kv = kc[kb + d];
+                let kv = unpack_kv(kc[kb + d]);
                 for (var g = 0u; g < g_n; g++) {
                     sg[g] += dot(qs[g * hd4 + d], kv);
                 }
@@ -216,7 +217,7 @@ fn decode_partial(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocati
             acc[g] = vec4<f32>(0.0);
         }
         for (var j = 0u; j < n_valid; j++) {
-            let v = vc[(k0 + j - page.first) * kv_stride + kvh * hd4 + d];
+            let v = unpack_kv(vc[(k0 + j - page.first) * kv_stride + kvh * hd4 + d]);
             for (var g = 0u; g < g_n; g++) {
                 acc[g] += sc[g * CHUNK + j] * v;
             }

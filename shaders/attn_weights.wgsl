@@ -26,7 +26,7 @@
 //   0 step   uniform Step
 //   1 p      uniform WeightParams
 //   2 q      storage read  [n_tokens, n_heads * head_dim/4] vec4<f32> (after RoPE)
-//   3 kc     storage read  [page.len, n_kv * head_dim/4] vec4<f32>  one page of the key cache
+//   3 kc     storage read  [page.len, n_kv * head_dim/4] KvPacked  one page of the key cache (kv prelude)
 //   4 lse    storage read  [n_tokens, n_heads] f32
 //   5 cell   storage rw    [n_heads, slots] f32  (zero between steps)
 //   6 score  storage rw    [slots] f32
@@ -52,7 +52,7 @@ struct WeightParams {
 @group(0) @binding(0) var<uniform> step: Step;
 @group(0) @binding(1) var<uniform> p: WeightParams;
 @group(0) @binding(2) var<storage, read> q: array<vec4<f32>>;
-@group(0) @binding(3) var<storage, read> kc: array<vec4<f32>>;
+@group(0) @binding(3) var<storage, read> kc: array<KvPacked>;
 @group(0) @binding(4) var<storage, read> lse: array<f32>;
 @group(0) @binding(5) var<storage, read_write> cell: array<f32>;
 @group(0) @binding(6) var<storage, read_write> score: array<f32>;
@@ -78,7 +78,7 @@ fn weight(t: u32, a: u32, i: u32) -> f32 {
     let qb = (t * p.n_heads + a) * p.hd4;
     var s = 0.0;
     for (var d = 0u; d < p.hd4; d++) {
-        s += dot(q[qb + d], kc[kb + d]);
+        s += dot(q[qb + d], unpack_kv(kc[kb + d]));
     }
     return exp(s * p.scale - lse[t * p.n_heads + a]);
 }

@@ -1,5 +1,6 @@
 // rope_kv.wgsl: rotary position embedding of q and k (Hugging Face rotate_half
-// convention, pairs (j, j + d/2)), and the append of k and v to the KV cache.
+// convention, pairs (j, j + d/2)), and the append of k and v to the KV cache in
+// its storage format (KvPacked from the kv_f16/kv_f32 prelude).
 //
 // Bindings (group 0):
 //   0 step      uniform Step
@@ -8,15 +9,16 @@
 //   3 pos       storage read  [n_tokens] u32   original positions of the step's tokens
 //   4 inv_freq  storage read  [head_dim/2] f32 (rope_theta and rope_scaling folded in on the host)
 //   5 q         storage rw    [n_tokens, n_heads * head_dim] f32  rotated queries
-//   6 kc        storage rw    [page.len, n_kv * head_dim] f32  one page of this layer's key cache (keys after RoPE)
-//   7 vc        storage rw    [page.len, n_kv * head_dim] f32  the same page of its value cache
+//   6 kc        storage rw    [page.len, n_kv * head_dim/4] KvPacked  one page of this layer's key cache (keys after RoPE)
+//   7 vc        storage rw    [page.len, n_kv * head_dim/4] KvPacked  the same page of its value cache
 //   8 page      uniform Page  the slots kc/vc hold
 // Token t goes to cache slot step.start_slot + t, written only by the dispatch
 // whose page holds that slot (dispatch once per page the step's slots touch;
 // every dispatch rotates q, which is the same each time). A page of len 0
 // writes no key or value (the counter-causal pass needs only the queries).
-// Dispatch: (ceil(((n_heads + n_kv) * half + n_kv * half) / 64), n_tokens, 1), half = head_dim/2:
-// one invocation per rotated pair, then one per pair of copied v values.
+// One invocation makes four consecutive values of one head (q, k or v), so a
+// packed cache word is written whole.
+// Dispatch: (ceil((n_heads + 2 n_kv) * head_dim/4 / 64), n_tokens, 1).
 struct RopeParams {
     n_heads: u32,
     n_kv: u32,
@@ -30,47 +32,52 @@ struct RopeParams {
 @group(0) @binding(3) var<storage, read> pos: array<u32>;
 @group(0) @binding(4) var<storage, read> inv_freq: array<f32>;
 @group(0) @binding(5) var<storage, read_write> q: array<f32>;
-@group(0) @binding(6) var<storage, read_write> kc: array<f32>;
-@group(0) @binding(7) var<storage, read_write> vc: array<f32>;
+@group(0) @binding(6) var<storage, read_write> kc: array<KvPacked>;
+@group(0) @binding(7) var<storage, read_write> vc: array<KvPacked>;
 @group(0) @binding(8) var<uniform> page: Page;
 
 @compute @workgroup_size(64)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let t = gid.y;
-    if (t >= step.n_tokens) {
+    let hd4 = p.head_dim / 4u;
+    let head = gid.x / hd4; // q heads, then k heads, then v heads
+    if (t >= step.n_tokens || head >= p.n_heads + 2u * p.n_kv) {
         return;
     }
+    let g = gid.x % hd4;
     let half = p.head_dim / 2u;
-    let rot_pairs = (p.n_heads + p.n_kv) * half;
-    let row = t * (p.n_heads + 2u * p.n_kv) * p.head_dim;
-    let slot = step.start_slot + t;
-    let in_page = slot >= page.first && slot < page.first + page.len;
-    let kv_row = (slot - page.first) * p.n_kv * p.head_dim;
-    let idx = gid.x;
-    if (idx < rot_pairs) {
-        let head = idx / half;
-        let j = idx % half;
-        let src = row + head * p.head_dim + j;
-        let a = qkv[src];
-        let b = qkv[src + half];
-        let angle = f32(pos[t]) * inv_freq[j];
-        let c = cos(angle);
-        let s = sin(angle);
-        let ra = a * c - b * s;
-        let rb = b * c + a * s;
-        if (head < p.n_heads) {
-            let dst = t * p.n_heads * p.head_dim + head * p.head_dim + j;
-            q[dst] = ra;
-            q[dst + half] = rb;
-        } else if (in_page) {
-            let dst = kv_row + (head - p.n_heads) * p.head_dim + j;
-            kc[dst] = ra;
-            kc[dst + half] = rb;
+    let src = t * (p.n_heads + 2u * p.n_kv) * p.head_dim + head * p.head_dim;
+    var out: vec4<f32>;
+    for (var e = 0u; e < 4u; e++) {
+        let d = g * 4u + e;
+        if (head < p.n_heads + p.n_kv) {
+            // Dimension d < half pairs with d + half: (a, b) -> (a c - b s, b c + a s).
+            let j = select(d - half, d, d < half);
+            let a = qkv[src + j];
+            let b = qkv[src + j + half];
+            let angle = f32(pos[t]) * inv_freq[j];
+            let c = cos(angle);
+            let s = sin(angle);
+            out[e] = select(b * c + a * s, a * c - b * s, d < half);
+        } else {
+            out[e] = qkv[src + d];
         }
-    } else if (idx < rot_pairs + p.n_kv * half && in_page) {
-        let e = 2u * (idx - rot_pairs);
-        let src = row + (p.n_heads + p.n_kv) * p.head_dim + e;
-        vc[kv_row + e] = qkv[src];
-        vc[kv_row + e + 1u] = qkv[src + 1u];
+    }
+    if (head < p.n_heads) {
+        let dst = (t * p.n_heads + head) * p.head_dim + g * 4u;
+        for (var e = 0u; e < 4u; e++) {
+            q[dst + e] = out[e];
+        }
+        return;
+    }
+    let slot = step.start_slot + t;
+    if (slot < page.first || slot >= page.first + page.len) {
+        return;
+    }
+    let row = (slot - page.first) * p.n_kv * hd4;
+    if (head < p.n_heads + p.n_kv) {
+        kc[row + (head - p.n_heads) * hd4 + g] = pack_kv(out);
+    } else {
+        vc[row + (head - p.n_heads - p.n_kv) * hd4 + g] = pack_kv(out);
     }
 }

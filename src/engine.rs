@@ -17,7 +17,7 @@ use crate::kernels::epikv_delta::LayerDelta;
 use crate::kernels::matmul::{Matmul, MatmulOptions};
 use crate::kernels::paging::SlotPages;
 use crate::kernels::rmsnorm::RmsNorm;
-use crate::kernels::rope_kv::{Heads, RopeKv};
+use crate::kernels::rope_kv::RopeKv;
 use crate::kernels::sample::{Sampler, SamplingParams};
 use crate::kernels::silu_mul::SiluMul;
 use crate::kernels::token_logit::TokenLogit;
@@ -181,11 +181,7 @@ impl Engine {
         if opts.max_tokens == 0 || opts.max_slots == 0 {
             bail!("the cache and the prefill chunk need at least one slot");
         }
-        let heads = Heads {
-            n_heads: c.num_heads,
-            n_kv: c.num_kv_heads,
-            head_dim: c.head_dim,
-        };
+        let heads = model.heads();
         let (h, t) = (c.hidden_size, opts.max_tokens as u64);
         let mut bytes = 0u64;
         let mut buf = |label: &str, size: u64| -> Result<wgpu::Buffer> {
@@ -223,7 +219,7 @@ impl Engine {
         )?;
         let qslot = buf("query slots", t * 4)?;
         // A cache larger than one storage binding is split into pages.
-        let kv_row = (c.num_kv_heads * c.head_dim) as u64 * 4;
+        let kv_row = heads.kv_row_bytes();
         let mut k_cache = Vec::new();
         let mut v_cache = Vec::new();
         for l in 0..c.num_layers {
@@ -514,12 +510,7 @@ impl Engine {
     /// The most queries whose attention partials over `n_keys(n)` keys fit
     /// the partials buffer (at most `max_tokens`; at least 1).
     fn max_queries(&self, n_keys: impl Fn(usize) -> usize) -> usize {
-        let c = &self.model.config;
-        let heads = Heads {
-            n_heads: c.num_heads,
-            n_kv: c.num_kv_heads,
-            head_dim: c.head_dim,
-        };
+        let heads = self.model.heads();
         let fits =
             |n: usize| Attention::partials_bytes(heads, n, n_keys(n)) <= self.partials_capacity;
         // The bytes grow with n: binary search for the last n that fits.

@@ -14,6 +14,9 @@ use crate::weights::{GpuMatrix, TensorStore, WeightSource};
 pub struct LoadOptions {
     /// Storage format of weight matrices on the GPU (default f16).
     pub dtype: Option<WeightFormat>,
+    /// Storage format of the KV cache of every engine of this model (default
+    /// f32: exact comparisons; f16 halves the cache's memory and bandwidth).
+    pub kv_dtype: Option<WeightFormat>,
     pub gpu: GpuOptions,
     /// Called once per tensor uploaded: (done, total).
     pub progress: Option<fn(usize, usize)>,
@@ -36,6 +39,8 @@ pub struct Model {
     pub config: ModelConfig,
     pub dir: PathBuf,
     pub format: WeightFormat,
+    /// Storage format of the cached keys and values.
+    pub kv_format: WeightFormat,
     pub(crate) embed: GpuMatrix,
     /// None when the LM head is tied to the embedding.
     pub(crate) lm_head: Option<GpuMatrix>,
@@ -47,6 +52,16 @@ pub struct Model {
 }
 
 impl Model {
+    /// The attention heads of every layer, and the KV cache's storage format.
+    pub fn heads(&self) -> crate::kernels::rope_kv::Heads {
+        crate::kernels::rope_kv::Heads {
+            n_heads: self.config.num_heads,
+            n_kv: self.config.num_kv_heads,
+            head_dim: self.config.head_dim,
+            kv_format: self.kv_format,
+        }
+    }
+
     /// Loads `config.json` and the safetensors weights of a Hugging Face model directory.
     pub fn load(dir: &Path, opts: &LoadOptions) -> Result<Arc<Model>> {
         if !dir.is_dir() {
@@ -151,6 +166,7 @@ impl Model {
             config,
             dir: dir.to_path_buf(),
             format,
+            kv_format: opts.kv_dtype.unwrap_or(WeightFormat::F32),
             embed,
             lm_head,
             layers,

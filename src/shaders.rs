@@ -1,9 +1,10 @@
 //! The WGSL kernels under `shaders/`, embedded at compile time.
 //!
-//! A kernel's source is `common.wgsl` (the shared `Step` uniform), then, for
-//! kernels that read weights, one weight-format prelude (`weights_f16.wgsl` or
-//! `weights_f32.wgsl`, which define `WPacked` and `unpack_w`), then the kernel
-//! file itself. `all()` lists every kernel so that a test can validate each one
+//! A kernel's source is `common.wgsl` (the shared `Step` and `Page` uniforms),
+//! then, for kernels that read packed data, one format prelude: for weights
+//! `weights_f16.wgsl` or `weights_f32.wgsl` (`WPacked`, `unpack_w`), for the KV
+//! cache `kv_f16.wgsl` or `kv_f32.wgsl` (`KvPacked`, `unpack_kv`, `pack_kv`);
+//! then the kernel file itself. `all()` lists every kernel so that a test can validate each one
 //! with naga and translate it to SPIR-V, MSL and HLSL.
 
 /// One kernel file.
@@ -12,11 +13,21 @@ pub struct Shader {
     pub name: &'static str,
     pub file: &'static str,
     pub body: &'static str,
-    /// Whether the kernel reads weights and so needs a weight-format prelude.
-    pub reads_weights: bool,
+    /// Which packed data the kernel reads, and so which format prelude it takes.
+    pub prelude: Prelude,
 }
 
-/// Storage format of weight matrices on the GPU.
+/// The format prelude a kernel takes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Prelude {
+    None,
+    /// Weight matrices (`WPacked`).
+    Weights,
+    /// KV-cache rows (`KvPacked`).
+    Kv,
+}
+
+/// Storage format of packed values on the GPU: weight matrices, and the KV cache.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum WeightFormat {
     F16,
@@ -41,32 +52,34 @@ impl WeightFormat {
 const COMMON: &str = include_str!("../shaders/common.wgsl");
 const WEIGHTS_F16: &str = include_str!("../shaders/weights_f16.wgsl");
 const WEIGHTS_F32: &str = include_str!("../shaders/weights_f32.wgsl");
+const KV_F16: &str = include_str!("../shaders/kv_f16.wgsl");
+const KV_F32: &str = include_str!("../shaders/kv_f32.wgsl");
 
 macro_rules! shader {
-    ($ident:ident, $name:literal, $weights:literal) => {
+    ($ident:ident, $name:literal, $prelude:ident) => {
         pub const $ident: Shader = Shader {
             name: $name,
             file: concat!("shaders/", $name, ".wgsl"),
             body: include_str!(concat!("../shaders/", $name, ".wgsl")),
-            reads_weights: $weights,
+            prelude: Prelude::$prelude,
         };
     };
 }
 
-shader!(EMBED, "embed", true);
-shader!(RMSNORM, "rmsnorm", false);
-shader!(MATMUL, "matmul", true);
-shader!(ROPE_KV, "rope_kv", false);
-shader!(ATTENTION, "attention", false);
+shader!(EMBED, "embed", Weights);
+shader!(RMSNORM, "rmsnorm", None);
+shader!(MATMUL, "matmul", Weights);
+shader!(ROPE_KV, "rope_kv", Kv);
+shader!(ATTENTION, "attention", Kv);
 
-shader!(SILU_MUL, "silu_mul", false);
-shader!(SAMPLE, "sample", false);
-shader!(COMPACT, "compact", false);
-shader!(TOKEN_LOGIT, "token_logit", true);
-shader!(ATTN_WEIGHTS, "attn_weights", false);
-shader!(EPIKV_DELTA, "epikv_delta", false);
-shader!(READ_BANDWIDTH, "read_bandwidth", false);
-shader!(RANDOM_FILL, "random_fill", false);
+shader!(SILU_MUL, "silu_mul", None);
+shader!(SAMPLE, "sample", None);
+shader!(COMPACT, "compact", None);
+shader!(TOKEN_LOGIT, "token_logit", Weights);
+shader!(ATTN_WEIGHTS, "attn_weights", Kv);
+shader!(EPIKV_DELTA, "epikv_delta", None);
+shader!(READ_BANDWIDTH, "read_bandwidth", None);
+shader!(RANDOM_FILL, "random_fill", None);
 
 /// Every kernel, for validation tests.
 pub fn all() -> Vec<&'static Shader> {
@@ -87,14 +100,16 @@ pub fn all() -> Vec<&'static Shader> {
     ]
 }
 
-/// The full WGSL source of a kernel. `weights` is required exactly when the
-/// kernel reads weights.
-pub fn source(shader: &Shader, weights: Option<WeightFormat>) -> String {
-    let prelude = match (shader.reads_weights, weights) {
-        (true, Some(WeightFormat::F16)) => WEIGHTS_F16,
-        (true, Some(WeightFormat::F32)) => WEIGHTS_F32,
-        (true, None) => panic!("kernel {} needs a weight format", shader.name),
-        (false, _) => "",
+/// The full WGSL source of a kernel. `format` (of its weights or of the KV
+/// cache) is required exactly when the kernel takes a prelude.
+pub fn source(shader: &Shader, format: Option<WeightFormat>) -> String {
+    let prelude = match (shader.prelude, format) {
+        (Prelude::None, _) => "",
+        (Prelude::Weights, Some(WeightFormat::F16)) => WEIGHTS_F16,
+        (Prelude::Weights, Some(WeightFormat::F32)) => WEIGHTS_F32,
+        (Prelude::Kv, Some(WeightFormat::F16)) => KV_F16,
+        (Prelude::Kv, Some(WeightFormat::F32)) => KV_F32,
+        (_, None) => panic!("kernel {} needs a storage format", shader.name),
     };
     format!("{COMMON}\n{prelude}\n{}", shader.body)
 }

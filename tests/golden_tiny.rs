@@ -21,7 +21,7 @@ fn load(name: &str, gpu: GpuOptions) -> Arc<Model> {
     let opts = LoadOptions {
         dtype: Some(WeightFormat::F32),
         gpu,
-        progress: None,
+        ..Default::default()
     };
     Model::load(&golden_dir().join(name), &opts).unwrap()
 }

@@ -23,13 +23,14 @@ const DECODE: usize = 40;
 /// Slots per page in the paged runs (the smallest a page can be: one key chunk).
 const PAGE: usize = 256;
 
-fn load(name: &str) -> Arc<Model> {
-    load_with(name, GpuOptions::default())
+fn load(name: &str, kv: WeightFormat) -> Arc<Model> {
+    load_with(name, GpuOptions::default(), kv)
 }
 
-fn load_with(name: &str, gpu: GpuOptions) -> Arc<Model> {
+fn load_with(name: &str, gpu: GpuOptions, kv: WeightFormat) -> Arc<Model> {
     let opts = LoadOptions {
         dtype: Some(WeightFormat::F32),
+        kv_dtype: Some(kv),
         gpu,
         ..Default::default()
     };
@@ -79,9 +80,9 @@ fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
         .fold(0.0, f32::max)
 }
 
-fn same_with_pages(opts: CacheOptions, what: &str) {
+fn same_with_pages(opts: CacheOptions, what: &str, kv: WeightFormat) {
     for name in ["tiny-llama-gqa", "tiny-qwen2"] {
-        let model = load(name);
+        let model = load(name, kv);
         let (want, want_kept) = run(&model, opts, None);
         let (got, got_kept) = run(&model, opts, Some(PAGE));
         assert!(want.iter().all(|x| x.is_finite()), "{name} {what}");
@@ -93,7 +94,9 @@ fn same_with_pages(opts: CacheOptions, what: &str) {
 
 #[test]
 fn full_cache_over_three_pages() {
-    same_with_pages(CacheOptions::new(Policy::Full, 0, 1), "full cache");
+    for kv in [WeightFormat::F32, WeightFormat::F16] {
+        same_with_pages(CacheOptions::new(Policy::Full, 0, 1), "full cache", kv);
+    }
 }
 
 /// Budget 500 and chunk 64: the cache holds 564 entries in three pages, and
@@ -109,10 +112,17 @@ fn every_policy_with_compaction_across_pages() {
             recent: 32,
             ..CacheOptions::new(policy, 500, 64)
         };
-        let (_, kept) = run(&load("tiny-llama-gqa"), opts, None);
+        let (_, kept) = run(&load("tiny-llama-gqa", WeightFormat::F32), opts, None);
         assert!(kept.len() >= 3, "{name}: {} refreshes", kept.len());
-        same_with_pages(opts, name);
+        same_with_pages(opts, name, WeightFormat::F32);
     }
+    // Compaction moves f16 rows (half the bytes) just the same.
+    let opts = CacheOptions {
+        sinks: 4,
+        recent: 32,
+        ..CacheOptions::new(Policy::H2o, 500, 64)
+    };
+    same_with_pages(opts, "h2o, f16 KV", WeightFormat::F16);
     // The materialized attention matrix covers every slot; its kernels read the keys page by page.
     let opts = CacheOptions {
         sinks: 4,
@@ -120,7 +130,7 @@ fn every_policy_with_compaction_across_pages() {
         materialize: true,
         ..CacheOptions::new(Policy::H2o, 500, 64)
     };
-    same_with_pages(opts, "h2o materialized");
+    same_with_pages(opts, "h2o materialized", WeightFormat::F32);
 }
 
 /// On a device whose storage bindings hold 96 KiB, a 2,100-token context of
@@ -133,7 +143,7 @@ fn every_policy_with_compaction_across_pages() {
 fn small_bindings_split_the_cache_and_shorten_deep_steps() {
     const N: usize = 2100;
     let run_on = |gpu: GpuOptions| -> (Vec<f32>, usize) {
-        let model = load_with("tiny-llama-gqa", gpu);
+        let model = load_with("tiny-llama-gqa", gpu, WeightFormat::F32);
         let vocab = model.config.vocab_size;
         let ids: Vec<u32> = (0..N).map(|i| ((i * 7919 + 13) % vocab) as u32).collect();
         let mut cache = BoundedCache::new(CacheOptions::new(Policy::Full, 0, 1), 3).unwrap();

@@ -1,4 +1,4 @@
-//! Every kernel under shaders/ (with each weight-format prelude it can take) is
+//! Every kernel under shaders/ (with each format prelude it can take) is
 //! parsed and validated by naga and translated to SPIR-V (Vulkan), MSL (Metal)
 //! and HLSL (DX12), so a shader that would break on another backend fails here.
 
@@ -7,7 +7,7 @@ use sieve::shaders::{self, WeightFormat};
 fn variants() -> Vec<(String, String)> {
     let mut out = vec![];
     for s in shaders::all() {
-        if s.reads_weights {
+        if s.prelude != shaders::Prelude::None {
             for f in [WeightFormat::F16, WeightFormat::F32] {
                 out.push((
                     format!("{} ({})", s.file, f.name()),
@@ -85,6 +85,8 @@ fn shader_list_covers_the_folder() {
         "shaders/common.wgsl",
         "shaders/weights_f16.wgsl",
         "shaders/weights_f32.wgsl",
+        "shaders/kv_f16.wgsl",
+        "shaders/kv_f32.wgsl",
     ];
     for entry in std::fs::read_dir(dir).unwrap() {
         let name = format!("shaders/{}", entry.unwrap().file_name().to_string_lossy());

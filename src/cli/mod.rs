@@ -31,6 +31,9 @@ pub struct ModelArgs {
     /// Storage format of weight matrices on the GPU.
     #[arg(long, value_parser = ["f16", "f32"], default_value = "f16")]
     pub dtype: String,
+    /// Storage format of the KV cache (f16 halves its memory and bandwidth).
+    #[arg(long, value_parser = ["f16", "f32"], default_value = "f32")]
+    pub kv_dtype: String,
     /// Graphics backend: vulkan, metal, dx12 or gl (default: any; also $SIEVE_BACKEND).
     #[arg(long)]
     pub backend: Option<String>,
@@ -65,12 +68,13 @@ impl ModelArgs {
     }
 
     pub fn load_options(&self) -> LoadOptions {
+        let format = |name: &str| match name {
+            "f32" => WeightFormat::F32,
+            _ => WeightFormat::F16,
+        };
         LoadOptions {
-            dtype: Some(if self.dtype == "f32" {
-                WeightFormat::F32
-            } else {
-                WeightFormat::F16
-            }),
+            dtype: Some(format(&self.dtype)),
+            kv_dtype: Some(format(&self.kv_dtype)),
             gpu: self.gpu(),
             progress: Some(progress_bar_tick),
         }

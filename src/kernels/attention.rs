@@ -76,10 +76,11 @@ impl Attention {
                 scale: 1.0 / (heads.head_dim as f32).sqrt(),
             },
         );
-        let prefill = gpu.pipeline(&shaders::ATTENTION, None, "prefill_partial", &[])?;
-        let decode = gpu.pipeline(&shaders::ATTENTION, None, "decode_partial", &[])?;
-        let merge = gpu.pipeline(&shaders::ATTENTION, None, "merge", &[])?;
-        let anticausal = gpu.pipeline(&shaders::ATTENTION, None, "anticausal_partial", &[])?;
+        let kv = Some(heads.kv_format);
+        let prefill = gpu.pipeline(&shaders::ATTENTION, kv, "prefill_partial", &[])?;
+        let decode = gpu.pipeline(&shaders::ATTENTION, kv, "decode_partial", &[])?;
+        let merge = gpu.pipeline(&shaders::ATTENTION, kv, "merge", &[])?;
+        let anticausal = gpu.pipeline(&shaders::ATTENTION, kv, "anticausal_partial", &[])?;
         anyhow::ensure!(
             k_cache.n_pages() == 1 || k_cache.page_slots.is_multiple_of(KEY_CHUNK as usize),
             "key cache pages of {} slots are not whole key chunks of {KEY_CHUNK}",
@@ -261,15 +262,28 @@ mod tests {
     use super::*;
     use crate::kernels::testutil::*;
     use crate::kernels::Step;
+    use crate::shaders::WeightFormat;
 
     /// Attention of `n` queries from slot `start` against a cache in pages of
-    /// `page` slots (0: one page).
+    /// `page` slots (0: one page), stored in f32 and in f16.
     fn check(gpu: &Gpu, nh: usize, nkv: usize, hd: usize, n: usize, start: usize, page: usize) {
-        let h = Heads {
-            n_heads: nh,
-            n_kv: nkv,
-            head_dim: hd,
-        };
+        for format in [WeightFormat::F32, WeightFormat::F16] {
+            check_format(gpu, nh, nkv, hd, n, start, page, format);
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn check_format(
+        gpu: &Gpu,
+        nh: usize,
+        nkv: usize,
+        hd: usize,
+        n: usize,
+        start: usize,
+        page: usize,
+        format: WeightFormat,
+    ) {
+        let h = Heads::new(nh, nkv, hd, format);
         let slots = start + n;
         let q = rand_vec(n * nh * hd, 1 + n as u64, 1.0);
         // Larger keys make attention peaked, as in trained models.
@@ -285,8 +299,8 @@ mod tests {
         );
         let qb = gpu.storage_from("q", &q);
         let page = if page == 0 { slots } else { page };
-        let kb = SlotPages::from_rows(gpu, &k, nkv * hd, page);
-        let vb = SlotPages::from_rows(gpu, &v, nkv * hd, page);
+        let (kb, k) = kv_pages(gpu, &k, nkv * hd, page, format);
+        let (vb, v) = kv_pages(gpu, &v, nkv * hd, page, format);
         let ob = gpu.storage("o", (n * nh * hd * 4) as u64);
         let lb = gpu.storage("lse", (n * nh * 4) as u64);
         let part = gpu.storage("part", Attention::partials_bytes(h, n, slots));
@@ -308,7 +322,7 @@ mod tests {
         let got: Vec<f32> = gpu.read(&ob, 0, n * nh * hd).unwrap();
         let got_lse: Vec<f32> = gpu.read(&lb, 0, n * nh).unwrap();
         let (want, want_lse) = reference(&q, &k, &v, h, start);
-        let what = format!("heads {nh}/{nkv} hd {hd} n {n} start {start} page {page}");
+        let what = format!("heads {nh}/{nkv} hd {hd} n {n} start {start} page {page} {format:?}");
         assert!(
             max_abs_diff(&got, &want) < 2e-5,
             "{what}: out err {}",
@@ -355,17 +369,30 @@ mod tests {
     fn anticausal_matches_reference() {
         let gpu = gpu();
         // The last case holds the cache in pages of 256 slots.
-        for &(nh, nkv, hd, n_present, ref qslots, page) in &[
-            (2usize, 1usize, 32usize, 20usize, vec![0u32, 5, 18], 20usize),
-            (9, 3, 64, 300, vec![4, 100, 255, 256, 298], 300),
-            (8, 2, 128, 600, vec![0, 1, 2, 511, 512, 513], 600),
-            (8, 2, 128, 600, vec![0, 1, 2, 255, 256, 511, 512, 513], 256),
+        use WeightFormat::{F16, F32};
+        for &(nh, nkv, hd, n_present, ref qslots, page, format) in &[
+            (
+                2usize,
+                1usize,
+                32usize,
+                20usize,
+                vec![0u32, 5, 18],
+                20usize,
+                F32,
+            ),
+            (9, 3, 64, 300, vec![4, 100, 255, 256, 298], 300, F16),
+            (8, 2, 128, 600, vec![0, 1, 2, 511, 512, 513], 600, F32),
+            (
+                8,
+                2,
+                128,
+                600,
+                vec![0, 1, 2, 255, 256, 511, 512, 513],
+                256,
+                F16,
+            ),
         ] {
-            let h = Heads {
-                n_heads: nh,
-                n_kv: nkv,
-                head_dim: hd,
-            };
+            let h = Heads::new(nh, nkv, hd, format);
             let n = qslots.len();
             let q = rand_vec(n * nh * hd, 11, 1.0);
             let k = rand_vec(n_present * nkv * hd, 12, 2.0);
@@ -378,11 +405,9 @@ mod tests {
                     ..Default::default()
                 },
             );
-            let (qb, kb, vb) = (
-                gpu.storage_from("q", &q),
-                SlotPages::from_rows(&gpu, &k, nkv * hd, page),
-                SlotPages::from_rows(&gpu, &v, nkv * hd, page),
-            );
+            let qb = gpu.storage_from("q", &q);
+            let (kb, k) = kv_pages(&gpu, &k, nkv * hd, page, format);
+            let (vb, v) = kv_pages(&gpu, &v, nkv * hd, page, format);
             let qs = gpu.storage_from("qslot", qslots);
             let part = gpu.storage("part", Attention::partials_bytes(h, n, n_present));
             let ob = gpu.storage("o", (n * nh * hd * 4) as u64);
@@ -398,7 +423,7 @@ mod tests {
             let want = anticausal_reference(&q, &k, &v, h, qslots, n_present);
             assert!(
                 max_abs_diff(&got, &want) < 2e-5,
-                "{nh}/{nkv}/{hd} over {n_present}: {}",
+                "{nh}/{nkv}/{hd} over {n_present} {format:?}: {}",
                 max_abs_diff(&got, &want)
             );
         }

@@ -69,8 +69,9 @@ impl AttnWeights {
         max_tokens: usize,
         matrix: Option<&wgpu::Buffer>,
     ) -> Result<Self> {
-        let accumulate = gpu.pipeline(&shaders::ATTN_WEIGHTS, None, "accumulate", &[])?;
-        let reduce = gpu.pipeline(&shaders::ATTN_WEIGHTS, None, "reduce", &[])?;
+        let kv = Some(heads.kv_format);
+        let accumulate = gpu.pipeline(&shaders::ATTN_WEIGHTS, kv, "accumulate", &[])?;
+        let reduce = gpu.pipeline(&shaders::ATTN_WEIGHTS, kv, "reduce", &[])?;
         let params = gpu.uniform(
             "attn-weights-params",
             &Params {
@@ -99,8 +100,8 @@ impl AttnWeights {
             .collect();
         let materialized = match matrix {
             Some(_) => Some((
-                gpu.pipeline(&shaders::ATTN_WEIGHTS, None, "materialize", &[])?,
-                gpu.pipeline(&shaders::ATTN_WEIGHTS, None, "accumulate_materialized", &[])?,
+                gpu.pipeline(&shaders::ATTN_WEIGHTS, kv, "materialize", &[])?,
+                gpu.pipeline(&shaders::ATTN_WEIGHTS, kv, "accumulate_materialized", &[])?,
             )),
             None => None,
         };
@@ -167,6 +168,7 @@ mod tests {
     use crate::kernels::attention::Attention;
     use crate::kernels::testutil::*;
     use crate::kernels::Step;
+    use crate::shaders::WeightFormat;
 
     #[test]
     fn weights_from_lse_match_softmax() {
@@ -174,17 +176,19 @@ mod tests {
         // The last two hold the keys in pages of 256 slots (0: one page).
         for &(nh, nkv, hd, n, start, mode, page) in &[
             (2, 1, 32, 1, 0, WeightMode::Cumulative, 0),
-            (6, 2, 32, 7, 20, WeightMode::Cumulative, 0),
+            (6, 2, 32, 7, 21, WeightMode::Cumulative, 0),
             (9, 3, 64, 5, 300, WeightMode::LastRow, 0),
             (4, 4, 128, 1, 600, WeightMode::LastRow, 0),
             (6, 2, 32, 9, 501, WeightMode::Cumulative, 256),
             (4, 2, 64, 1, 600, WeightMode::LastRow, 256),
         ] {
-            let h = Heads {
-                n_heads: nh,
-                n_kv: nkv,
-                head_dim: hd,
+            // Odd start slots store the cache in f16.
+            let format = if start % 2 == 1 {
+                WeightFormat::F16
+            } else {
+                WeightFormat::F32
             };
+            let h = Heads::new(nh, nkv, hd, format);
             let slots = start + n;
             let q = rand_vec(n * nh * hd, 5, 1.0);
             let k = rand_vec(slots * nkv * hd, 6, 2.0);
@@ -198,11 +202,9 @@ mod tests {
                 },
             );
             let page = if page == 0 { slots } else { page };
-            let (qb, kb, vb) = (
-                gpu.storage_from("q", &q),
-                SlotPages::from_rows(&gpu, &k, nkv * hd, page),
-                SlotPages::from_rows(&gpu, &v, nkv * hd, page),
-            );
+            let qb = gpu.storage_from("q", &q);
+            let (kb, k) = kv_pages(&gpu, &k, nkv * hd, page, format);
+            let (vb, _) = kv_pages(&gpu, &v, nkv * hd, page, format);
             let part = gpu.storage("part", Attention::partials_bytes(h, n, slots));
             let out = gpu.storage("out", (n * nh * hd * 4) as u64);
             let lse = gpu.storage("lse", (n * nh * 4) as u64);
@@ -264,7 +266,7 @@ mod tests {
                 .collect();
             assert!(
                 max_abs_diff(&got, &want) < 1e-5,
-                "{nh}/{nkv}/{hd} n {n} start {start} {mode:?} materialized {materialize} page {page}"
+                "{nh}/{nkv}/{hd} n {n} start {start} {mode:?} materialized {materialize} page {page} {format:?}"
             );
             let cells: Vec<f32> = gpu.read(&cell, 0, nh * slots).unwrap();
             assert!(

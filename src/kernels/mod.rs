@@ -99,8 +99,10 @@ pub(crate) fn dispatch(
 /// Test helpers shared by the kernel tests: a device, a step buffer, one-pass runs.
 #[cfg(test)]
 pub(crate) mod testutil {
+    use super::paging::SlotPages;
     use super::Step;
     use crate::gpu::{Gpu, GpuOptions};
+    use crate::shaders::WeightFormat;
     use std::sync::Arc;
 
     pub fn gpu() -> Arc<Gpu> {
@@ -134,6 +136,48 @@ pub(crate) mod testutil {
                 ((s >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale
             })
             .collect()
+    }
+
+    /// Per-slot rows of `data` (`row_len` values each) in pages of `page`
+    /// slots, stored in `format`; also returns the values as stored (rounded
+    /// to f16 for an f16 cache), which is what a CPU reference must use.
+    pub fn kv_pages(
+        gpu: &Gpu,
+        data: &[f32],
+        row_len: usize,
+        page: usize,
+        format: WeightFormat,
+    ) -> (SlotPages, Vec<f32>) {
+        match format {
+            WeightFormat::F32 => (
+                SlotPages::from_rows(gpu, data, row_len, page),
+                data.to_vec(),
+            ),
+            WeightFormat::F16 => {
+                let bits: Vec<u16> = data
+                    .iter()
+                    .map(|&x| half::f16::from_f32(x).to_bits())
+                    .collect();
+                let stored = bits
+                    .iter()
+                    .map(|&b| half::f16::from_bits(b).to_f32())
+                    .collect();
+                (SlotPages::from_rows(gpu, &bits, row_len, page), stored)
+            }
+        }
+    }
+
+    /// Rows `0..n` of a cache stored in `format`, as f32.
+    pub fn read_kv(gpu: &Gpu, pages: &SlotPages, n: usize, format: WeightFormat) -> Vec<f32> {
+        match format {
+            WeightFormat::F32 => pages.read(gpu, n).unwrap(),
+            WeightFormat::F16 => pages
+                .read::<u16>(gpu, n)
+                .unwrap()
+                .into_iter()
+                .map(|b| half::f16::from_bits(b).to_f32())
+                .collect(),
+        }
     }
 
     pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use super::paging::{PageUniform, SlotPages};
 use super::{ceil_div, dispatch};
 use crate::gpu::Gpu;
-use crate::shaders;
+use crate::shaders::{self, WeightFormat};
 
 #[repr(C)]
 #[derive(Clone, Copy, Pod, Zeroable)]
@@ -18,12 +18,30 @@ struct Params {
     _p: u32,
 }
 
-/// Head counts of one attention layer.
+/// Head counts of one attention layer, and how its cache stores keys and values.
 #[derive(Clone, Copy, Debug)]
 pub struct Heads {
     pub n_heads: usize,
     pub n_kv: usize,
     pub head_dim: usize,
+    /// Storage format of the cached keys and values.
+    pub kv_format: WeightFormat,
+}
+
+impl Heads {
+    pub fn new(n_heads: usize, n_kv: usize, head_dim: usize, kv_format: WeightFormat) -> Self {
+        Heads {
+            n_heads,
+            n_kv,
+            head_dim,
+            kv_format,
+        }
+    }
+
+    /// Bytes of one cache slot's keys (or values) of one layer.
+    pub fn kv_row_bytes(&self) -> u64 {
+        (self.n_kv * self.head_dim) as u64 * self.kv_format.bytes_per_value()
+    }
 }
 
 pub struct RopeKv {
@@ -47,7 +65,7 @@ impl RopeKv {
         q: &wgpu::Buffer,
         cache: Option<(&SlotPages, &SlotPages)>,
     ) -> Result<Self> {
-        let pipeline = gpu.pipeline(&shaders::ROPE_KV, None, "main", &[])?;
+        let pipeline = gpu.pipeline(&shaders::ROPE_KV, Some(heads.kv_format), "main", &[])?;
         let params = gpu.uniform(
             "rope-params",
             &Params {
@@ -76,8 +94,7 @@ impl RopeKv {
                 vec![(None, group(&none, &none, &page))]
             }
         };
-        let half = heads.head_dim / 2;
-        let invocations = ((heads.n_heads + heads.n_kv) * half + heads.n_kv * half) as u32;
+        let invocations = ((heads.n_heads + 2 * heads.n_kv) * heads.head_dim / 4) as u32;
         Ok(RopeKv {
             pipeline,
             groups,
@@ -145,67 +162,71 @@ mod tests {
     use crate::kernels::testutil::*;
     use crate::kernels::Step;
 
-    use crate::kernels::paging::SlotPages;
-
     #[test]
     fn rotates_and_appends_at_the_start_slot() {
         let gpu = gpu();
         // (heads, kv heads, head_dim, tokens, start slot, slots per cache page):
         // the last two write across page boundaries.
-        for &(nh, nkv, hd, n, start, page) in &[
+        let cases = [
             (2, 1, 4, 1, 0, 1),
             (9, 3, 64, 5, 3, 8),
             (4, 4, 128, 3, 4090, 4093),
             (6, 2, 32, 7, 1, 8),
             (6, 2, 32, 20, 3, 8),
             (4, 2, 16, 9, 13, 4),
-        ] {
-            let h = Heads {
-                n_heads: nh,
-                n_kv: nkv,
-                head_dim: hd,
-            };
-            let slots = start + n;
-            let qkv = rand_vec(n * (nh + 2 * nkv) * hd, 6, 1.0);
-            // Positions need not be contiguous (eviction keeps original positions).
-            let pos: Vec<u32> = (0..n as u32).map(|i| start as u32 * 2 + 3 * i).collect();
-            let inv: Vec<f32> = (0..hd / 2)
-                .map(|j| 1.0 / 10000f32.powf(2.0 * j as f32 / hd as f32))
-                .collect();
-            let step = step_buffer(
-                &gpu,
-                Step {
-                    n_tokens: n as u32,
-                    start_slot: start as u32,
-                    ..Default::default()
-                },
-            );
-            let qkvb = gpu.storage_from("qkv", &qkv);
-            let posb = gpu.storage_from("pos", &pos);
-            let invb = gpu.storage_from("inv", &inv);
-            let qb = gpu.storage("q", (n * nh * hd * 4) as u64);
-            let zeros = vec![0f32; slots * nkv * hd];
-            let kc = SlotPages::from_rows(&gpu, &zeros, nkv * hd, page);
-            let vc = SlotPages::from_rows(&gpu, &zeros, nkv * hd, page);
-            let k =
-                RopeKv::new(&gpu, &step, h, &qkvb, &posb, &invb, &qb, Some((&kc, &vc))).unwrap();
-            run_pass(&gpu, |pass| k.encode(pass, n as u32, start as u32));
-            let (wq, wk, wv) = reference(&qkv, h, &pos, &inv);
-            let gq: Vec<f32> = gpu.read(&qb, 0, n * nh * hd).unwrap();
-            let all_k: Vec<f32> = kc.read(&gpu, slots).unwrap();
-            let all_v: Vec<f32> = vc.read(&gpu, slots).unwrap();
-            let (gk, gv) = (&all_k[start * nkv * hd..], &all_v[start * nkv * hd..]);
-            // Slots before the step are untouched.
-            assert!(all_k[..start * nkv * hd].iter().all(|&x| x == 0.0));
-            // Angles up to ~8000 rad: f32 cos/sin on the GPU differ from f64 by ~1e-4 there.
-            let tol = if start > 1000 { 2e-3 } else { 2e-5 };
-            assert!(
-                max_abs_diff(&gq, &wq) < tol,
-                "q {nh}/{nkv}/{hd}: {}",
-                max_abs_diff(&gq, &wq)
-            );
-            assert!(max_abs_diff(gk, &wk) < tol, "k {nh}/{nkv}/{hd}");
-            assert_eq!(gv, wv);
+        ];
+        for format in [WeightFormat::F32, WeightFormat::F16] {
+            for &(nh, nkv, hd, n, start, page) in &cases {
+                let h = Heads::new(nh, nkv, hd, format);
+                let slots = start + n;
+                let qkv = rand_vec(n * (nh + 2 * nkv) * hd, 6, 1.0);
+                // Positions need not be contiguous (eviction keeps original positions).
+                let pos: Vec<u32> = (0..n as u32).map(|i| start as u32 * 2 + 3 * i).collect();
+                let inv: Vec<f32> = (0..hd / 2)
+                    .map(|j| 1.0 / 10000f32.powf(2.0 * j as f32 / hd as f32))
+                    .collect();
+                let step = step_buffer(
+                    &gpu,
+                    Step {
+                        n_tokens: n as u32,
+                        start_slot: start as u32,
+                        ..Default::default()
+                    },
+                );
+                let qkvb = gpu.storage_from("qkv", &qkv);
+                let posb = gpu.storage_from("pos", &pos);
+                let invb = gpu.storage_from("inv", &inv);
+                let qb = gpu.storage("q", (n * nh * hd * 4) as u64);
+                let zeros = vec![0f32; slots * nkv * hd];
+                let (kc, _) = kv_pages(&gpu, &zeros, nkv * hd, page, format);
+                let (vc, _) = kv_pages(&gpu, &zeros, nkv * hd, page, format);
+                let k = RopeKv::new(&gpu, &step, h, &qkvb, &posb, &invb, &qb, Some((&kc, &vc)))
+                    .unwrap();
+                run_pass(&gpu, |pass| k.encode(pass, n as u32, start as u32));
+                let (wq, wk, wv) = reference(&qkv, h, &pos, &inv);
+                let gq: Vec<f32> = gpu.read(&qb, 0, n * nh * hd).unwrap();
+                let all_k = read_kv(&gpu, &kc, slots, format);
+                let all_v = read_kv(&gpu, &vc, slots, format);
+                let (gk, gv) = (&all_k[start * nkv * hd..], &all_v[start * nkv * hd..]);
+                // Slots before the step are untouched.
+                assert!(all_k[..start * nkv * hd].iter().all(|&x| x == 0.0));
+                // Angles up to ~8000 rad: f32 cos/sin on the GPU differ from f64 by ~1e-4 there;
+                // f16 storage rounds values below 1 by up to 2^-12.
+                let tol = if start > 1000 { 2e-3 } else { 2e-5 };
+                let kv_tol = if format == WeightFormat::F16 {
+                    5e-4
+                } else {
+                    tol
+                };
+                let what = format!("{nh}/{nkv}/{hd} n {n} start {start} page {page} {format:?}");
+                assert!(
+                    max_abs_diff(&gq, &wq) < tol,
+                    "q {what}: {}",
+                    max_abs_diff(&gq, &wq)
+                );
+                assert!(max_abs_diff(gk, &wk) < kv_tol.max(tol), "k {what}");
+                assert!(max_abs_diff(gv, &wv) < kv_tol, "v {what}");
+            }
         }
     }
 }

@@ -144,9 +144,10 @@ pub fn run(model: &std::sync::Arc<Model>, a: &BenchArgs) -> Result<serde_json::V
         },
     )?;
     println!(
-        "sieve bench: {} ({}) on {}",
+        "sieve bench: {} ({} weights, {} KV cache) on {}",
         model.dir.display(),
         model.format.name(),
+        model.kv_format.name(),
         gpu.describe()
     );
     let bw = read_bandwidth(&gpu)?;
@@ -175,7 +176,7 @@ pub fn run(model: &std::sync::Arc<Model>, a: &BenchArgs) -> Result<serde_json::V
         prefill.push(json!({"tokens": n, "seconds": s, "tokens_per_second": n as f64 / s}));
     }
     let mut decode = vec![];
-    let kv_row_bytes = (2 * c.num_layers * c.num_kv_heads * c.head_dim * 4) as u64;
+    let kv_row_bytes = 2 * c.num_layers as u64 * model.heads().kv_row_bytes();
     for &d in &a.depths {
         // Decode cost does not depend on the cached values: start at depth d
         // without prefilling (the slots hold whatever an earlier run left).
@@ -234,6 +235,7 @@ pub fn run(model: &std::sync::Arc<Model>, a: &BenchArgs) -> Result<serde_json::V
     Ok(json!({
         "model": model.dir.display().to_string(),
         "weights": model.format.name(),
+        "kv_cache": model.kv_format.name(),
         "adapter": gpu.describe(),
         "read_bandwidth_bytes_per_second": bw,
         "prefill": prefill,

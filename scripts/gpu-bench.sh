@@ -9,6 +9,8 @@
 #
 # --small runs CI-sized shapes instead (the 135M shape at contexts 512/1024), so
 # that the script can be checked on a CPU Vulkan driver such as lavapipe.
+# The KV cache is stored in f16, as a deployment would; SIEVE_KV_DTYPE=f32
+# measures the f32 cache instead.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 small=0
@@ -23,6 +25,7 @@ done
 mkdir -p "$out"
 start=$SECONDS
 budget_s=${SIEVE_BENCH_SECONDS:-450}
+kv_dtype=${SIEVE_KV_DTYPE:-f16}
 
 # 1. A Vulkan loader. Offline machines can bring Debian packages in .gl/.
 if ! ldconfig -p 2>/dev/null | grep -q 'libvulkan\.so\.1'; then
@@ -101,9 +104,10 @@ for shape in "${shapes[@]}"; do
                   --policies window,epikv,h2o --materialize --fill-step "$fill"
                   --refresh-sizes "$refresh" --chunk "$chunk")
         fi
-        echo "== $shape ($pass): sieve bench --synthetic $shape ${args[*]}"
+        echo "== $shape ($pass): sieve bench --synthetic $shape --kv-dtype $kv_dtype ${args[*]}"
         left=$(( budget_s - (SECONDS - start) ))
-        timeout "$left" "$bin" bench --synthetic "$shape" --decode-steps "$steps" "${args[@]}" \
+        timeout "$left" "$bin" bench --synthetic "$shape" --kv-dtype "$kv_dtype" \
+            --decode-steps "$steps" "${args[@]}" \
             --json "$json" | grep '^|' | tee "$out/$shape-$pass.md"
         [ -f "$json" ] && runs+=("$json")
     done
@@ -121,7 +125,7 @@ done
     echo "]"
 } > "$out/gpu-bench.json"
 {
-    echo "# sieve gpu-bench ($(date -u +%Y-%m-%d))"
+    echo "# sieve gpu-bench ($(date -u +%Y-%m-%d), KV cache $kv_dtype)"
     echo
     echo '```'
     head -5 "$out/info.txt"

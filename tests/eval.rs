@@ -266,6 +266,11 @@ fn eval_commands_end_to_end_on_a_tiny_model() {
     other[i + 1] = "8".into();
     let (success, _, err) = sieve(&other.iter().map(|s| s.as_str()).collect::<Vec<_>>());
     assert!(!success && err.contains("chunk: 16 before, 8 now"), "{err}");
+    // Results made with an f32 KV cache are not mixed with f16 ones.
+    let mut f16_kv = args.clone();
+    f16_kv.extend(["--kv-dtype".to_string(), "f16".to_string()]);
+    let (success, _, err) = sieve(&f16_kv.iter().map(|s| s.as_str()).collect::<Vec<_>>());
+    assert!(!success && err.contains("kv_dtype: null before"), "{err}");
 
     // Needle: 2 depths x 1 trial x (full + 3 policies x 2 budgets).
     let args = with(

@@ -133,6 +133,11 @@ impl SweepArgs {
             "recent": self.recent,
             "policy_seed": self.policy_seed,
         });
+        // Recorded only for an f16 cache, so folders made before the cache
+        // had a choice of format (f32) still resume, and mixing is refused.
+        if self.model.kv_dtype != "f32" {
+            s["kv_dtype"] = json!(self.model.kv_dtype);
+        }
         if let (Some(m), Some(e)) = (s.as_object_mut(), extra.as_object()) {
             m.extend(e.clone());
         }

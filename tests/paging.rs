@@ -168,3 +168,20 @@ fn small_bindings_split_the_cache_and_shorten_deep_steps() {
     let d = max_abs_diff(&got, &want);
     assert!(d <= 1e-5, "logits differ by {d}");
 }
+
+/// The f16 cache holds the same slots in half the bytes: the engines differ
+/// by exactly half of the f32 cache (3 layers x keys and values).
+#[test]
+fn f16_cache_takes_half_the_bytes() {
+    let bytes = |kv: WeightFormat| {
+        let model = load("tiny-llama-gqa", kv);
+        let cache = BoundedCache::new(CacheOptions::new(Policy::Full, 0, 1), 3).unwrap();
+        let e = Engine::new(model, cache.engine_options(1024, 16, 1)).unwrap();
+        e.buffer_bytes
+    };
+    let f32_cache = 1024 * 3 * 2 * (2 * 32 * 4) as u64;
+    assert_eq!(
+        bytes(WeightFormat::F32) - bytes(WeightFormat::F16),
+        f32_cache / 2
+    );
+}

@@ -1,7 +1,6 @@
-// matmul.wgsl: y[t, c0 + r] (+)= sum_k W[r, k] * x[t, k] + bias[c0 + r]
-// (needs a weight-format prelude). W is one row part of a [out, in] weight
-// (nn.Linear layout); a weight too large for one binding is split into row
-// parts and launched once per part with its own c0.
+// matmul.wgsl: the `cpu` mat-mul and mat-vec (tuned on lavapipe), y (+)= W x
+// (+ bias) (needs a weight-format prelude; matmul_io.wgsl has the shared
+// parameters, bindings and store).
 //
 // Bindings (group 0):
 //   0 step  uniform Step
@@ -17,36 +16,7 @@
 //   matvec: 4 rows x 1 token per invocation, 16 invocations per workgroup,
 //           for decode (n = 1). Dispatch (ceil(rows / 64), n, 1).
 // flags: bit 0 adds into y (residual connection fused), bit 1 adds the bias.
-struct MatmulParams {
-    rows: u32,
-    k4: u32,
-    col0: u32,
-    out_stride: u32,
-    flags: u32,
-    count_sel: u32,
-    _p0: u32,
-    _p1: u32,
-}
-
-@group(0) @binding(0) var<uniform> step: Step;
-@group(0) @binding(1) var<uniform> p: MatmulParams;
 @group(0) @binding(2) var<storage, read> w: array<WPacked>;
-@group(0) @binding(3) var<storage, read> bias: array<f32>;
-@group(0) @binding(4) var<storage, read> x: array<vec4<f32>>;
-@group(0) @binding(5) var<storage, read_write> y: array<f32>;
-
-fn store(t: u32, r: u32, v: f32) {
-    let col = p.col0 + r;
-    var val = v;
-    if ((p.flags & 2u) != 0u) {
-        val += bias[col];
-    }
-    let idx = t * p.out_stride + col;
-    if ((p.flags & 1u) != 0u) {
-        val += y[idx];
-    }
-    y[idx] = val;
-}
 
 @compute @workgroup_size(64)
 fn matmul(@builtin(global_invocation_id) gid: vec3<u32>) {

@@ -10,6 +10,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
+use crate::device::{has_coop_f16_16x16, DeviceProfile, KernelSet, KernelVariants};
 use crate::shaders;
 
 /// How to choose the adapter. Both fields can also come from the environment:
@@ -22,6 +23,8 @@ pub struct GpuOptions {
     /// Pretend the device's largest storage binding is this many bytes (never more
     /// than the real limit). Used by tests to exercise tensor splitting.
     pub max_binding_override: Option<u64>,
+    /// Kernel set (`--kernels`); None: `SIEVE_KERNELS`, else auto.
+    pub kernels: Option<KernelSet>,
 }
 
 impl GpuOptions {
@@ -34,6 +37,7 @@ impl GpuOptions {
                 .ok()
                 .filter(|s| !s.is_empty()),
             max_binding_override: None,
+            kernels: None,
         }
     }
 }
@@ -46,6 +50,10 @@ pub struct Gpu {
     pub limits: wgpu::Limits,
     /// Largest storage binding the engine will use, in bytes.
     pub max_binding: u64,
+    /// What the kernels know about this device.
+    pub profile: DeviceProfile,
+    /// The kernel variant of every op, chosen once from the profile.
+    pub kernels: KernelVariants,
     pipelines: Mutex<HashMap<String, Arc<wgpu::ComputePipeline>>>,
 }
 
@@ -125,17 +133,40 @@ impl Gpu {
         });
         let adapter = adapters.remove(0);
         let info = adapter.get_info();
-        let want_features = wgpu::Features::SHADER_F16
+        let kernel_set = match opts.kernels {
+            Some(k) => k,
+            None => KernelSet::from_env()?.unwrap_or_default(),
+        };
+        let mut want_features = wgpu::Features::SHADER_F16
+            | wgpu::Features::SUBGROUP
             | wgpu::Features::TIMESTAMP_QUERY
             | wgpu::Features::TIMESTAMP_QUERY_INSIDE_ENCODERS
             | wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES;
+        // Cooperative matrices (tensor cores) only where the adapter offers the
+        // configuration sieve's GEMM uses; the feature is experimental in wgpu.
+        let coop = adapter
+            .features()
+            .contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX)
+            && has_coop_f16_16x16(&adapter.cooperative_matrix_properties());
+        if coop {
+            want_features |= wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX;
+        }
         let features = adapter.features() & want_features;
         let limits = adapter.limits();
+        let experimental_features = if coop {
+            // SAFETY: wgpu asks callers of experimental features to accept that
+            // their implementation may have bugs; sieve uses only the
+            // cooperative-matrix load, multiply-add and store of one kernel
+            // (shaders/matmul_coop.wgsl), checked against a CPU reference.
+            unsafe { wgpu::ExperimentalFeatures::enabled() }
+        } else {
+            wgpu::ExperimentalFeatures::disabled()
+        };
         let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
             label: Some("sieve"),
             required_features: features,
             required_limits: limits.clone(),
-            experimental_features: wgpu::ExperimentalFeatures::disabled(),
+            experimental_features,
             memory_hints: wgpu::MemoryHints::Performance,
             trace: wgpu::Trace::Off,
         }))
@@ -146,6 +177,8 @@ impl Gpu {
             Some(v) => v.min(real_max_binding),
             None => real_max_binding,
         };
+        let profile = DeviceProfile::new(&info, features, &limits);
+        let kernels = KernelVariants::select(&profile, kernel_set);
         Ok(Arc::new(Gpu {
             device,
             queue,
@@ -153,6 +186,8 @@ impl Gpu {
             features,
             limits,
             max_binding,
+            profile,
+            kernels,
             pipelines: Mutex::new(HashMap::new()),
         }))
     }

@@ -8,6 +8,7 @@
 pub mod cache;
 pub mod config;
 pub mod convert;
+pub mod device;
 pub mod engine;
 pub mod eval;
 pub mod eviction;

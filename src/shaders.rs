@@ -4,7 +4,10 @@
 //! then, for kernels that read packed data, one format prelude: for weights
 //! `weights_f16.wgsl` or `weights_f32.wgsl` (`WPacked`, `unpack_w`), for the KV
 //! cache `kv_f16.wgsl` or `kv_f32.wgsl` (`KvPacked`, `unpack_kv`, `pack_kv`);
-//! then the kernel file itself. `all()` lists every kernel so that a test can validate each one
+//! then the declarations it shares with its sibling variants (for the mat-mul
+//! variants `matmul_io.wgsl`), then the kernel file itself. `enable`
+//! directives of the kernel are moved to the top, where WGSL wants them.
+//! `all()` lists every kernel so that a test can validate each one
 //! with naga and translate it to SPIR-V, MSL and HLSL.
 
 /// One kernel file.
@@ -15,6 +18,8 @@ pub struct Shader {
     pub body: &'static str,
     /// Which packed data the kernel reads, and so which format prelude it takes.
     pub prelude: Prelude,
+    /// Shared declarations the kernel includes after the prelude.
+    pub include: &'static str,
 }
 
 /// The format prelude a kernel takes.
@@ -54,21 +59,30 @@ const WEIGHTS_F16: &str = include_str!("../shaders/weights_f16.wgsl");
 const WEIGHTS_F32: &str = include_str!("../shaders/weights_f32.wgsl");
 const KV_F16: &str = include_str!("../shaders/kv_f16.wgsl");
 const KV_F32: &str = include_str!("../shaders/kv_f32.wgsl");
+const MATMUL_IO: &str = include_str!("../shaders/matmul_io.wgsl");
 
 macro_rules! shader {
     ($ident:ident, $name:literal, $prelude:ident) => {
+        shader!($ident, $name, $prelude, "");
+    };
+    ($ident:ident, $name:literal, $prelude:ident, $include:expr) => {
         pub const $ident: Shader = Shader {
             name: $name,
             file: concat!("shaders/", $name, ".wgsl"),
             body: include_str!(concat!("../shaders/", $name, ".wgsl")),
             prelude: Prelude::$prelude,
+            include: $include,
         };
     };
 }
 
 shader!(EMBED, "embed", Weights);
 shader!(RMSNORM, "rmsnorm", None);
-shader!(MATMUL, "matmul", Weights);
+shader!(MATMUL, "matmul", Weights, MATMUL_IO);
+shader!(MATVEC_WORKGROUP, "matvec_workgroup", Weights, MATMUL_IO);
+shader!(MATVEC_SUBGROUP, "matvec_subgroup", Weights, MATMUL_IO);
+shader!(MATMUL_TILED, "matmul_tiled", Weights, MATMUL_IO);
+shader!(MATMUL_COOP, "matmul_coop", None, MATMUL_IO);
 shader!(ROPE_KV, "rope_kv", Kv);
 shader!(ATTENTION, "attention", Kv);
 
@@ -87,6 +101,10 @@ pub fn all() -> Vec<&'static Shader> {
         &EMBED,
         &RMSNORM,
         &MATMUL,
+        &MATVEC_WORKGROUP,
+        &MATVEC_SUBGROUP,
+        &MATMUL_TILED,
+        &MATMUL_COOP,
         &ROPE_KV,
         &ATTENTION,
         &SILU_MUL,
@@ -111,5 +129,23 @@ pub fn source(shader: &Shader, format: Option<WeightFormat>) -> String {
         (Prelude::Kv, Some(WeightFormat::F32)) => KV_F32,
         (_, None) => panic!("kernel {} needs a storage format", shader.name),
     };
-    format!("{COMMON}\n{prelude}\n{}", shader.body)
+    let (enables, body): (Vec<&str>, Vec<&str>) =
+        shader.body.lines().partition(|l| l.starts_with("enable "));
+    format!(
+        "{}\n{COMMON}\n{prelude}\n{}\n{}",
+        enables.join("\n"),
+        shader.include,
+        body.join("\n")
+    )
+}
+
+/// The optional features a kernel's source asks for with `enable`
+/// (`f16`, `subgroups`, `wgpu_cooperative_matrix`).
+pub fn enables(shader: &Shader) -> Vec<&'static str> {
+    shader
+        .body
+        .lines()
+        .filter_map(|l| l.strip_prefix("enable "))
+        .map(|l| l.trim_end_matches(';').trim())
+        .collect()
 }

@@ -13,6 +13,9 @@ pub struct InfoArgs {
     /// Use the adapter whose name contains this text.
     #[arg(long)]
     pub adapter: Option<String>,
+    /// Kernel set: auto, cpu or gpu (also $SIEVE_KERNELS).
+    #[arg(long, value_parser = ["auto", "cpu", "gpu"])]
+    pub kernels: Option<String>,
 }
 
 pub fn main(a: InfoArgs) -> Result<()> {
@@ -20,6 +23,7 @@ pub fn main(a: InfoArgs) -> Result<()> {
         backend: a.backend,
         adapter: a.adapter,
         max_binding_override: None,
+        kernels: super::kernel_set(&a.kernels)?,
     })?;
     let i = &gpu.info;
     println!("adapter:      {}", i.name);
@@ -32,6 +36,7 @@ pub fn main(a: InfoArgs) -> Result<()> {
         i.subgroup_min_size, i.subgroup_max_size
     );
     println!("features used: {:?}", gpu.features);
+    println!("kernels:      {}", gpu.kernels.describe());
     let l = &gpu.limits;
     println!(
         "max storage binding:     {} bytes",

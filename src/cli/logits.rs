@@ -52,7 +52,7 @@ pub fn main(a: LogitsArgs) -> Result<()> {
         anyhow::bail!("--ids is empty");
     }
     let cache_opts = a.cache.options()?;
-    let model = Model::load(&a.model.dir()?, &a.model.load_options())?;
+    let model = Model::load(&a.model.dir()?, &a.model.load_options()?)?;
     let max_pos = model.config.max_position_embeddings;
     if cache_opts.is_none() && ids.len() > max_pos {
         anyhow::bail!(

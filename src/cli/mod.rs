@@ -13,6 +13,7 @@ use clap::Args;
 use std::path::PathBuf;
 
 use sieve::cache::CacheOptions;
+use sieve::device::KernelSet;
 use sieve::eviction::Policy;
 use sieve::gpu::GpuOptions;
 use sieve::model::LoadOptions;
@@ -40,6 +41,15 @@ pub struct ModelArgs {
     /// Use the adapter whose name contains this text (also $SIEVE_ADAPTER).
     #[arg(long)]
     pub adapter: Option<String>,
+    /// Kernel set: auto (cpu on a CPU Vulkan driver such as lavapipe, gpu
+    /// elsewhere), cpu or gpu (also $SIEVE_KERNELS).
+    #[arg(long, value_parser = ["auto", "cpu", "gpu"])]
+    pub kernels: Option<String>,
+}
+
+/// `--kernels` as a kernel set (None: $SIEVE_KERNELS, else auto).
+pub fn kernel_set(arg: &Option<String>) -> Result<Option<KernelSet>> {
+    arg.as_deref().map(KernelSet::parse).transpose()
 }
 
 impl ModelArgs {
@@ -59,25 +69,26 @@ impl ModelArgs {
         )
     }
 
-    pub fn gpu(&self) -> GpuOptions {
-        GpuOptions {
+    pub fn gpu(&self) -> Result<GpuOptions> {
+        Ok(GpuOptions {
             backend: self.backend.clone(),
             adapter: self.adapter.clone(),
             max_binding_override: None,
-        }
+            kernels: kernel_set(&self.kernels)?,
+        })
     }
 
-    pub fn load_options(&self) -> LoadOptions {
+    pub fn load_options(&self) -> Result<LoadOptions> {
         let format = |name: &str| match name {
             "f32" => WeightFormat::F32,
             _ => WeightFormat::F16,
         };
-        LoadOptions {
+        Ok(LoadOptions {
             dtype: Some(format(&self.dtype)),
             kv_dtype: Some(format(&self.kv_dtype)),
-            gpu: self.gpu(),
+            gpu: self.gpu()?,
             progress: Some(progress_bar_tick),
-        }
+        })
     }
 }
 

@@ -93,7 +93,7 @@ pub fn main(a: RunArgs) -> Result<()> {
         bail!("the prompt is empty (give --prompt TEXT or pipe text to stdin)");
     }
     let dir = a.model.dir()?;
-    let llm = Llm::load(&dir, &a.model.load_options())?;
+    let llm = Llm::load(&dir, &a.model.load_options()?)?;
     eprintln!("sieve: {} on {}", dir.display(), llm.model.gpu.describe());
     let ids = if a.raw {
         llm.tokenizer.encode(&prompt)?

@@ -1,11 +1,17 @@
-//! `shaders/matmul.wgsl`: y (+)= W x (+ bias) with f16 or f32 weights.
+//! y (+)= W x (+ bias) with f16 or f32 weights: the mat-vec (one token,
+//! decode) and mat-mul (several tokens, prefill) variants of
+//! `shaders/matmul.wgsl` (`cpu`), `matvec_workgroup.wgsl`,
+//! `matvec_subgroup.wgsl`, `matmul_tiled.wgsl` and `matmul_coop.wgsl` (`gpu`),
+//! all sharing `matmul_io.wgsl`. Which one runs is chosen in src/device.rs.
 
 use anyhow::Result;
 use bytemuck::{Pod, Zeroable};
+use std::sync::Arc;
 
 use super::{ceil_div, dispatch, Rows};
+use crate::device::{MatmulVariant, MatvecVariant};
 use crate::gpu::Gpu;
-use crate::shaders;
+use crate::shaders::{self, Shader};
 use crate::weights::GpuMatrix;
 
 #[repr(C)]
@@ -30,18 +36,38 @@ pub struct MatmulOptions {
 
 struct Part {
     rows: u32,
-    group: wgpu::BindGroup,
+    matvec: wgpu::BindGroup,
+    matmul: wgpu::BindGroup,
 }
 
 /// One weight matrix bound to its input and output buffers.
 pub struct Matmul {
-    matmul: std::sync::Arc<wgpu::ComputePipeline>,
-    matvec: std::sync::Arc<wgpu::ComputePipeline>,
+    matvec: Arc<wgpu::ComputePipeline>,
+    matmul: Arc<wgpu::ComputePipeline>,
+    pub matvec_variant: MatvecVariant,
+    pub matmul_variant: MatmulVariant,
     parts: Vec<Part>,
 }
 
+fn matvec_kernel(v: MatvecVariant) -> (&'static Shader, &'static str) {
+    match v {
+        MatvecVariant::Rows4 => (&shaders::MATMUL, "matvec"),
+        MatvecVariant::WorkgroupReduce => (&shaders::MATVEC_WORKGROUP, "matvec"),
+        MatvecVariant::SubgroupReduce => (&shaders::MATVEC_SUBGROUP, "matvec"),
+    }
+}
+
+fn matmul_kernel(v: MatmulVariant) -> (&'static Shader, &'static str) {
+    match v {
+        MatmulVariant::Blocked4x4 => (&shaders::MATMUL, "matmul"),
+        MatmulVariant::Tiled => (&shaders::MATMUL_TILED, "matmul"),
+        MatmulVariant::Coop => (&shaders::MATMUL_COOP, "matmul"),
+    }
+}
+
 impl Matmul {
-    /// `x` is `[n, w.cols]` f32, `y` is `[n, w.rows]` f32, `bias` is `[w.rows]` f32.
+    /// `x` is `[n, w.cols]` f32, `y` is `[n, w.rows]` f32, `bias` is `[w.rows]`
+    /// f32. The variants are the device's (`Gpu::kernels`).
     pub fn new(
         gpu: &Gpu,
         step: &wgpu::Buffer,
@@ -51,9 +77,34 @@ impl Matmul {
         y: &wgpu::Buffer,
         opts: MatmulOptions,
     ) -> Result<Self> {
+        let part_rows: Vec<usize> = w.parts.iter().map(|p| p.rows).collect();
+        let matmul = gpu.kernels.matmul_for(w.format, &part_rows, w.cols);
+        Self::with_variants(gpu, step, w, bias, x, y, opts, (gpu.kernels.matvec, matmul))
+    }
+
+    /// As [`Matmul::new`] with the given variants (tests run every variant on
+    /// any device; the cooperative one needs its features).
+    #[allow(clippy::too_many_arguments)]
+    pub fn with_variants(
+        gpu: &Gpu,
+        step: &wgpu::Buffer,
+        w: &GpuMatrix,
+        bias: Option<&wgpu::Buffer>,
+        x: &wgpu::Buffer,
+        y: &wgpu::Buffer,
+        opts: MatmulOptions,
+        (matvec_variant, matmul_variant): (MatvecVariant, MatmulVariant),
+    ) -> Result<Self> {
         let fmt = Some(w.format);
-        let matmul = gpu.pipeline(&shaders::MATMUL, fmt, "matmul", &[])?;
-        let matvec = gpu.pipeline(&shaders::MATMUL, fmt, "matvec", &[])?;
+        let (shader, entry) = matvec_kernel(matvec_variant);
+        let matvec = gpu.pipeline(shader, fmt, entry, &[])?;
+        let (shader, entry) = matmul_kernel(matmul_variant);
+        let matmul = if matmul_variant == MatmulVariant::Coop {
+            let lanes = gpu.profile.subgroup_max as f64;
+            gpu.pipeline(shader, fmt, entry, &[("SUBGROUP_SIZE", lanes)])?
+        } else {
+            gpu.pipeline(shader, fmt, entry, &[])?
+        };
         let dummy;
         let bias_buf = match bias {
             Some(b) => b,
@@ -82,13 +133,16 @@ impl Matmul {
                 let bufs = [step, &params, &part.buffer, bias_buf, x, y];
                 Part {
                     rows: part.rows as u32,
-                    group: gpu.bind_group(&matmul, &bufs),
+                    matvec: gpu.bind_group(&matvec, &bufs),
+                    matmul: gpu.bind_group(&matmul, &bufs),
                 }
             })
             .collect();
         Ok(Matmul {
-            matmul,
             matvec,
+            matmul,
+            matvec_variant,
+            matmul_variant,
             parts,
         })
     }
@@ -96,20 +150,25 @@ impl Matmul {
     /// Encodes the product for `n` rows of x (n must match the step's row count).
     pub fn encode(&self, pass: &mut wgpu::ComputePass, n: u32) {
         for part in &self.parts {
+            let rows = part.rows;
             if n == 1 {
-                dispatch(
-                    pass,
-                    &self.matvec,
-                    &part.group,
-                    (ceil_div(part.rows, 64), 1, 1),
-                );
+                let groups = match self.matvec_variant {
+                    MatvecVariant::Rows4 => (ceil_div(rows, 64), 1, 1),
+                    MatvecVariant::WorkgroupReduce | MatvecVariant::SubgroupReduce => {
+                        let g = ceil_div(rows, 2);
+                        (g.min(32768), ceil_div(g, 32768), 1)
+                    }
+                };
+                dispatch(pass, &self.matvec, &part.matvec, groups);
             } else {
-                dispatch(
-                    pass,
-                    &self.matmul,
-                    &part.group,
-                    (ceil_div(ceil_div(part.rows, 4), 64), ceil_div(n, 4), 1),
-                );
+                let groups = match self.matmul_variant {
+                    MatmulVariant::Blocked4x4 => {
+                        (ceil_div(ceil_div(rows, 4), 64), ceil_div(n, 4), 1)
+                    }
+                    MatmulVariant::Tiled => (ceil_div(rows, 64), ceil_div(n, 64), 1),
+                    MatmulVariant::Coop => (rows / 64, ceil_div(n, 32), 1),
+                };
+                dispatch(pass, &self.matmul, &part.matmul, groups);
             }
         }
     }
@@ -149,6 +208,37 @@ mod tests {
     use crate::kernels::Step;
     use crate::shaders::WeightFormat;
 
+    /// The variant pairs this device can run: every mat-vec and mat-mul
+    /// variant, the subgroup and cooperative ones where the device has the
+    /// features (the cooperative one only for shapes it takes).
+    fn variants(gpu: &Gpu, m: &GpuMatrix) -> Vec<(MatvecVariant, MatmulVariant)> {
+        let mut matvec = vec![MatvecVariant::Rows4, MatvecVariant::WorkgroupReduce];
+        if gpu.profile.subgroups {
+            matvec.push(MatvecVariant::SubgroupReduce);
+        }
+        let mut matmul = vec![MatmulVariant::Blocked4x4, MatmulVariant::Tiled];
+        let rows: Vec<usize> = m.parts.iter().map(|p| p.rows).collect();
+        let coop = crate::device::KernelVariants {
+            matmul: MatmulVariant::Coop,
+            ..gpu.kernels
+        };
+        if gpu.profile.coop_f16_16x16
+            && coop.matmul_for(m.format, &rows, m.cols) == MatmulVariant::Coop
+        {
+            matmul.push(MatmulVariant::Coop);
+        }
+        // Pair them so that each variant runs at least once.
+        (0..matvec.len().max(matmul.len()))
+            .map(|i| {
+                (
+                    matvec[i.min(matvec.len() - 1)],
+                    matmul[i.min(matmul.len() - 1)],
+                )
+            })
+            .collect()
+    }
+
+    /// Checks every variant on one shape; returns the mat-mul variants run.
     fn check(
         gpu: &Gpu,
         rows: usize,
@@ -157,7 +247,7 @@ mod tests {
         format: WeightFormat,
         bias: bool,
         accumulate: bool,
-    ) {
+    ) -> Vec<MatmulVariant> {
         let w = rand_vec(rows * cols, 1 + rows as u64, 0.5);
         // Round weights through the storage format so the reference sees the same values.
         let w: Vec<f32> = match format {
@@ -169,6 +259,7 @@ mod tests {
         let y0 = rand_vec(n * rows, 11, 1.0);
         let m = GpuMatrix::new(gpu, "w", rows, cols, format).unwrap();
         m.write_rows(gpu, 0, &w, "w").unwrap();
+        assert_eq!(m.parts.len(), m.rows.div_ceil(m.parts[0].rows));
         let step = step_buffer(
             gpu,
             Step {
@@ -178,22 +269,6 @@ mod tests {
         );
         let bias_buf = gpu.storage_from("b", &b);
         let xb = gpu.storage_from("x", &x);
-        let yb = gpu.storage_from("y", &y0);
-        let mm = Matmul::new(
-            gpu,
-            &step,
-            &m,
-            bias.then_some(&bias_buf),
-            &xb,
-            &yb,
-            MatmulOptions {
-                accumulate,
-                rows: Rows::Tokens,
-            },
-        )
-        .unwrap();
-        run_pass(gpu, |pass| mm.encode(pass, n as u32));
-        let got: Vec<f32> = gpu.read(&yb, 0, n * rows).unwrap();
         let mut want = y0.clone();
         reference(
             &w,
@@ -204,12 +279,46 @@ mod tests {
             &mut want,
             accumulate,
         );
-        let err = max_abs_diff(&got, &want);
-        assert!(
-            err < 1e-4 * (cols as f32).sqrt(),
-            "rows {rows} cols {cols} n {n} {format:?}: max err {err}"
-        );
-        assert_eq!(m.parts.len(), m.rows.div_ceil(m.parts[0].rows));
+        let mut ran = vec![];
+        for pair in variants(gpu, &m) {
+            let yb = gpu.storage_from("y", &y0);
+            let mm = Matmul::with_variants(
+                gpu,
+                &step,
+                &m,
+                bias.then_some(&bias_buf),
+                &xb,
+                &yb,
+                MatmulOptions {
+                    accumulate,
+                    rows: Rows::Tokens,
+                },
+                pair,
+            )
+            .unwrap();
+            run_pass(gpu, |pass| mm.encode(pass, n as u32));
+            let got: Vec<f32> = gpu.read(&yb, 0, n * rows).unwrap();
+            let err = max_abs_diff(&got, &want);
+            // The cooperative GEMM rounds x to f16 (relative error 2^-11 per
+            // value, values up to 1 here).
+            let tol = match (n, pair.1) {
+                (1, _) | (_, MatmulVariant::Blocked4x4 | MatmulVariant::Tiled) => {
+                    1e-4 * (cols as f32).sqrt()
+                }
+                (_, MatmulVariant::Coop) => 2e-3 * (cols as f32).sqrt(),
+            };
+            let which = if n == 1 {
+                format!("{:?}", pair.0)
+            } else {
+                format!("{:?}", pair.1)
+            };
+            assert!(
+                err < tol,
+                "{which}: rows {rows} cols {cols} n {n} {format:?}: max err {err}"
+            );
+            ran.push(pair.1);
+        }
+        ran
     }
 
     #[test]
@@ -222,10 +331,45 @@ mod tests {
             (64, 64, 4),
             (130, 96, 7),
             (33, 200, 17),
+            // Several tiles of the tiled variant in both directions, a partial
+            // last tile, K not a multiple of its 16-value step.
+            (197, 132, 70),
+            // Mat-vec: K long enough for the two-loads loop and its tail
+            // (k/4 = 257 and 600 with 128 lanes), odd row count.
+            (5, 1028, 1),
+            (131, 2400, 1),
         ] {
             for format in [WeightFormat::F32, WeightFormat::F16] {
                 check(&gpu, rows, cols, n, format, n % 2 == 1, rows % 2 == 1);
             }
+        }
+    }
+
+    /// Shapes the cooperative GEMM takes (rows and K multiples of 64; tokens
+    /// not a multiple of its 32-token tile). On a device without cooperative
+    /// matrices (lavapipe) the other variants run and a note says so.
+    #[test]
+    fn cooperative_shapes() {
+        let gpu = gpu();
+        let mut coop = false;
+        for &(rows, cols, n) in &[(64, 64, 2), (192, 320, 45), (128, 576, 33)] {
+            for accumulate in [false, true] {
+                let ran = check(
+                    &gpu,
+                    rows,
+                    cols,
+                    n,
+                    WeightFormat::F16,
+                    !accumulate,
+                    accumulate,
+                );
+                coop |= ran.contains(&MatmulVariant::Coop);
+            }
+        }
+        if !gpu.profile.coop_f16_16x16 {
+            eprintln!("note: {} has no 16x16 f16 cooperative matrices; matmul_coop.wgsl is only validated and translated (tests/shaders.rs)", gpu.info.name);
+        } else {
+            assert!(coop, "the cooperative variant did not run");
         }
     }
 

@@ -116,8 +116,8 @@ pub fn peak_rss_bytes() -> Option<u64> {
 
 pub fn main(a: BenchArgs) -> Result<()> {
     let model = match &a.synthetic {
-        Some(shape) => sieve::synthetic::synthetic_model(shape, &a.model.load_options(), a.seed)?,
-        None => Model::load(&a.model.dir()?, &a.model.load_options())?,
+        Some(shape) => sieve::synthetic::synthetic_model(shape, &a.model.load_options()?, a.seed)?,
+        None => Model::load(&a.model.dir()?, &a.model.load_options()?)?,
     };
     let report = run(&model, &a)?;
     println!("{}", serde_json::to_string_pretty(&report)?);

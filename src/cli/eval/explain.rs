@@ -36,7 +36,7 @@ pub fn main(a: ExplainArgs) -> Result<()> {
         .cache
         .options()?
         .context("explain needs an evicting policy: give --policy and --budget")?;
-    let llm = Llm::load(&a.model.dir()?, &a.model.load_options())?;
+    let llm = Llm::load(&a.model.dir()?, &a.model.load_options()?)?;
     let text = std::fs::read_to_string(&a.text)
         .with_context(|| format!("reading --text {}", a.text.display()))?;
     let mut ids = llm.tokenizer.encode(&text)?;

@@ -42,7 +42,7 @@ pub fn main(a: FidelityArgs) -> Result<()> {
         .collect();
     let settings = s.settings(json!({"source": source.name(), "doc_tokens": a.doc_tokens}));
     let mut store = ResultStore::open(&s.out, &settings, &[])?;
-    let llm = Llm::load(&s.model.dir()?, &s.model.load_options())?;
+    let llm = Llm::load(&s.model.dir()?, &s.model.load_options()?)?;
     let data = data_dir(s.data.as_deref())?;
     let docs = source.documents(&llm.tokenizer, &data, a.docs, a.doc_tokens)?;
     let pending = |store: &ResultStore, doc: &str| -> Vec<_> {

@@ -41,7 +41,7 @@ pub fn main(a: GenerateArgs) -> Result<()> {
     configs.insert(0, full);
     let settings = s.settings(json!({"dataset": a.dataset, "max_new_tokens": a.max_new_tokens}));
     let mut store = ResultStore::open(&s.out, &settings, &[])?;
-    let llm = Llm::load(&s.model.dir()?, &s.model.load_options())?;
+    let llm = Llm::load(&s.model.dir()?, &s.model.load_options()?)?;
     let (items, kind) = task_items(&data_dir(s.data.as_deref())?, &a.dataset)?;
     let items = shard_of(&items, Some(a.limit), None);
     let progress = Progress::new((items.len() * configs.len()) as u64, "generations");

@@ -47,7 +47,7 @@ pub fn main(a: NeedleArgs) -> Result<()> {
         "context": a.context, "seed": a.seed, "filler": filler_path.display().to_string(),
     }));
     let mut store = ResultStore::open(&s.out, &settings, &[])?;
-    let llm = Llm::load(&s.model.dir()?, &s.model.load_options())?;
+    let llm = Llm::load(&s.model.dir()?, &s.model.load_options()?)?;
     let text = std::fs::read_to_string(&filler_path)
         .map_err(|e| anyhow::anyhow!("reading --filler {}: {e}", filler_path.display()))?;
     let filler = llm.tokenizer.encode(&text)?;

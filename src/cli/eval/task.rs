@@ -41,7 +41,7 @@ pub fn main(a: TaskArgs) -> Result<()> {
         "shard": a.shard, "limit": a.limit,
     }));
     let mut store = ResultStore::open(&s.out, &settings, &["shard", "limit"])?;
-    let llm = Llm::load(&s.model.dir()?, &s.model.load_options())?;
+    let llm = Llm::load(&s.model.dir()?, &s.model.load_options()?)?;
     let (items, kind) = task_items(&data_dir(s.data.as_deref())?, &a.dataset)?;
     let items = shard_of(&items, a.limit, shard);
     let progress = Progress::new((items.len() * configs.len()) as u64, "problems");

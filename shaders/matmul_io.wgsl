@@ -1,0 +1,48 @@
+// matmul_io.wgsl: what every mat-mul and mat-vec variant shares (included by
+// matmul.wgsl, matvec_*.wgsl, matmul_tiled.wgsl and matmul_coop.wgsl, after
+// the weight-format prelude; see src/shaders.rs). Each variant declares
+// binding 2, the weights, in the element type it reads them as.
+//
+// y[t, c0 + r] (+)= sum_k W[r, k] * x[t, k] + bias[c0 + r], where W is one row
+// part of a [out, in] weight (nn.Linear layout); a weight too large for one
+// binding is split into row parts and launched once per part with its own c0.
+//
+// Bindings (group 0):
+//   0 step  uniform Step
+//   1 p     uniform MatmulParams
+//   2 w     storage read  [rows, k] weights (declared by the variant)
+//   3 bias  storage read  [out_stride] f32   (a dummy when flags bit 1 is clear)
+//   4 x     storage read  [n, k/4] vec4<f32>
+//   5 y     storage rw    [n, out_stride] f32
+// n = step_rows(step, p.count_sel).
+// flags: bit 0 adds into y (residual connection fused), bit 1 adds the bias.
+struct MatmulParams {
+    rows: u32,
+    k4: u32,
+    col0: u32,
+    out_stride: u32,
+    flags: u32,
+    count_sel: u32,
+    _p0: u32,
+    _p1: u32,
+}
+
+@group(0) @binding(0) var<uniform> step: Step;
+@group(0) @binding(1) var<uniform> p: MatmulParams;
+@group(0) @binding(3) var<storage, read> bias: array<f32>;
+@group(0) @binding(4) var<storage, read> x: array<vec4<f32>>;
+@group(0) @binding(5) var<storage, read_write> y: array<f32>;
+
+// Stores the product of row r (within the part) for token t.
+fn store(t: u32, r: u32, v: f32) {
+    let col = p.col0 + r;
+    var val = v;
+    if ((p.flags & 2u) != 0u) {
+        val += bias[col];
+    }
+    let idx = t * p.out_stride + col;
+    if ((p.flags & 1u) != 0u) {
+        val += y[idx];
+    }
+    y[idx] = val;
+}

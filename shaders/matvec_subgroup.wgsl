@@ -1,0 +1,65 @@
+// matvec_subgroup.wgsl: the `gpu` mat-vec for one token (decode) on devices
+// with subgroup operations: y (+)= W x (+ bias) (needs a weight-format
+// prelude; matmul_io.wgsl has the shared parameters, bindings and store).
+//
+// The same work split as matvec_workgroup.wgsl (a workgroup of 128 lanes per
+// 2 rows, coalesced loads along K, two loads per row in flight), but each
+// subgroup sums its lanes with subgroupAdd and only one value per subgroup
+// goes through workgroup memory: one barrier instead of eight.
+//
+// Bindings (group 0): as matmul_io.wgsl, with
+//   2 w     storage read  [rows, k/4] WPacked
+// Token: the step's single row (n = 1).
+// Dispatch: (min(groups, 32768), ceil(groups / 32768), 1), groups = ceil(rows / 2);
+// workgroup g = id.x + id.y * 32768 takes rows 2g and 2g + 1.
+// Needs the SUBGROUP feature (naga takes subgroup builtins without an
+// `enable`; the device refuses the module without the feature).
+@group(0) @binding(2) var<storage, read> w: array<WPacked>;
+
+const LANES: u32 = 128u;
+
+// One slot per subgroup; 128 covers any subgroup size.
+var<workgroup> partial: array<vec2<f32>, LANES>;
+
+@compute @workgroup_size(LANES)
+fn matvec(
+    @builtin(workgroup_id) wg: vec3<u32>,
+    @builtin(local_invocation_index) lane: u32,
+    @builtin(subgroup_id) sg: u32,
+    @builtin(num_subgroups) n_sg: u32,
+    @builtin(subgroup_invocation_id) sg_lane: u32,
+) {
+    let r0 = (wg.x + wg.y * 32768u) * 2u;
+    if (r0 >= p.rows || step_rows(step, p.count_sel) == 0u) {
+        return;
+    }
+    let w0 = r0 * p.k4;
+    let w1 = min(r0 + 1u, p.rows - 1u) * p.k4;
+    var acc = vec2<f32>(0.0);
+    var k = lane;
+    for (; k + LANES < p.k4; k += 2u * LANES) {
+        let xa = x[k];
+        let xb = x[k + LANES];
+        acc += vec2<f32>(dot(unpack_w(w[w0 + k]), xa), dot(unpack_w(w[w1 + k]), xa));
+        acc += vec2<f32>(
+            dot(unpack_w(w[w0 + k + LANES]), xb),
+            dot(unpack_w(w[w1 + k + LANES]), xb),
+        );
+    }
+    if (k < p.k4) {
+        let xa = x[k];
+        acc += vec2<f32>(dot(unpack_w(w[w0 + k]), xa), dot(unpack_w(w[w1 + k]), xa));
+    }
+    let s = subgroupAdd(acc);
+    if (sg_lane == 0u) {
+        partial[sg] = s;
+    }
+    workgroupBarrier();
+    if (lane < 2u && r0 + lane < p.rows) {
+        var total = 0.0;
+        for (var i = 0u; i < n_sg; i++) {
+            total += partial[i][lane];
+        }
+        store(0u, r0 + lane, total);
+    }
+}

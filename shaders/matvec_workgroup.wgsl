@@ -1,0 +1,58 @@
+// matvec_workgroup.wgsl: the `gpu` mat-vec for one token (decode) without
+// subgroup operations: y (+)= W x (+ bias) (needs a weight-format prelude;
+// matmul_io.wgsl has the shared parameters, bindings and store). The `cpu`
+// variant gives each lane four whole rows, which leaves a large GPU mostly
+// idle (a 4,096-row matrix is 1,024 lanes).
+//
+// A workgroup of 128 lanes takes 2 rows. Lane i reads the packed weights
+// k = i, i + 128, ... of both rows, so the lanes of a subgroup read one
+// contiguous run of memory per load; each load of x serves both rows, and
+// the loop keeps two loads per row in flight. The 128 partial sums are then
+// reduced in workgroup memory (matvec_subgroup.wgsl: with subgroup sums).
+//
+// Bindings (group 0): as matmul_io.wgsl, with
+//   2 w     storage read  [rows, k/4] WPacked
+// Token: the step's single row (n = 1).
+// Dispatch: (min(groups, 32768), ceil(groups / 32768), 1), groups = ceil(rows / 2);
+// workgroup g = id.x + id.y * 32768 takes rows 2g and 2g + 1.
+@group(0) @binding(2) var<storage, read> w: array<WPacked>;
+
+const LANES: u32 = 128u;
+
+var<workgroup> partial: array<vec2<f32>, LANES>;
+
+@compute @workgroup_size(LANES)
+fn matvec(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lane: u32) {
+    let r0 = (wg.x + wg.y * 32768u) * 2u;
+    if (r0 >= p.rows || step_rows(step, p.count_sel) == 0u) {
+        return;
+    }
+    let w0 = r0 * p.k4;
+    let w1 = min(r0 + 1u, p.rows - 1u) * p.k4;
+    var acc = vec2<f32>(0.0);
+    var k = lane;
+    for (; k + LANES < p.k4; k += 2u * LANES) {
+        let xa = x[k];
+        let xb = x[k + LANES];
+        acc += vec2<f32>(dot(unpack_w(w[w0 + k]), xa), dot(unpack_w(w[w1 + k]), xa));
+        acc += vec2<f32>(
+            dot(unpack_w(w[w0 + k + LANES]), xb),
+            dot(unpack_w(w[w1 + k + LANES]), xb),
+        );
+    }
+    if (k < p.k4) {
+        let xa = x[k];
+        acc += vec2<f32>(dot(unpack_w(w[w0 + k]), xa), dot(unpack_w(w[w1 + k]), xa));
+    }
+    partial[lane] = acc;
+    workgroupBarrier();
+    for (var span = LANES / 2u; span > 0u; span /= 2u) {
+        if (lane < span) {
+            partial[lane] += partial[lane + span];
+        }
+        workgroupBarrier();
+    }
+    if (lane < 2u && r0 + lane < p.rows) {
+        store(0u, r0 + lane, partial[0][lane]);
+    }
+}

@@ -1,0 +1,294 @@
+//! The device profile and the one place where kernel variants are chosen.
+//!
+//! A [`DeviceProfile`] is read from the adapter once, when the [`crate::gpu::Gpu`]
+//! is opened: what kind of device it is (a CPU implementation of Vulkan such as
+//! lavapipe or SwiftShader, or a real GPU), its subgroup sizes, workgroup
+//! memory, and which optional features it has. [`KernelVariants::select`] turns
+//! the profile and the user's [`KernelSet`] into the variant every op uses;
+//! launchers ask for it (and, where a variant only fits some shapes, for the
+//! variant of their shape) and never look at the device themselves.
+//!
+//! Why two sets: the kernels tuned on lavapipe (`cpu`) do few, wide
+//! invocations because llvmpipe runs a workgroup per thread and pays for every
+//! load per lane; a GPU needs tens of thousands of lanes with coalesced loads
+//! (`gpu`). Both sets run on any device (`--kernels`), so both are tested on
+//! lavapipe against the same CPU references.
+
+use anyhow::{bail, Result};
+
+/// Which kernel set to use: `--kernels` or `SIEVE_KERNELS`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum KernelSet {
+    /// `cpu` on a CPU implementation of the API, `gpu` elsewhere.
+    #[default]
+    Auto,
+    /// Few wide invocations (tuned on lavapipe).
+    Cpu,
+    /// Many lanes, coalesced loads, workgroup tiles; cooperative matrices
+    /// (tensor cores) where the device offers them.
+    Gpu,
+}
+
+impl KernelSet {
+    pub fn parse(s: &str) -> Result<Self> {
+        Ok(match s.to_ascii_lowercase().as_str() {
+            "auto" => KernelSet::Auto,
+            "cpu" => KernelSet::Cpu,
+            "gpu" => KernelSet::Gpu,
+            other => bail!(
+                "unknown kernel set '{other}' (option --kernels or SIEVE_KERNELS): expected auto, cpu or gpu"
+            ),
+        })
+    }
+
+    /// `SIEVE_KERNELS` when set and not empty.
+    pub fn from_env() -> Result<Option<Self>> {
+        match std::env::var("SIEVE_KERNELS") {
+            Ok(s) if !s.is_empty() => Ok(Some(Self::parse(&s)?)),
+            _ => Ok(None),
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            KernelSet::Auto => "auto",
+            KernelSet::Cpu => "cpu",
+            KernelSet::Gpu => "gpu",
+        }
+    }
+}
+
+/// What the kernels need to know about a device.
+#[derive(Clone, Debug)]
+pub struct DeviceProfile {
+    pub name: String,
+    pub vendor: u32,
+    pub device_type: wgpu::DeviceType,
+    /// A CPU implementation of the graphics API (lavapipe/llvmpipe, SwiftShader).
+    pub cpu_implementation: bool,
+    pub subgroup_min: u32,
+    pub subgroup_max: u32,
+    /// Bytes of workgroup memory one workgroup may use.
+    pub workgroup_memory: u32,
+    /// `enable f16;` shaders (SHADER_F16 was requested).
+    pub shader_f16: bool,
+    /// Subgroup operations in compute shaders (SUBGROUP was requested).
+    pub subgroups: bool,
+    /// 16x16x16 cooperative matrices with f16 inputs and f32 accumulators
+    /// (EXPERIMENTAL_COOPERATIVE_MATRIX was requested).
+    pub coop_f16_16x16: bool,
+}
+
+impl DeviceProfile {
+    pub fn new(info: &wgpu::AdapterInfo, features: wgpu::Features, limits: &wgpu::Limits) -> Self {
+        let lower = info.name.to_ascii_lowercase();
+        let cpu_implementation = info.device_type == wgpu::DeviceType::Cpu
+            || lower.contains("llvmpipe")
+            || lower.contains("swiftshader")
+            || lower.contains("lavapipe");
+        DeviceProfile {
+            name: info.name.clone(),
+            vendor: info.vendor,
+            device_type: info.device_type,
+            cpu_implementation,
+            subgroup_min: info.subgroup_min_size,
+            subgroup_max: info.subgroup_max_size,
+            workgroup_memory: limits.max_compute_workgroup_storage_size,
+            shader_f16: features.contains(wgpu::Features::SHADER_F16),
+            subgroups: features.contains(wgpu::Features::SUBGROUP),
+            coop_f16_16x16: features.contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX),
+        }
+    }
+}
+
+/// Whether the adapter's cooperative-matrix configurations include the one
+/// sieve's GEMM uses: 16x16x16, f16 inputs, f32 accumulator.
+pub fn has_coop_f16_16x16(props: &[wgpu::CooperativeMatrixProperties]) -> bool {
+    use wgpu::CooperativeScalarType as T;
+    props.iter().any(|p| {
+        (p.m_size, p.n_size, p.k_size) == (16, 16, 16) && p.ab_type == T::F16 && p.cr_type == T::F32
+    })
+}
+
+/// Mat-vec (decode, one token) variants.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MatvecVariant {
+    /// `matmul.wgsl` `matvec`: four rows per invocation, 16 lanes a workgroup.
+    Rows4,
+    /// `matvec_workgroup.wgsl`: a workgroup of 128 lanes per 2 rows, coalesced
+    /// loads along K, reduced in workgroup memory.
+    WorkgroupReduce,
+    /// `matvec_subgroup.wgsl`: the same, reduced with subgroup sums.
+    SubgroupReduce,
+}
+
+/// Mat-mul (prefill, several tokens) variants.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MatmulVariant {
+    /// `matmul.wgsl` `matmul`: 4 rows x 4 tokens per invocation, no tiles.
+    Blocked4x4,
+    /// `matmul_tiled.wgsl`: 64 x 64 output tiles staged in workgroup memory,
+    /// 4 x 4 per lane.
+    Tiled,
+    /// `matmul_coop.wgsl`: 64 x 32 output tiles from 16x16x16 cooperative
+    /// matrices (tensor cores), f16 inputs, f32 accumulation. Needs f16
+    /// weights, rows a multiple of 64 (per row part) and K a multiple of 64;
+    /// other shapes use `Tiled`.
+    Coop,
+}
+
+/// The variant of every op with variants, chosen once per device.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KernelVariants {
+    /// The set asked for (`auto` resolved).
+    pub set: KernelSet,
+    pub matvec: MatvecVariant,
+    pub matmul: MatmulVariant,
+}
+
+impl KernelVariants {
+    /// The one place where variants are chosen from the device.
+    pub fn select(profile: &DeviceProfile, wanted: KernelSet) -> Self {
+        let set = match wanted {
+            KernelSet::Auto if profile.cpu_implementation => KernelSet::Cpu,
+            KernelSet::Auto => KernelSet::Gpu,
+            other => other,
+        };
+        match set {
+            KernelSet::Cpu | KernelSet::Auto => KernelVariants {
+                set: KernelSet::Cpu,
+                matvec: MatvecVariant::Rows4,
+                matmul: MatmulVariant::Blocked4x4,
+            },
+            KernelSet::Gpu => KernelVariants {
+                set,
+                matvec: if profile.subgroups {
+                    MatvecVariant::SubgroupReduce
+                } else {
+                    MatvecVariant::WorkgroupReduce
+                },
+                // The cooperative GEMM is one subgroup per workgroup: it needs
+                // a fixed subgroup size.
+                matmul: if profile.coop_f16_16x16
+                    && profile.shader_f16
+                    && profile.subgroup_min == profile.subgroup_max
+                {
+                    MatmulVariant::Coop
+                } else {
+                    MatmulVariant::Tiled
+                },
+            },
+        }
+    }
+
+    /// The mat-mul variant for one weight matrix: `Coop` falls back to `Tiled`
+    /// for shapes it does not take.
+    pub fn matmul_for(
+        &self,
+        format: crate::shaders::WeightFormat,
+        part_rows: &[usize],
+        cols: usize,
+    ) -> MatmulVariant {
+        match self.matmul {
+            MatmulVariant::Coop
+                if !(format == crate::shaders::WeightFormat::F16
+                    && cols % 64 == 0
+                    && part_rows.iter().all(|r| r % 64 == 0)) =>
+            {
+                MatmulVariant::Tiled
+            }
+            v => v,
+        }
+    }
+
+    /// One line for `sieve info` and `sieve bench`.
+    pub fn describe(&self) -> String {
+        format!(
+            "{} (mat-vec {:?}, mat-mul {:?})",
+            self.set.name(),
+            self.matvec,
+            self.matmul
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::shaders::WeightFormat;
+
+    fn profile(cpu: bool, subgroups: bool, coop: bool) -> DeviceProfile {
+        DeviceProfile {
+            name: "test".into(),
+            vendor: 0,
+            device_type: if cpu {
+                wgpu::DeviceType::Cpu
+            } else {
+                wgpu::DeviceType::DiscreteGpu
+            },
+            cpu_implementation: cpu,
+            subgroup_min: 32,
+            subgroup_max: 32,
+            workgroup_memory: 49152,
+            shader_f16: true,
+            subgroups,
+            coop_f16_16x16: coop,
+        }
+    }
+
+    #[test]
+    fn auto_picks_by_device_kind_and_features() {
+        let v = KernelVariants::select(&profile(true, true, false), KernelSet::Auto);
+        assert_eq!(v.set, KernelSet::Cpu);
+        assert_eq!(v.matvec, MatvecVariant::Rows4);
+        let v = KernelVariants::select(&profile(false, true, true), KernelSet::Auto);
+        assert_eq!(
+            (v.set, v.matvec, v.matmul),
+            (
+                KernelSet::Gpu,
+                MatvecVariant::SubgroupReduce,
+                MatmulVariant::Coop
+            )
+        );
+        let v = KernelVariants::select(&profile(false, false, false), KernelSet::Auto);
+        assert_eq!(
+            (v.matvec, v.matmul),
+            (MatvecVariant::WorkgroupReduce, MatmulVariant::Tiled)
+        );
+        // Forcing works both ways.
+        let v = KernelVariants::select(&profile(false, true, true), KernelSet::Cpu);
+        assert_eq!(v.matmul, MatmulVariant::Blocked4x4);
+        let v = KernelVariants::select(&profile(true, false, false), KernelSet::Gpu);
+        assert_eq!(v.matmul, MatmulVariant::Tiled);
+    }
+
+    #[test]
+    fn coop_falls_back_on_shapes_it_does_not_take() {
+        let v = KernelVariants::select(&profile(false, true, true), KernelSet::Gpu);
+        assert_eq!(
+            v.matmul_for(WeightFormat::F16, &[128, 64], 576),
+            MatmulVariant::Coop
+        );
+        assert_eq!(
+            v.matmul_for(WeightFormat::F32, &[128], 576),
+            MatmulVariant::Tiled
+        );
+        assert_eq!(
+            v.matmul_for(WeightFormat::F16, &[128, 36], 576),
+            MatmulVariant::Tiled
+        );
+        assert_eq!(
+            v.matmul_for(WeightFormat::F16, &[128], 100),
+            MatmulVariant::Tiled
+        );
+    }
+
+    #[test]
+    fn kernel_set_names_parse() {
+        for s in [KernelSet::Auto, KernelSet::Cpu, KernelSet::Gpu] {
+            assert_eq!(KernelSet::parse(s.name()).unwrap(), s);
+        }
+        let e = KernelSet::parse("tpu").unwrap_err().to_string();
+        assert!(e.contains("--kernels") && e.contains("tpu"), "{e}");
+    }
+}

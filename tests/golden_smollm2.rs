@@ -18,7 +18,9 @@
 mod common;
 use common::*;
 use sieve::convert::{convert_gguf, OutDtype};
+use sieve::device::KernelSet;
 use sieve::engine::{Engine, EngineOptions, StepOutput};
+use sieve::gpu::GpuOptions;
 use sieve::model::{LoadOptions, Model};
 use sieve::session::{GenerateOptions, Llm, SessionOptions};
 use sieve::shaders::WeightFormat;
@@ -133,6 +135,11 @@ fn model(dtype: OutDtype) -> Option<Arc<Model>> {
 }
 
 fn model_with_kv(dtype: OutDtype, kv: WeightFormat) -> Option<Arc<Model>> {
+    model_with(dtype, kv, None)
+}
+
+/// `kernels`: None for the device's own choice (auto, or $SIEVE_KERNELS).
+fn model_with(dtype: OutDtype, kv: WeightFormat, kernels: Option<KernelSet>) -> Option<Arc<Model>> {
     let dir = converted(dtype)?;
     let fmt = if dtype == OutDtype::F32 {
         WeightFormat::F32
@@ -145,6 +152,10 @@ fn model_with_kv(dtype: OutDtype, kv: WeightFormat) -> Option<Arc<Model>> {
             &LoadOptions {
                 dtype: Some(fmt),
                 kv_dtype: Some(kv),
+                gpu: GpuOptions {
+                    kernels,
+                    ..Default::default()
+                },
                 ..Default::default()
             },
         )
@@ -216,9 +227,14 @@ fn check_logits_kv(dtype: OutDtype, kv: WeightFormat, tol: f32, files: &[&str]) 
     let Some(m) = model_with_kv(dtype, kv) else {
         return;
     };
+    check_logits_on(&m, tol, files)
+}
+
+fn check_logits_on(m: &Arc<Model>, tol: f32, files: &[&str]) {
+    let (dtype, kv) = (m.format, m.kv_format);
     for f in files {
         let g = Npz::open(&golden().join(f));
-        let (stored, steps) = run_prompt(&m, &g);
+        let (stored, steps) = run_prompt(m, &g);
         let (_, want) = g.f32("logits");
         let vocab = m.config.vocab_size;
         for (i, got) in stored.iter().enumerate() {
@@ -279,6 +295,22 @@ fn f16_logits_and_greedy_match() {
 #[test]
 fn f16_kv_cache_logits_and_greedy_match() {
     check_logits_kv(OutDtype::F32, WeightFormat::F16, 0.06, &ALL);
+}
+
+/// The `gpu` kernel set (whatever the device would pick by itself): f32
+/// weights at the f32 tolerance, f16 weights with an f16 cache at the f16
+/// tolerances.
+#[test]
+fn gpu_kernels_logits_and_greedy_match() {
+    let gpu = Some(KernelSet::Gpu);
+    let Some(m) = model_with(OutDtype::F32, WeightFormat::F32, gpu) else {
+        return;
+    };
+    assert_eq!(m.gpu.kernels.set, KernelSet::Gpu);
+    check_logits_on(&m, 2e-3, &ALL[..3]);
+    drop(m);
+    let m = model_with(OutDtype::F16, WeightFormat::F16, gpu).unwrap();
+    check_logits_on(&m, 0.1, &ALL[3..5]);
 }
 
 #[test]

@@ -10,6 +10,7 @@
 
 mod common;
 use common::*;
+use sieve::device::KernelSet;
 use sieve::engine::{Engine, EngineOptions, StepOutput};
 use sieve::gpu::GpuOptions;
 use sieve::kernels::sample::SamplingParams;
@@ -39,8 +40,14 @@ fn engine(model: &Arc<Model>, max_tokens: usize) -> Engine {
     .unwrap()
 }
 
-fn check_model(name: &str) {
-    let model = load(name, GpuOptions::default());
+fn check_model(name: &str, kernels: Option<KernelSet>) {
+    let model = load(
+        name,
+        GpuOptions {
+            kernels,
+            ..Default::default()
+        },
+    );
     for len in ["001", "007", "064", "300"] {
         let g = Npz::open(&golden_dir().join(name).join(format!("golden_len{len}.npz")));
         let ids = g.ids("input_ids");
@@ -106,23 +113,40 @@ fn check_model(name: &str) {
 
 #[test]
 fn tiny_qwen2_matches_transformers() {
-    check_model("tiny-qwen2");
+    check_model("tiny-qwen2", None);
 }
 
 #[test]
 fn tiny_llama_gqa_matches_transformers() {
-    check_model("tiny-llama-gqa");
+    check_model("tiny-llama-gqa", None);
+}
+
+/// Both kernel sets on whatever device runs the tests (`auto` above picks
+/// one of them): the same tolerances.
+#[test]
+fn both_kernel_sets_match_transformers() {
+    for kernels in [KernelSet::Cpu, KernelSet::Gpu] {
+        for name in ["tiny-qwen2", "tiny-llama-gqa"] {
+            check_model(name, Some(kernels));
+        }
+    }
 }
 
 /// Chunked prefill (chunks of 7 over 300 tokens) and weights split across many
 /// small storage bindings give the same logits as the reference.
 #[test]
 fn chunked_prefill_and_split_bindings() {
-    for name in ["tiny-qwen2", "tiny-llama-gqa"] {
+    for (name, kernels) in [
+        ("tiny-qwen2", KernelSet::Cpu),
+        ("tiny-llama-gqa", KernelSet::Cpu),
+        ("tiny-qwen2", KernelSet::Gpu),
+        ("tiny-llama-gqa", KernelSet::Gpu),
+    ] {
         let model = load(
             name,
             GpuOptions {
                 max_binding_override: Some(128 * 1024),
+                kernels: Some(kernels),
                 ..Default::default()
             },
         );

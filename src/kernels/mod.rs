@@ -10,6 +10,7 @@ pub mod epikv_delta;
 pub mod matmul;
 pub mod paging;
 pub mod random_fill;
+pub mod read_bandwidth;
 pub mod rmsnorm;
 pub mod rope_kv;
 pub mod sample;

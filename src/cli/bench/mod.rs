@@ -16,10 +16,8 @@ use std::time::Instant;
 use super::{write_atomic, ModelArgs};
 use sieve::engine::{Engine, EngineOptions, StepOutput};
 use sieve::eviction::Policy;
-use sieve::gpu::Gpu;
 use sieve::kernels::sample::SamplingParams;
 use sieve::model::Model;
-use sieve::shaders;
 
 #[derive(Args, Debug)]
 pub struct BenchArgs {
@@ -79,33 +77,6 @@ pub struct BenchArgs {
     pub fill_step: usize,
 }
 
-/// Streaming-read bandwidth of the device in bytes/s (best of 3 runs).
-pub fn read_bandwidth(gpu: &Gpu) -> Result<f64> {
-    let bytes = gpu.max_binding.min(256 << 20) / 16 * 16;
-    let src = gpu.storage("bandwidth-src", bytes);
-    let groups = 4096u32;
-    let dst = gpu.storage("bandwidth-dst", groups as u64 * 64 * 4);
-    let pipeline = gpu.pipeline(&shaders::READ_BANDWIDTH, None, "main", &[])?;
-    let group = gpu.bind_group(&pipeline, &[&src, &dst]);
-    let mut best = f64::MAX;
-    for _ in 0..4 {
-        let mut enc = gpu.device.create_command_encoder(&Default::default());
-        {
-            let mut pass = enc.begin_compute_pass(&Default::default());
-            pass.set_pipeline(&pipeline);
-            pass.set_bind_group(0, &group, &[]);
-            pass.dispatch_workgroups(groups, 1, 1);
-        }
-        let t = Instant::now();
-        gpu.queue.submit([enc.finish()]);
-        gpu.device
-            .poll(wgpu::PollType::wait_indefinitely())
-            .map_err(|e| anyhow::anyhow!("{e}"))?;
-        best = best.min(t.elapsed().as_secs_f64());
-    }
-    Ok(bytes as f64 / best)
-}
-
 /// Peak resident memory of this process (VmHWM), where the OS reports it.
 pub fn peak_rss_bytes() -> Option<u64> {
     let s = std::fs::read_to_string("/proc/self/status").ok()?;
@@ -150,8 +121,15 @@ pub fn run(model: &std::sync::Arc<Model>, a: &BenchArgs) -> Result<serde_json::V
         model.kv_format.name(),
         gpu.describe()
     );
-    let bw = read_bandwidth(&gpu)?;
-    println!("streaming read bandwidth: {:.2} GB/s", bw / 1e9);
+    println!("kernels: {}", gpu.kernels.describe());
+    let probe = sieve::kernels::read_bandwidth::measure(&gpu, 5)?;
+    let bw = probe.bytes_per_second;
+    println!(
+        "streaming read bandwidth: {:.2} GB/s (best of 5 reads of {} MiB, {} clock)",
+        bw / 1e9,
+        probe.bytes >> 20,
+        if probe.gpu_timed { "GPU" } else { "host" }
+    );
     // Token ids do not change the work; use a fixed spread of ids.
     let ids = |n: usize| -> Vec<u32> {
         (0..n)
@@ -237,6 +215,7 @@ pub fn run(model: &std::sync::Arc<Model>, a: &BenchArgs) -> Result<serde_json::V
         "weights": model.format.name(),
         "kv_cache": model.kv_format.name(),
         "adapter": gpu.describe(),
+        "kernels": gpu.kernels.describe(),
         "read_bandwidth_bytes_per_second": bw,
         "prefill": prefill,
         "decode": decode,

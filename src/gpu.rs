@@ -10,7 +10,7 @@ use anyhow::{anyhow, bail, Context, Result};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use crate::device::{has_coop_f16_16x16, DeviceProfile, KernelSet, KernelVariants};
+use crate::device::{has_coop_f16_16x16, DeviceProfile, KernelSet, KernelVariants, MatmulVariant};
 use crate::shaders;
 
 /// How to choose the adapter. Both fields can also come from the environment:
@@ -179,7 +179,7 @@ impl Gpu {
         };
         let profile = DeviceProfile::new(&info, features, &limits);
         let kernels = KernelVariants::select(&profile, kernel_set);
-        Ok(Arc::new(Gpu {
+        let mut gpu = Gpu {
             device,
             queue,
             info,
@@ -189,7 +189,21 @@ impl Gpu {
             profile,
             kernels,
             pipelines: Mutex::new(HashMap::new()),
-        }))
+        };
+        // The cooperative GEMM rests on an experimental wgpu feature: before
+        // the engine relies on it, one small product is checked against the
+        // CPU reference; a wrong or failing result falls back to the tiled
+        // kernel (the fallback always works) with a warning.
+        if gpu.kernels.matmul == MatmulVariant::Coop {
+            if let Err(e) = crate::kernels::matmul::check_variant(&gpu, MatmulVariant::Coop) {
+                eprintln!(
+                    "warning: the cooperative-matrix mat-mul failed its check on {} ({e:#}); using the tiled kernel",
+                    gpu.info.name
+                );
+                gpu.kernels.matmul = MatmulVariant::Tiled;
+            }
+        }
+        Ok(Arc::new(gpu))
     }
 
     /// One line naming the adapter, for logs and `sieve info`.

@@ -174,6 +174,83 @@ impl Matmul {
     }
 }
 
+/// Runs `variant` once on a 128 x 192 weight and 40 tokens (bias and
+/// residual on) and compares with [`reference`]: an error when the kernel
+/// fails to build or run, or its result is off by more than f16 rounding of
+/// the input explains.
+pub fn check_variant(gpu: &Gpu, variant: MatmulVariant) -> Result<()> {
+    let (rows, cols, n) = (128usize, 192usize, 40usize);
+    let wave = |len: usize, f: f32| -> Vec<f32> {
+        (0..len)
+            .map(|i| ((i as f32 * f).sin() * 0.5 * 1024.0).round() / 1024.0)
+            .collect()
+    };
+    let w = wave(rows * cols, 0.37);
+    let x = wave(n * cols, 0.91);
+    let b = wave(rows, 1.3);
+    let y0 = wave(n * rows, 2.1);
+    let m = GpuMatrix::new(
+        gpu,
+        "check-w",
+        rows,
+        cols,
+        crate::shaders::WeightFormat::F16,
+    )?;
+    m.write_rows(gpu, 0, &w, "check-w")?;
+    let step = gpu.uniform(
+        "check-step",
+        &super::Step {
+            n_tokens: n as u32,
+            ..Default::default()
+        },
+    );
+    let (bb, xb, yb) = (
+        gpu.storage_from("check-b", &b),
+        gpu.storage_from("check-x", &x),
+        gpu.storage_from("check-y", &y0),
+    );
+    let opts = MatmulOptions {
+        accumulate: true,
+        rows: Rows::Tokens,
+    };
+    let scope = gpu.device.push_error_scope(wgpu::ErrorFilter::Validation);
+    let mm = Matmul::with_variants(
+        gpu,
+        &step,
+        &m,
+        Some(&bb),
+        &xb,
+        &yb,
+        opts,
+        (MatvecVariant::Rows4, variant),
+    )?;
+    let mut enc = gpu.device.create_command_encoder(&Default::default());
+    {
+        let mut pass = enc.begin_compute_pass(&Default::default());
+        mm.encode(&mut pass, n as u32);
+    }
+    gpu.queue.submit([enc.finish()]);
+    if let Some(e) = pollster::block_on(scope.pop()) {
+        anyhow::bail!("{e}");
+    }
+    let got: Vec<f32> = gpu.read(&yb, 0, n * rows)?;
+    let mut want = y0;
+    reference(&w, rows, cols, Some(&b), &x, &mut want, true);
+    let err = got
+        .iter()
+        .zip(&want)
+        .map(|(g, w)| (g - w).abs())
+        .fold(
+            0.0f32,
+            |a, d| if d.is_nan() { f32::INFINITY } else { a.max(d) },
+        );
+    // x values are multiples of 2^-10 below 0.5: exact in f16.
+    if err > 1e-3 {
+        anyhow::bail!("max |error| {err} against the CPU reference");
+    }
+    Ok(())
+}
+
 /// CPU reference: `y[t, r] = (accumulate ? y : 0) + sum_k w[r, k] x[t, k] + bias[r]`.
 pub fn reference(
     w: &[f32],
@@ -370,6 +447,25 @@ mod tests {
             eprintln!("note: {} has no 16x16 f16 cooperative matrices; matmul_coop.wgsl is only validated and translated (tests/shaders.rs)", gpu.info.name);
         } else {
             assert!(coop, "the cooperative variant did not run");
+        }
+    }
+
+    /// The start-up check that guards the cooperative GEMM passes for the
+    /// kernels that work here and fails (an error, no panic) for one the
+    /// device cannot run, which is what makes the engine fall back.
+    #[test]
+    fn start_up_check_accepts_working_and_refuses_broken_variants() {
+        let gpu = gpu();
+        check_variant(&gpu, MatmulVariant::Blocked4x4).unwrap();
+        check_variant(&gpu, MatmulVariant::Tiled).unwrap();
+        let coop = check_variant(&gpu, MatmulVariant::Coop);
+        if gpu.profile.coop_f16_16x16 {
+            coop.unwrap();
+        } else {
+            assert!(
+                coop.is_err(),
+                "the cooperative kernel ran without the feature"
+            );
         }
     }
 

@@ -27,7 +27,7 @@
 // dispatched once per page with keys, over that page's chunks only.
 // Query t of the step sits in slot step.start_slot + t and attends slots 0 ..= that slot.
 //
-// Bindings (group 0), all entry points:
+// Bindings (group 0), all entry points (declared in attention_io.wgsl):
 //   0 step  uniform Step
 //   1 p     uniform AttnParams
 //   2 q     storage read  [n_tokens, n_heads * head_dim/4] vec4<f32> (after RoPE)
@@ -42,39 +42,6 @@
 //   9 page  uniform Page  the slots kc/vc hold (page.first a multiple of CHUNK)
 // Limits: head_dim <= 128 (a multiple of 4), n_heads / n_kv <= 8.
 // Workgroup memory: 12 KiB (decode_partial).
-struct AttnParams {
-    n_heads: u32,
-    n_kv: u32,
-    hd4: u32,
-    scale: f32,
-}
-
-@group(0) @binding(0) var<uniform> step: Step;
-@group(0) @binding(1) var<uniform> p: AttnParams;
-@group(0) @binding(2) var<storage, read> q: array<vec4<f32>>;
-@group(0) @binding(3) var<storage, read> kc: array<KvPacked>;
-@group(0) @binding(4) var<storage, read> vc: array<KvPacked>;
-@group(0) @binding(5) var<storage, read_write> part: array<vec4<f32>>;
-@group(0) @binding(6) var<storage, read_write> out: array<vec4<f32>>;
-@group(0) @binding(7) var<storage, read_write> lse: array<f32>;
-@group(0) @binding(8) var<storage, read> qslot: array<u32>;
-@group(0) @binding(9) var<uniform> page: Page;
-
-const CHUNK: u32 = 256u;
-const BK: u32 = 16u;
-const HD4_MAX: u32 = 32u;
-const GMAX: u32 = 8u;
-const NEG: f32 = -3.0e38;
-
-fn n_chunks() -> u32 {
-    return (step.start_slot + step.n_tokens + CHUNK - 1u) / CHUNK;
-}
-
-// Index of the (max, sum) entry of query t, head h, chunk c in `part`.
-fn part_base(t: u32, h: u32, c: u32) -> u32 {
-    return ((t * p.n_heads + h) * n_chunks() + c) * (p.hd4 + 1u);
-}
-
 // One query row t of head h over the keys (cache slots) k_begin..k_end of chunk c,
 // all within the bound page.
 fn partial_row(t: u32, h: u32, c: u32, k_begin: u32, k_end: u32) {

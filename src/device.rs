@@ -137,6 +137,17 @@ pub enum MatmulVariant {
     Coop,
 }
 
+/// Decode attention (one query) variants; prefill and the merge have one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AttnDecodeVariant {
+    /// `attention.wgsl` `decode_partial`: 64 lanes per (KV head, key chunk),
+    /// softmax and value sums serial over the chunk.
+    Serial,
+    /// `attention_decode.wgsl`: 256 lanes per (KV head, key chunk), one key
+    /// per lane, tree reductions, values summed in 8 key slices.
+    Parallel,
+}
+
 /// The variant of every op with variants, chosen once per device.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct KernelVariants {
@@ -144,6 +155,7 @@ pub struct KernelVariants {
     pub set: KernelSet,
     pub matvec: MatvecVariant,
     pub matmul: MatmulVariant,
+    pub attn_decode: AttnDecodeVariant,
 }
 
 impl KernelVariants {
@@ -159,6 +171,7 @@ impl KernelVariants {
                 set: KernelSet::Cpu,
                 matvec: MatvecVariant::Rows4,
                 matmul: MatmulVariant::Blocked4x4,
+                attn_decode: AttnDecodeVariant::Serial,
             },
             KernelSet::Gpu => KernelVariants {
                 set,
@@ -177,6 +190,7 @@ impl KernelVariants {
                 } else {
                     MatmulVariant::Tiled
                 },
+                attn_decode: AttnDecodeVariant::Parallel,
             },
         }
     }
@@ -204,10 +218,11 @@ impl KernelVariants {
     /// One line for `sieve info` and `sieve bench`.
     pub fn describe(&self) -> String {
         format!(
-            "{} (mat-vec {:?}, mat-mul {:?})",
+            "{} (mat-vec {:?}, mat-mul {:?}, decode attention {:?})",
             self.set.name(),
             self.matvec,
-            self.matmul
+            self.matmul,
+            self.attn_decode
         )
     }
 }

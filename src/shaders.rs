@@ -5,7 +5,7 @@
 //! `weights_f16.wgsl` or `weights_f32.wgsl` (`WPacked`, `unpack_w`), for the KV
 //! cache `kv_f16.wgsl` or `kv_f32.wgsl` (`KvPacked`, `unpack_kv`, `pack_kv`);
 //! then the declarations it shares with its sibling variants (for the mat-mul
-//! variants `matmul_io.wgsl`), then the kernel file itself. `enable`
+//! variants `matmul_io.wgsl`, for attention `attention_io.wgsl`), then the kernel file itself. `enable`
 //! directives of the kernel are moved to the top, where WGSL wants them.
 //! `all()` lists every kernel so that a test can validate each one
 //! with naga and translate it to SPIR-V, MSL and HLSL.
@@ -60,6 +60,7 @@ const WEIGHTS_F32: &str = include_str!("../shaders/weights_f32.wgsl");
 const KV_F16: &str = include_str!("../shaders/kv_f16.wgsl");
 const KV_F32: &str = include_str!("../shaders/kv_f32.wgsl");
 const MATMUL_IO: &str = include_str!("../shaders/matmul_io.wgsl");
+const ATTENTION_IO: &str = include_str!("../shaders/attention_io.wgsl");
 
 macro_rules! shader {
     ($ident:ident, $name:literal, $prelude:ident) => {
@@ -84,7 +85,8 @@ shader!(MATVEC_SUBGROUP, "matvec_subgroup", Weights, MATMUL_IO);
 shader!(MATMUL_TILED, "matmul_tiled", Weights, MATMUL_IO);
 shader!(MATMUL_COOP, "matmul_coop", None, MATMUL_IO);
 shader!(ROPE_KV, "rope_kv", Kv);
-shader!(ATTENTION, "attention", Kv);
+shader!(ATTENTION, "attention", Kv, ATTENTION_IO);
+shader!(ATTENTION_DECODE, "attention_decode", Kv, ATTENTION_IO);
 
 shader!(SILU_MUL, "silu_mul", None);
 shader!(SAMPLE, "sample", None);
@@ -107,6 +109,7 @@ pub fn all() -> Vec<&'static Shader> {
         &MATMUL_COOP,
         &ROPE_KV,
         &ATTENTION,
+        &ATTENTION_DECODE,
         &SILU_MUL,
         &SAMPLE,
         &COMPACT,

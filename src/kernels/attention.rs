@@ -14,6 +14,7 @@ use std::sync::Arc;
 use super::paging::SlotPages;
 use super::rope_kv::Heads;
 use super::{ceil_div, dispatch};
+use crate::device::AttnDecodeVariant;
 use crate::gpu::Gpu;
 use crate::shaders;
 
@@ -29,13 +30,20 @@ struct Params {
     scale: f32,
 }
 
+struct PageGroups {
+    slots: std::ops::Range<u32>,
+    group: wgpu::BindGroup,
+    decode_group: wgpu::BindGroup,
+}
+
 pub struct Attention {
     prefill: Arc<wgpu::ComputePipeline>,
     anticausal: Arc<wgpu::ComputePipeline>,
     decode: Arc<wgpu::ComputePipeline>,
     merge: Arc<wgpu::ComputePipeline>,
-    /// One bind group per cache page, with the slots the page holds.
-    pages: Vec<(std::ops::Range<u32>, wgpu::BindGroup)>,
+    /// One bind group per cache page (and one for the decode variant's
+    /// pipeline), with the slots the page holds.
+    pages: Vec<PageGroups>,
     heads: Heads,
     max_slots: u32,
 }
@@ -66,7 +74,30 @@ impl Attention {
         lse: &wgpu::Buffer,
         qslot: &wgpu::Buffer,
     ) -> Result<Self> {
-        gpu.check_workgroup_memory("attention decode_partial", 256 * 16 + 2048 * 4 + 8 * 8)?;
+        let decode_variant = gpu.kernels.attn_decode;
+        let decode = match decode_variant {
+            AttnDecodeVariant::Serial => {
+                gpu.check_workgroup_memory(
+                    "attention decode_partial",
+                    256 * 16 + 2048 * 4 + 8 * 8,
+                )?;
+                gpu.pipeline(
+                    &shaders::ATTENTION,
+                    Some(heads.kv_format),
+                    "decode_partial",
+                    &[],
+                )?
+            }
+            AttnDecodeVariant::Parallel => {
+                gpu.check_workgroup_memory("attention_decode decode_partial", 16448)?;
+                gpu.pipeline(
+                    &shaders::ATTENTION_DECODE,
+                    Some(heads.kv_format),
+                    "decode_partial",
+                    &[],
+                )?
+            }
+        };
         let params = gpu.uniform(
             "attn-params",
             &Params {
@@ -78,7 +109,6 @@ impl Attention {
         );
         let kv = Some(heads.kv_format);
         let prefill = gpu.pipeline(&shaders::ATTENTION, kv, "prefill_partial", &[])?;
-        let decode = gpu.pipeline(&shaders::ATTENTION, kv, "decode_partial", &[])?;
         let merge = gpu.pipeline(&shaders::ATTENTION, kv, "merge", &[])?;
         let anticausal = gpu.pipeline(&shaders::ATTENTION, kv, "anticausal_partial", &[])?;
         anyhow::ensure!(
@@ -91,11 +121,12 @@ impl Attention {
                 let r = k_cache.range(p);
                 let (kc, vc) = (&k_cache.buffers[p], &v_cache.buffers[p]);
                 let page = &k_cache.uniforms[p];
-                let group = gpu.bind_group(
-                    &prefill,
-                    &[step, &params, q, kc, vc, part, out, lse, qslot, page],
-                );
-                (r.start as u32..r.end as u32, group)
+                let bufs = [step, &params, q, kc, vc, part, out, lse, qslot, page];
+                PageGroups {
+                    slots: r.start as u32..r.end as u32,
+                    group: gpu.bind_group(&prefill, &bufs),
+                    decode_group: gpu.bind_group(&decode, &bufs),
+                }
             })
             .collect();
         Ok(Attention {
@@ -113,14 +144,15 @@ impl Attention {
     pub fn encode(&self, pass: &mut wgpu::ComputePass, n_tokens: u32, start_slot: u32) {
         debug_assert!(start_slot + n_tokens <= self.max_slots);
         let h = self.heads;
-        for (group, n_chunks) in self.pages_with_keys(start_slot + n_tokens) {
+        for (page, n_chunks) in self.pages_with_keys(start_slot + n_tokens) {
             if n_tokens == 1 {
-                dispatch(pass, &self.decode, group, (n_chunks, h.n_kv as u32, 1));
+                let groups = (n_chunks, h.n_kv as u32, 1);
+                dispatch(pass, &self.decode, &page.decode_group, groups);
             } else {
                 dispatch(
                     pass,
                     &self.prefill,
-                    group,
+                    &page.group,
                     (ceil_div(n_tokens, 64), h.n_heads as u32, n_chunks),
                 );
             }
@@ -130,15 +162,18 @@ impl Attention {
 
     /// The pages holding any of the first `n_keys` slots, with the number of
     /// key chunks of each that hold some.
-    fn pages_with_keys(&self, n_keys: u32) -> impl Iterator<Item = (&wgpu::BindGroup, u32)> {
+    fn pages_with_keys(&self, n_keys: u32) -> impl Iterator<Item = (&PageGroups, u32)> {
         self.pages
             .iter()
-            .filter(move |(r, _)| r.start < n_keys)
-            .map(move |(r, g)| (g, (r.end.min(n_keys) - r.start).div_ceil(KEY_CHUNK)))
+            .filter(move |pg| pg.slots.start < n_keys)
+            .map(move |pg| {
+                let r = &pg.slots;
+                (pg, (r.end.min(n_keys) - r.start).div_ceil(KEY_CHUNK))
+            })
     }
 
     fn encode_merge(&self, pass: &mut wgpu::ComputePass, n_tokens: u32) {
-        let group = &self.pages[0].1;
+        let group = &self.pages[0].group;
         dispatch(
             pass,
             &self.merge,
@@ -155,11 +190,11 @@ impl Attention {
     /// `start_slot = n_present - n_tokens`.
     pub fn encode_anticausal(&self, pass: &mut wgpu::ComputePass, n_tokens: u32, n_present: u32) {
         let h = self.heads;
-        for (group, n_chunks) in self.pages_with_keys(n_present) {
+        for (page, n_chunks) in self.pages_with_keys(n_present) {
             dispatch(
                 pass,
                 &self.anticausal,
-                group,
+                &page.group,
                 (ceil_div(n_tokens, 64), h.n_heads as u32, n_chunks),
             );
         }
@@ -260,6 +295,7 @@ pub fn anticausal_reference(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::device::KernelSet;
     use crate::kernels::testutil::*;
     use crate::kernels::Step;
     use crate::shaders::WeightFormat;
@@ -349,20 +385,28 @@ mod tests {
     /// with queries on both sides of page boundaries and a short last page.
     #[test]
     fn paged_caches_match_reference() {
-        let gpu = gpu();
-        check(&gpu, 4, 2, 32, 100, 200, 256);
-        check(&gpu, 6, 3, 64, 1, 256, 256);
-        check(&gpu, 8, 2, 128, 1, 1100, 512);
-        check(&gpu, 4, 1, 64, 130, 700, 256);
+        for set in [KernelSet::Cpu, KernelSet::Gpu] {
+            let gpu = gpu_with(set);
+            check(&gpu, 4, 2, 32, 100, 200, 256);
+            check(&gpu, 6, 3, 64, 1, 256, 256);
+            check(&gpu, 8, 2, 128, 1, 1100, 512);
+            check(&gpu, 4, 1, 64, 130, 700, 256);
+        }
     }
 
+    /// Both decode variants (`cpu`: attention.wgsl, `gpu`: attention_decode.wgsl).
     #[test]
     fn decode_matches_reference() {
-        let gpu = gpu();
-        check(&gpu, 2, 2, 64, 1, 0, 0);
-        check(&gpu, 9, 3, 64, 1, 255, 0);
-        check(&gpu, 8, 2, 128, 1, 600, 0);
-        check(&gpu, 6, 2, 32, 1, 257, 0);
+        for set in [KernelSet::Cpu, KernelSet::Gpu] {
+            let gpu = gpu_with(set);
+            check(&gpu, 2, 2, 64, 1, 0, 0);
+            check(&gpu, 9, 3, 64, 1, 255, 0);
+            check(&gpu, 8, 2, 128, 1, 600, 0);
+            check(&gpu, 6, 2, 32, 1, 257, 0);
+            // Group sizes 8 and 7 (the most the kernels take; Qwen2.5-7B's).
+            check(&gpu, 8, 1, 128, 1, 300, 0);
+            check(&gpu, 14, 2, 64, 1, 513, 0);
+        }
     }
 
     #[test]

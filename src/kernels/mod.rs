@@ -110,6 +110,15 @@ pub(crate) mod testutil {
         Gpu::new(&GpuOptions::default()).expect("a GPU adapter (lavapipe on CI)")
     }
 
+    /// A device whose kernels are the given set.
+    pub fn gpu_with(set: crate::device::KernelSet) -> Arc<Gpu> {
+        Gpu::new(&GpuOptions {
+            kernels: Some(set),
+            ..Default::default()
+        })
+        .expect("a GPU adapter (lavapipe on CI)")
+    }
+
     pub fn step_buffer(gpu: &Gpu, step: Step) -> wgpu::Buffer {
         gpu.uniform("step", &step)
     }

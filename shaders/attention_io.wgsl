@@ -1,0 +1,52 @@
+// attention_io.wgsl: what the attention kernels share (included by
+// attention.wgsl and attention_decode.wgsl after the KV-format prelude; see
+// src/shaders.rs): parameters, bindings, the key chunk and the layout of the
+// per-chunk partials that the merge pass combines.
+//
+// Bindings (group 0), all entry points:
+//   0 step  uniform Step
+//   1 p     uniform AttnParams
+//   2 q     storage read  [n_tokens, n_heads * head_dim/4] vec4<f32> (after RoPE)
+//   3 kc    storage read  [page.len, n_kv * head_dim/4] KvPacked  one page of the key cache
+//   4 vc    storage read  [page.len, n_kv * head_dim/4] KvPacked  the same page of the values
+// (KvPacked: four values in the cache's format, from the kv_f16/kv_f32 prelude)
+//   5 part  storage rw    [n_tokens, n_heads, n_chunks, head_dim/4 + 1] vec4<f32>
+//                         (accumulator, then (max, sum, 0, 0))
+//   6 out   storage rw    [n_tokens, n_heads * head_dim/4] vec4<f32>
+//   7 lse   storage rw    [n_tokens, n_heads] f32  log-sum-exp of the scaled scores
+//   8 qslot storage read  [n_tokens] u32  (anticausal_partial only) each query's own slot
+//   9 page  uniform Page  the slots kc/vc hold (page.first a multiple of CHUNK)
+// Limits: head_dim <= 128 (a multiple of 4), n_heads / n_kv <= 8.
+struct AttnParams {
+    n_heads: u32,
+    n_kv: u32,
+    hd4: u32,
+    scale: f32,
+}
+
+@group(0) @binding(0) var<uniform> step: Step;
+@group(0) @binding(1) var<uniform> p: AttnParams;
+@group(0) @binding(2) var<storage, read> q: array<vec4<f32>>;
+@group(0) @binding(3) var<storage, read> kc: array<KvPacked>;
+@group(0) @binding(4) var<storage, read> vc: array<KvPacked>;
+@group(0) @binding(5) var<storage, read_write> part: array<vec4<f32>>;
+@group(0) @binding(6) var<storage, read_write> out: array<vec4<f32>>;
+@group(0) @binding(7) var<storage, read_write> lse: array<f32>;
+@group(0) @binding(8) var<storage, read> qslot: array<u32>;
+@group(0) @binding(9) var<uniform> page: Page;
+
+const CHUNK: u32 = 256u;
+const BK: u32 = 16u;
+const HD4_MAX: u32 = 32u;
+const GMAX: u32 = 8u;
+const NEG: f32 = -3.0e38;
+
+fn n_chunks() -> u32 {
+    return (step.start_slot + step.n_tokens + CHUNK - 1u) / CHUNK;
+}
+
+// Index of the (max, sum) entry of query t, head h, chunk c in `part`.
+fn part_base(t: u32, h: u32, c: u32) -> u32 {
+    return ((t * p.n_heads + h) * n_chunks() + c) * (p.hd4 + 1u);
+}
+

@@ -1,12 +1,21 @@
 #!/usr/bin/env bash
-# sieve's GPU benchmark: synthetic 1B and 8B shapes (random weights made on the
-# GPU, no download) at contexts 4k/16k/64k with the full cache and with
-# eviction, on a Linux machine with an NVIDIA GPU and its driver (any Vulkan
-# device works). Prints each result as it comes and writes OUT/gpu-bench.json
-# and OUT/gpu-bench.md. Sized to finish within 8 minutes on an H100/H200.
+# sieve's GPU benchmark: kernel and golden tests on the GPU, then synthetic 1B
+# and 8B shapes (random weights made on the GPU, no download): prefill 512 and
+# decode at depths 0/4096/16384 next to llama.cpp's Vulkan figures, the `cpu`
+# kernel set side by side, contexts 4k/16k/64k with the full cache and with
+# eviction, and the CCS refresh. On a Linux machine with an NVIDIA GPU and its
+# driver (any Vulkan device works). Prints each result as it comes and writes
+# OUT/gpu-bench.json and OUT/gpu-bench.md. Sized for 8 minutes on an H200.
 #
-#   bash scripts/gpu-bench.sh [--small] [OUT]      (OUT defaults to bench-out)
+#   bash scripts/gpu-bench.sh [--small] [--from PACK] [OUT]   (OUT: bench-out)
+#   bash scripts/gpu-bench.sh --pack PACK
 #
+# --pack PACK (on a build machine) fills PACK with what an offline GPU machine
+# needs: the stripped release binary, the library and tiny-golden test
+# binaries, the tiny golden models, and the Debian packages of the Vulkan
+# loader and GL dispatch libraries (libvulkan1 libglvnd0 libglx0 libegl1
+# libgl1 libopengl0 libgles2: NVIDIA's Vulkan driver finds no device with the
+# loader alone). About 50 MB. --from PACK (on the GPU machine) uses them.
 # --small runs CI-sized shapes instead (the 135M shape at contexts 512/1024), so
 # that the script can be checked on a CPU Vulkan driver such as lavapipe.
 # The KV cache is stored in f16, as a deployment would; SIEVE_KV_DTYPE=f32
@@ -15,24 +24,61 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 small=0
 out=bench-out
-for arg in "$@"; do
-    case "$arg" in
+pack=
+from=
+while [ $# -gt 0 ]; do
+    case "$1" in
         --small) small=1 ;;
-        -h|--help) sed -n 2,12p "$0"; exit 0 ;;
-        *) out="$arg" ;;
+        --pack) pack="$2"; shift ;;
+        --from) from="$2"; shift ;;
+        -h|--help) sed -n 2,22p "$0"; exit 0 ;;
+        *) out="$1" ;;
     esac
+    shift
 done
+
+vulkan_debs=(libvulkan1 libglvnd0 libglx0 libegl1 libgl1 libopengl0 libgles2)
+if [ -n "$pack" ]; then
+    set -e
+    mkdir -p "$pack/bin" "$pack/golden" "$pack/gl"
+    cargo build --release
+    cp target/release/sieve "$pack/bin/sieve"
+    # The test executables cargo builds, by target name.
+    tests_json=$(cargo test --release --no-run --message-format=json 2>/dev/null)
+    exe() { # kind name
+        printf '%s\n' "$tests_json" | grep "\"kind\":\[\"$1\"\],[^}]*\"name\":\"$2\"" |
+            grep '"test":true' | grep -o '"executable":"[^"]*"' | head -1 | cut -d'"' -f4
+    }
+    cp "$(exe lib sieve)" "$pack/bin/sieve-lib-tests"
+    cp "$(exe test golden_tiny)" "$pack/bin/golden-tiny-tests"
+    strip "$pack"/bin/* 2>/dev/null || true
+    cp -r ../shared/golden/tiny-qwen2 ../shared/golden/tiny-llama-gqa "$pack/golden/"
+    o='-oAPT::Architecture=amd64 -oAPT::Architectures=amd64 -oDir::State::Lists=/tmp/sieve-apt-amd64'
+    mkdir -p /tmp/sieve-apt-amd64/partial
+    # shellcheck disable=SC2086
+    apt-get $o update -qq
+    # shellcheck disable=SC2086
+    (cd "$pack/gl" && apt-get $o download "${vulkan_debs[@]}")
+    du -sh "$pack"
+    exit 0
+fi
+
 mkdir -p "$out"
 start=$SECONDS
 budget_s=${SIEVE_BENCH_SECONDS:-450}
 kv_dtype=${SIEVE_KV_DTYPE:-f16}
 
-# 1. A Vulkan loader. Offline machines can bring Debian packages in .gl/.
+# 1. A Vulkan loader. Offline machines bring Debian packages (--from PACK, or .gl/).
+debs=()
+[ -n "$from" ] && debs+=("$from"/gl/*.deb)
+compgen -G ".gl/*.deb" >/dev/null && debs+=(.gl/*.deb)
+has_libs() { for l in libvulkan.so.1 libGLX.so.0 libEGL.so.1; do ldconfig -p 2>/dev/null | grep -q "$l" || return 1; done; }
+if [ ${#debs[@]} -gt 0 ] && [ -f "${debs[0]}" ] && ! has_libs; then
+    for f in "${debs[@]}"; do dpkg -x "$f" /; done
+    ldconfig
+fi
 if ! ldconfig -p 2>/dev/null | grep -q 'libvulkan\.so\.1'; then
-    if compgen -G ".gl/*.deb" >/dev/null; then
-        for f in .gl/*.deb; do dpkg -x "$f" /; done
-        ldconfig
-    elif command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
+    if command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
         apt-get install -y -q libvulkan1 >/dev/null
     fi
     if ! ldconfig -p 2>/dev/null | grep -q 'libvulkan\.so\.1'; then
@@ -49,22 +95,89 @@ if [ -z "${VK_DRIVER_FILES:-}${VK_ICD_FILENAMES:-}" ]; then
         fi
     done
 fi
+egl=/usr/local/nvidia/share/glvnd/egl_vendor.d/10_nvidia.json
+if [ -z "${__EGL_VENDOR_LIBRARY_FILENAMES:-}" ] && [ -f "$egl" ]; then
+    export __EGL_VENDOR_LIBRARY_FILENAMES="$egl"
+fi
 
 # 2. The release binary (built here when cargo is present).
-if command -v cargo >/dev/null; then
-    cargo build --release || exit 1
+if [ -n "$from" ]; then
+    bin="$from/bin/sieve"
+else
+    if command -v cargo >/dev/null; then
+        cargo build --release || exit 1
+    fi
+    bin=./target/release/sieve
 fi
-bin=./target/release/sieve
 if [ ! -x "$bin" ]; then
     echo "gpu-bench: no $bin; install Rust (cargo) or bring a release build" >&2
     exit 1
 fi
 export NODEVICE_SELECT=1
 
-# 3. The adapter.
+# 3. The adapter, and the kernels each set uses on it.
 "$bin" info | tee "$out/info.txt"
+"$bin" info --kernels cpu | grep '^kernels' | sed 's/^kernels: /kernels (--kernels cpu):/' | tee -a "$out/info.txt"
 
-# 4. The runs, per shape: the full cache at every context; then window, EpiKV
+# 4. Correctness on this device first: every kernel variant against its CPU
+# reference (the cooperative GEMM included where the device offers it) and
+# both kernel sets on the tiny golden models.
+if [ -n "$from" ] && [ -x "$from/bin/sieve-lib-tests" ]; then
+    echo "== kernel tests on this device"
+    timeout 120 "$from/bin/sieve-lib-tests" --test-threads 1 kernels:: device:: 2>&1 |
+        grep -E '^test |test result|panicked|note:' | tee "$out/kernel-tests.txt"
+    echo "== golden tests (tiny models, both kernel sets)"
+    SIEVE_GOLDEN_DIR="$from/golden" timeout 120 "$from/bin/golden-tiny-tests" --test-threads 1 2>&1 |
+        grep -E '^test |test result|panicked' | tee "$out/golden-tests.txt"
+fi
+
+# 5. Speed: prefill 512 and decode at depths 0/4096/16384 with the device's
+# kernels, and the 8B shape with the `cpu` set side by side.
+if [ "$small" = 1 ]; then
+    speed_shapes=(smollm2-135m)
+    speed_args=(--prefill 128 --depths 0,512 --decode-steps 4)
+else
+    speed_shapes=(llama-3.2-1b llama-3.1-8b)
+    speed_args=(--prefill 512 --depths 0,4096,16384 --decode-steps 16)
+fi
+runs=()
+for shape in "${speed_shapes[@]}"; do
+    json="$out/$shape-speed.json"
+    echo "== $shape (speed): sieve bench --synthetic $shape --kv-dtype $kv_dtype ${speed_args[*]} --refresh-sizes 0"
+    timeout 120 "$bin" bench --synthetic "$shape" --kv-dtype "$kv_dtype" "${speed_args[@]}" \
+        --refresh-sizes 0 --json "$json" | grep -E '^\||^kernels|^streaming' | tee "$out/$shape-speed.md"
+    [ -f "$json" ] && runs+=("$json")
+done
+shape=${speed_shapes[-1]}
+json="$out/$shape-speed-cpu-kernels.json"
+echo "== $shape (speed, --kernels cpu)"
+timeout 120 "$bin" bench --synthetic "$shape" --kv-dtype "$kv_dtype" --kernels cpu \
+    --prefill "${speed_args[1]}" --depths 0 --decode-steps 4 --refresh-sizes 0 --json "$json" |
+    grep -E '^\||^kernels' | tee "$out/$shape-speed-cpu-kernels.md"
+[ -f "$json" ] && runs+=("$json")
+# Side by side with llama.cpp's Vulkan backend on an H200 (F16 weights, flash
+# attention on; prefill 512, decode at depth 0 and 4096; from the issue).
+if command -v python3 >/dev/null; then
+    python3 - "$out" "${runs[@]}" <<'PY' | tee "$out/vs-llama-cpp.md"
+import json, sys
+ref = {"llama-3.1-8b": (2587, 180.4, 163.5), "llama-3.2-1b": (5988, 526, 609)}
+print("| shape | kernels | prefill 512 tok/s (llama.cpp) | decode d0 (llama.cpp) | decode d4096 (llama.cpp) | decode d16384 |")
+print("|---|---|---|---|---|---|")
+for path in sys.argv[2:]:
+    r = json.load(open(path))
+    shape = next((s for s in ref if s in r["model"]), None)
+    pre = {p["tokens"]: p["tokens_per_second"] for p in r["prefill"]}
+    dec = {d["depth"]: d["tokens_per_second"] for d in r["decode"]}
+    lp, l0, l4 = ref.get(shape, (None, None, None))
+    def cell(v, l):
+        if v is None:
+            return "-"
+        return f"{v:,.0f}" + (f" ({l:,.0f}, x{v / l:.2f})" if l else "")
+    print(f"| {r['model']} | {r['kernels'].split()[0]} | {cell(pre.get(512), lp)} | {cell(dec.get(0), l0)} | {cell(dec.get(4096), l4)} | {cell(dec.get(16384), None)} |")
+PY
+fi
+
+# 6. The runs, per shape: the full cache at every context; then window, EpiKV
 # and H2O (fused, and materialized as eager attention would) at each budget at
 # the largest context (a bounded cache holds J + h entries whatever the
 # context), filled in one eager prefill step of J + h tokens, and the refresh
@@ -88,7 +201,6 @@ else
 fi
 chunk=64
 fill=$(( ${budgets##*,} + chunk ))
-runs=()
 for shape in "${shapes[@]}"; do
     left=$(( budget_s - (SECONDS - start) ))
     if [ "$left" -lt 30 ]; then
@@ -113,7 +225,22 @@ for shape in "${shapes[@]}"; do
     done
 done
 
-# 5. One JSON and one markdown file.
+# 7. The CCS refresh on the largest shape (target: within 2x of the paper's
+# 52.6 ms for ccs and 496 ms for ccs-full at cache size 4096 on an 8B model).
+left=$(( budget_s - (SECONDS - start) ))
+shape=${shapes[-1]}
+if [ "$left" -ge 30 ]; then
+    json="$out/$shape-ccs.json"
+    echo "== $shape (ccs refresh at $refresh)"
+    timeout "$left" "$bin" bench --synthetic "$shape" --kv-dtype "$kv_dtype" --prefill 1 --depths 0 \
+        --decode-steps 2 --policies ccs,ccs-full --refresh-sizes "$refresh" --chunk "$chunk" \
+        --json "$json" | grep '^|' | tee "$out/$shape-ccs.md"
+    [ -f "$json" ] && runs+=("$json")
+else
+    echo "gpu-bench: time budget spent; skipping the CCS refresh" | tee -a "$out/skipped.txt"
+fi
+
+# 8. One JSON and one markdown file.
 {
     echo "["
     first=1
@@ -129,9 +256,28 @@ done
     echo
     echo '```'
     head -5 "$out/info.txt"
+    grep '^kernels' "$out/info.txt"
     echo '```'
+    for f in kernel-tests golden-tests; do
+        [ -f "$out/$f.txt" ] && { echo; echo "$f: $(grep 'test result' "$out/$f.txt" | head -1)"; }
+    done
+    if [ -f "$out/vs-llama-cpp.md" ]; then
+        echo
+        echo "## Against llama.cpp (Vulkan, H200)"
+        echo
+        cat "$out/vs-llama-cpp.md"
+    fi
+    for shape in "${speed_shapes[@]}"; do
+        for f in "$shape-speed" "$shape-speed-cpu-kernels"; do
+            [ -f "$out/$f.md" ] || continue
+            echo
+            echo "## $f"
+            echo
+            cat "$out/$f.md"
+        done
+    done
     for shape in "${shapes[@]}"; do
-        for pass in full policies; do
+        for pass in full policies ccs; do
             [ -f "$out/$shape-$pass.md" ] || continue
             echo
             echo "## $shape, $pass"

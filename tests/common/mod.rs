@@ -4,9 +4,14 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 
-/// `../shared/golden` next to the repository (where CI lays it out).
+/// `../shared/golden` next to the repository (where CI lays it out), or
+/// `$SIEVE_GOLDEN_DIR` (scripts/gpu-bench.sh runs the test binaries on a
+/// machine without the repository).
 pub fn golden_dir() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/golden")
+    match std::env::var_os("SIEVE_GOLDEN_DIR") {
+        Some(d) if !d.is_empty() => PathBuf::from(d),
+        _ => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/golden"),
+    }
 }
 
 pub enum Array {

@@ -148,6 +148,17 @@ pub enum AttnDecodeVariant {
     Parallel,
 }
 
+/// Attention partials for many queries (prefill, counter-causal pass).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AttnPrefillVariant {
+    /// `attention.wgsl` `prefill_partial`/`anticausal_partial`: one query and
+    /// the whole head per lane, keys read straight from the cache.
+    RowPerLane,
+    /// `attention_prefill.wgsl`: 64 queries x 4 lanes per workgroup, keys and
+    /// values staged in workgroup memory 8 at a time.
+    Tiled,
+}
+
 /// The variant of every op with variants, chosen once per device.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct KernelVariants {
@@ -156,6 +167,7 @@ pub struct KernelVariants {
     pub matvec: MatvecVariant,
     pub matmul: MatmulVariant,
     pub attn_decode: AttnDecodeVariant,
+    pub attn_prefill: AttnPrefillVariant,
 }
 
 impl KernelVariants {
@@ -172,6 +184,7 @@ impl KernelVariants {
                 matvec: MatvecVariant::Rows4,
                 matmul: MatmulVariant::Blocked4x4,
                 attn_decode: AttnDecodeVariant::Serial,
+                attn_prefill: AttnPrefillVariant::RowPerLane,
             },
             KernelSet::Gpu => KernelVariants {
                 set,
@@ -191,6 +204,7 @@ impl KernelVariants {
                     MatmulVariant::Tiled
                 },
                 attn_decode: AttnDecodeVariant::Parallel,
+                attn_prefill: AttnPrefillVariant::Tiled,
             },
         }
     }
@@ -218,11 +232,12 @@ impl KernelVariants {
     /// One line for `sieve info` and `sieve bench`.
     pub fn describe(&self) -> String {
         format!(
-            "{} (mat-vec {:?}, mat-mul {:?}, decode attention {:?})",
+            "{} (mat-vec {:?}, mat-mul {:?}, decode attention {:?}, prefill attention {:?})",
             self.set.name(),
             self.matvec,
             self.matmul,
-            self.attn_decode
+            self.attn_decode,
+            self.attn_prefill
         )
     }
 }

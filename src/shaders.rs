@@ -87,6 +87,7 @@ shader!(MATMUL_COOP, "matmul_coop", None, MATMUL_IO);
 shader!(ROPE_KV, "rope_kv", Kv);
 shader!(ATTENTION, "attention", Kv, ATTENTION_IO);
 shader!(ATTENTION_DECODE, "attention_decode", Kv, ATTENTION_IO);
+shader!(ATTENTION_PREFILL, "attention_prefill", Kv, ATTENTION_IO);
 
 shader!(SILU_MUL, "silu_mul", None);
 shader!(SAMPLE, "sample", None);
@@ -110,6 +111,7 @@ pub fn all() -> Vec<&'static Shader> {
         &ROPE_KV,
         &ATTENTION,
         &ATTENTION_DECODE,
+        &ATTENTION_PREFILL,
         &SILU_MUL,
         &SAMPLE,
         &COMPACT,

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use super::paging::SlotPages;
 use super::rope_kv::Heads;
 use super::{ceil_div, dispatch};
-use crate::device::AttnDecodeVariant;
+use crate::device::{AttnDecodeVariant, AttnPrefillVariant};
 use crate::gpu::Gpu;
 use crate::shaders;
 
@@ -32,7 +32,10 @@ struct Params {
 
 struct PageGroups {
     slots: std::ops::Range<u32>,
+    /// For attention.wgsl's pipelines (the merge).
     group: wgpu::BindGroup,
+    /// For the prefill and anti-causal variant's pipelines.
+    prefill_group: wgpu::BindGroup,
     decode_group: wgpu::BindGroup,
 }
 
@@ -41,6 +44,8 @@ pub struct Attention {
     anticausal: Arc<wgpu::ComputePipeline>,
     decode: Arc<wgpu::ComputePipeline>,
     merge: Arc<wgpu::ComputePipeline>,
+    pub decode_variant: AttnDecodeVariant,
+    pub prefill_variant: AttnPrefillVariant,
     /// One bind group per cache page (and one for the decode variant's
     /// pipeline), with the slots the page holds.
     pages: Vec<PageGroups>,
@@ -108,9 +113,17 @@ impl Attention {
             },
         );
         let kv = Some(heads.kv_format);
-        let prefill = gpu.pipeline(&shaders::ATTENTION, kv, "prefill_partial", &[])?;
+        let prefill_variant = gpu.kernels.attn_prefill;
+        let prefill_shader = match prefill_variant {
+            AttnPrefillVariant::RowPerLane => &shaders::ATTENTION,
+            AttnPrefillVariant::Tiled => {
+                gpu.check_workgroup_memory("attention_prefill", 16384)?;
+                &shaders::ATTENTION_PREFILL
+            }
+        };
+        let prefill = gpu.pipeline(prefill_shader, kv, "prefill_partial", &[])?;
         let merge = gpu.pipeline(&shaders::ATTENTION, kv, "merge", &[])?;
-        let anticausal = gpu.pipeline(&shaders::ATTENTION, kv, "anticausal_partial", &[])?;
+        let anticausal = gpu.pipeline(prefill_shader, kv, "anticausal_partial", &[])?;
         anyhow::ensure!(
             k_cache.n_pages() == 1 || k_cache.page_slots.is_multiple_of(KEY_CHUNK as usize),
             "key cache pages of {} slots are not whole key chunks of {KEY_CHUNK}",
@@ -124,7 +137,8 @@ impl Attention {
                 let bufs = [step, &params, q, kc, vc, part, out, lse, qslot, page];
                 PageGroups {
                     slots: r.start as u32..r.end as u32,
-                    group: gpu.bind_group(&prefill, &bufs),
+                    group: gpu.bind_group(&merge, &bufs),
+                    prefill_group: gpu.bind_group(&prefill, &bufs),
                     decode_group: gpu.bind_group(&decode, &bufs),
                 }
             })
@@ -132,6 +146,8 @@ impl Attention {
         Ok(Attention {
             prefill,
             anticausal,
+            decode_variant,
+            prefill_variant,
             decode,
             merge,
             pages,
@@ -152,7 +168,7 @@ impl Attention {
                 dispatch(
                     pass,
                     &self.prefill,
-                    &page.group,
+                    &page.prefill_group,
                     (ceil_div(n_tokens, 64), h.n_heads as u32, n_chunks),
                 );
             }
@@ -194,7 +210,7 @@ impl Attention {
             dispatch(
                 pass,
                 &self.anticausal,
-                &page.group,
+                &page.prefill_group,
                 (ceil_div(n_tokens, 64), h.n_heads as u32, n_chunks),
             );
         }
@@ -371,14 +387,20 @@ mod tests {
         );
     }
 
+    /// Both prefill variants (`cpu`: attention.wgsl, `gpu`: attention_prefill.wgsl).
     #[test]
     fn prefill_matches_reference() {
-        let gpu = gpu();
-        // GQA ratios 1, 3 and 4; head_dim 64 and 128; lengths off the 16-key tile and 64-query block.
-        check(&gpu, 2, 2, 64, 2, 0, 0);
-        check(&gpu, 9, 3, 64, 37, 0, 0);
-        check(&gpu, 8, 2, 128, 65, 5, 0);
-        check(&gpu, 4, 1, 32, 130, 17, 0);
+        for set in [KernelSet::Cpu, KernelSet::Gpu] {
+            let gpu = gpu_with(set);
+            // GQA ratios 1, 3 and 4; head_dim 64 and 128 (and 36: columns
+            // not a multiple of the 4 lanes of a query); lengths off the
+            // 16- and 8-key tiles and the 64-query block.
+            check(&gpu, 2, 2, 64, 2, 0, 0);
+            check(&gpu, 9, 3, 64, 37, 0, 0);
+            check(&gpu, 8, 2, 128, 65, 5, 0);
+            check(&gpu, 4, 1, 32, 130, 17, 0);
+            check(&gpu, 3, 1, 36, 70, 250, 0);
+        }
     }
 
     /// A cache split into pages of whole key chunks gives the same result,
@@ -409,9 +431,15 @@ mod tests {
         }
     }
 
+    /// Both variants of the counter-causal pass (with the prefill kernels).
     #[test]
     fn anticausal_matches_reference() {
-        let gpu = gpu();
+        for set in [KernelSet::Cpu, KernelSet::Gpu] {
+            anticausal_cases(&gpu_with(set));
+        }
+    }
+
+    fn anticausal_cases(gpu: &Gpu) {
         // The last case holds the cache in pages of 256 slots.
         use WeightFormat::{F16, F32};
         for &(nh, nkv, hd, n_present, ref qslots, page, format) in &[
@@ -442,7 +470,7 @@ mod tests {
             let k = rand_vec(n_present * nkv * hd, 12, 2.0);
             let v = rand_vec(n_present * nkv * hd, 13, 1.0);
             let step = step_buffer(
-                &gpu,
+                gpu,
                 Step {
                     n_tokens: n as u32,
                     start_slot: (n_present - n) as u32,
@@ -450,17 +478,17 @@ mod tests {
                 },
             );
             let qb = gpu.storage_from("q", &q);
-            let (kb, k) = kv_pages(&gpu, &k, nkv * hd, page, format);
-            let (vb, v) = kv_pages(&gpu, &v, nkv * hd, page, format);
+            let (kb, k) = kv_pages(gpu, &k, nkv * hd, page, format);
+            let (vb, v) = kv_pages(gpu, &v, nkv * hd, page, format);
             let qs = gpu.storage_from("qslot", qslots);
             let part = gpu.storage("part", Attention::partials_bytes(h, n, n_present));
             let ob = gpu.storage("o", (n * nh * hd * 4) as u64);
             let lb = gpu.storage("lse", (n * nh * 4) as u64);
             let a = Attention::new(
-                &gpu, &step, h, n_present, &qb, &kb, &vb, &part, &ob, &lb, &qs,
+                gpu, &step, h, n_present, &qb, &kb, &vb, &part, &ob, &lb, &qs,
             )
             .unwrap();
-            run_pass(&gpu, |pass| {
+            run_pass(gpu, |pass| {
                 a.encode_anticausal(pass, n as u32, n_present as u32)
             });
             let got: Vec<f32> = gpu.read(&ob, 0, n * nh * hd).unwrap();
@@ -475,9 +503,11 @@ mod tests {
 
     #[test]
     fn long_contexts_past_4096() {
-        let gpu = gpu();
-        check(&gpu, 4, 1, 128, 1, 5000, 0);
-        check(&gpu, 6, 2, 64, 3, 4200, 0);
-        check(&gpu, 8, 2, 128, 70, 4100, 0);
+        for set in [KernelSet::Cpu, KernelSet::Gpu] {
+            let gpu = gpu_with(set);
+            check(&gpu, 4, 1, 128, 1, 5000, 0);
+            check(&gpu, 6, 2, 64, 3, 4200, 0);
+            check(&gpu, 8, 2, 128, 70, 4100, 0);
+        }
     }
 }

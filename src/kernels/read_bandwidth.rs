@@ -5,7 +5,7 @@
 //! larger than any GPU cache), the workgroup count gives each lane about 32
 //! 16-byte loads, and the time is the GPU's own (timestamp queries around the
 //! dispatch, where the adapter has them; else the host's wall clock around
-//! submission and wait). The best of several runs after a warm-up is kept.
+//! submission and wait). The median of several runs after a warm-up is kept.
 
 use anyhow::{anyhow, Result};
 use std::time::Instant;
@@ -94,7 +94,9 @@ impl Probe {
     }
 }
 
-/// Streaming-read bandwidth: best of `runs` timed runs after one warm-up.
+/// Streaming-read bandwidth: the median of `runs` timed runs after one
+/// warm-up (lavapipe's timestamps now and then report a run several times too
+/// fast, which a best-of would keep).
 pub fn measure(gpu: &Gpu, runs: usize) -> Result<Bandwidth> {
     let bytes = gpu.max_binding.min(1 << 30) / 16 * 16;
     let src = gpu.storage("bandwidth-src", bytes);
@@ -102,12 +104,13 @@ pub fn measure(gpu: &Gpu, runs: usize) -> Result<Bandwidth> {
     let mut prof = Profiler::new(gpu);
     let gpu_timed = prof.is_some();
     probe.run(gpu, prof.as_mut())?;
-    let mut best = f64::MAX;
-    for _ in 0..runs.max(1) {
-        best = best.min(probe.run(gpu, prof.as_mut())?);
-    }
+    let mut times = (0..runs.max(1))
+        .map(|_| probe.run(gpu, prof.as_mut()))
+        .collect::<Result<Vec<f64>>>()?;
+    times.sort_by(f64::total_cmp);
+    let median = times[times.len() / 2];
     Ok(Bandwidth {
-        bytes_per_second: bytes as f64 / best,
+        bytes_per_second: bytes as f64 / median,
         bytes,
         gpu_timed,
     })

@@ -125,7 +125,7 @@ pub fn run(model: &std::sync::Arc<Model>, a: &BenchArgs) -> Result<serde_json::V
     let probe = sieve::kernels::read_bandwidth::measure(&gpu, 5)?;
     let bw = probe.bytes_per_second;
     println!(
-        "streaming read bandwidth: {:.2} GB/s (best of 5 reads of {} MiB, {} clock)",
+        "streaming read bandwidth: {:.2} GB/s (median of 5 reads of {} MiB, {} clock)",
         bw / 1e9,
         probe.bytes >> 20,
         if probe.gpu_timed { "GPU" } else { "host" }

@@ -14,8 +14,13 @@
 //   3 bias  storage read  [out_stride] f32   (a dummy when flags bit 1 is clear)
 //   4 x     storage read  [n, k/4] vec4<f32>
 //   5 y     storage rw    [n, out_stride] f32
+//   6 norm  storage read  [k/4] vec4<f32>  RMSNorm weights (a dummy when flags
+//                         bit 2 is clear)
 // n = step_rows(step, p.count_sel).
-// flags: bit 0 adds into y (residual connection fused), bit 1 adds the bias.
+// flags: bit 0 adds into y (residual connection fused), bit 1 adds the bias,
+// bit 2 (mat-vec variants of the `gpu` set only): x is the residual stream and
+// the kernel applies RMSNorm (weights `norm`, epsilon p.eps) to it first, which
+// saves decode a dispatch per norm.
 struct MatmulParams {
     rows: u32,
     k4: u32,
@@ -23,7 +28,7 @@ struct MatmulParams {
     out_stride: u32,
     flags: u32,
     count_sel: u32,
-    _p0: u32,
+    eps: f32,
     _p1: u32,
 }
 
@@ -32,6 +37,25 @@ struct MatmulParams {
 @group(0) @binding(3) var<storage, read> bias: array<f32>;
 @group(0) @binding(4) var<storage, read> x: array<vec4<f32>>;
 @group(0) @binding(5) var<storage, read_write> y: array<f32>;
+@group(0) @binding(6) var<storage, read> norm: array<vec4<f32>>;
+
+fn fused_norm() -> bool {
+    return (p.flags & 4u) != 0u;
+}
+
+// x[k] of token 0 as the product sees it: scaled by `inv` (the token's
+// 1 / rms) and the norm weights when the norm is fused.
+fn x_normed(k: u32, inv: f32) -> vec4<f32> {
+    if (fused_norm()) {
+        return x[k] * inv * norm[k];
+    }
+    return x[k];
+}
+
+// 1 / sqrt(mean(x^2) + eps) from a row's sum of squares.
+fn inv_rms(sum_sq: f32) -> f32 {
+    return inverseSqrt(sum_sq / f32(p.k4 * 4u) + p.eps);
+}
 
 // Stores the product of row r (within the part) for token t.
 fn store(t: u32, r: u32, v: f32) {

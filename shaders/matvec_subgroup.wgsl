@@ -9,7 +9,7 @@
 //
 // Bindings (group 0): as matmul_io.wgsl, with
 //   2 w     storage read  [rows, k/4] WPacked
-// Token: the step's single row (n = 1).
+// Token: the step's single row (n = 1). Takes a fused RMSNorm (flags bit 2).
 // Dispatch: (min(groups, 32768), ceil(groups / 32768), 1), groups = ceil(rows / 2);
 // workgroup g = id.x + id.y * 32768 takes rows 2g and 2g + 1.
 // Needs the SUBGROUP feature (naga takes subgroup builtins without an
@@ -20,6 +20,30 @@ const LANES: u32 = 128u;
 
 // One slot per subgroup; 128 covers any subgroup size.
 var<workgroup> partial: array<vec2<f32>, LANES>;
+
+// With a fused norm (flags bit 2): 1 / rms of x, summed by all lanes with
+// subgroup sums; 1 otherwise.
+fn row_inv_rms(lane: u32, sg: u32, n_sg: u32, sg_lane: u32) -> f32 {
+    if (!fused_norm()) {
+        return 1.0;
+    }
+    var ss = 0.0;
+    for (var k = lane; k < p.k4; k += LANES) {
+        let v = x[k];
+        ss += dot(v, v);
+    }
+    let s = subgroupAdd(ss);
+    if (sg_lane == 0u) {
+        partial[sg] = vec2<f32>(s, 0.0);
+    }
+    workgroupBarrier();
+    var total = 0.0;
+    for (var i = 0u; i < n_sg; i++) {
+        total += partial[i].x;
+    }
+    workgroupBarrier();
+    return inv_rms(total);
+}
 
 @compute @workgroup_size(LANES)
 fn matvec(
@@ -35,11 +59,12 @@ fn matvec(
     }
     let w0 = r0 * p.k4;
     let w1 = min(r0 + 1u, p.rows - 1u) * p.k4;
+    let inv = row_inv_rms(lane, sg, n_sg, sg_lane);
     var acc = vec2<f32>(0.0);
     var k = lane;
     for (; k + LANES < p.k4; k += 2u * LANES) {
-        let xa = x[k];
-        let xb = x[k + LANES];
+        let xa = x_normed(k, inv);
+        let xb = x_normed(k + LANES, inv);
         acc += vec2<f32>(dot(unpack_w(w[w0 + k]), xa), dot(unpack_w(w[w1 + k]), xa));
         acc += vec2<f32>(
             dot(unpack_w(w[w0 + k + LANES]), xb),
@@ -47,7 +72,7 @@ fn matvec(
         );
     }
     if (k < p.k4) {
-        let xa = x[k];
+        let xa = x_normed(k, inv);
         acc += vec2<f32>(dot(unpack_w(w[w0 + k]), xa), dot(unpack_w(w[w1 + k]), xa));
     }
     let s = subgroupAdd(acc);

@@ -12,7 +12,7 @@
 //
 // Bindings (group 0): as matmul_io.wgsl, with
 //   2 w     storage read  [rows, k/4] WPacked
-// Token: the step's single row (n = 1).
+// Token: the step's single row (n = 1). Takes a fused RMSNorm (flags bit 2).
 // Dispatch: (min(groups, 32768), ceil(groups / 32768), 1), groups = ceil(rows / 2);
 // workgroup g = id.x + id.y * 32768 takes rows 2g and 2g + 1.
 @group(0) @binding(2) var<storage, read> w: array<WPacked>;
@@ -20,6 +20,30 @@
 const LANES: u32 = 128u;
 
 var<workgroup> partial: array<vec2<f32>, LANES>;
+
+// With a fused norm (flags bit 2): 1 / rms of x, summed by all lanes and
+// reduced in workgroup memory; 1 otherwise.
+fn row_inv_rms(lane: u32) -> f32 {
+    if (!fused_norm()) {
+        return 1.0;
+    }
+    var ss = 0.0;
+    for (var k = lane; k < p.k4; k += LANES) {
+        let v = x[k];
+        ss += dot(v, v);
+    }
+    partial[lane] = vec2<f32>(ss, 0.0);
+    workgroupBarrier();
+    for (var span = LANES / 2u; span > 0u; span /= 2u) {
+        if (lane < span) {
+            partial[lane] += partial[lane + span];
+        }
+        workgroupBarrier();
+    }
+    let inv = inv_rms(partial[0].x);
+    workgroupBarrier();
+    return inv;
+}
 
 @compute @workgroup_size(LANES)
 fn matvec(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lane: u32) {
@@ -29,11 +53,12 @@ fn matvec(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
     }
     let w0 = r0 * p.k4;
     let w1 = min(r0 + 1u, p.rows - 1u) * p.k4;
+    let inv = row_inv_rms(lane);
     var acc = vec2<f32>(0.0);
     var k = lane;
     for (; k + LANES < p.k4; k += 2u * LANES) {
-        let xa = x[k];
-        let xb = x[k + LANES];
+        let xa = x_normed(k, inv);
+        let xb = x_normed(k + LANES, inv);
         acc += vec2<f32>(dot(unpack_w(w[w0 + k]), xa), dot(unpack_w(w[w1 + k]), xa));
         acc += vec2<f32>(
             dot(unpack_w(w[w0 + k + LANES]), xb),
@@ -41,7 +66,7 @@ fn matvec(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
         );
     }
     if (k < p.k4) {
-        let xa = x[k];
+        let xa = x_normed(k, inv);
         acc += vec2<f32>(dot(unpack_w(w[w0 + k]), xa), dot(unpack_w(w[w1 + k]), xa));
     }
     partial[lane] = acc;

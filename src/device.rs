@@ -220,8 +220,8 @@ impl KernelVariants {
         match self.matmul {
             MatmulVariant::Coop
                 if !(format == crate::shaders::WeightFormat::F16
-                    && cols % 64 == 0
-                    && part_rows.iter().all(|r| r % 64 == 0)) =>
+                    && cols.is_multiple_of(64)
+                    && part_rows.iter().all(|r| r.is_multiple_of(64))) =>
             {
                 MatmulVariant::Tiled
             }

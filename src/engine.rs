@@ -14,7 +14,7 @@ use crate::kernels::attn_weights::{AttnWeights, WeightMode};
 use crate::kernels::compact::{Compactor, Gather};
 use crate::kernels::embed::Embed;
 use crate::kernels::epikv_delta::LayerDelta;
-use crate::kernels::matmul::{Matmul, MatmulOptions};
+use crate::kernels::matmul::{FusedNorm, Matmul, MatmulOptions};
 use crate::kernels::paging::SlotPages;
 use crate::kernels::rmsnorm::RmsNorm;
 use crate::kernels::rope_kv::RopeKv;
@@ -84,6 +84,23 @@ struct LayerKernels {
     gate_up: Matmul,
     silu: SiluMul,
     down: Matmul,
+}
+
+impl LayerKernels {
+    /// The attention RMSNorm, unless the q|k|v mat-vec folds it in (decode
+    /// with the `gpu` kernels).
+    fn encode_attn_norm(&self, pass: &mut wgpu::ComputePass, n: u32) {
+        if !(n == 1 && self.qkv.fuses_norm) {
+            self.attn_norm.encode(pass, n);
+        }
+    }
+
+    /// The MLP RMSNorm, unless the gate|up mat-vec folds it in.
+    fn encode_mlp_norm(&self, pass: &mut wgpu::ComputePass, n: u32) {
+        if !(n == 1 && self.gate_up.fuses_norm) {
+            self.mlp_norm.encode(pass, n);
+        }
+    }
 }
 
 /// Which rows of a step get logits, and whether to sample from the last one.
@@ -250,7 +267,20 @@ impl Engine {
         for (l, w) in model.layers.iter().enumerate() {
             layers.push(LayerKernels {
                 attn_norm: RmsNorm::new(&gpu, &step, h, eps, &w.attn_norm, &x, &xn, Rows::Tokens)?,
-                qkv: Matmul::new(&gpu, &step, &w.qkv, w.qkv_bias.as_ref(), &xn, &qkv, set)?,
+                qkv: Matmul::normed(
+                    &gpu,
+                    &step,
+                    &w.qkv,
+                    w.qkv_bias.as_ref(),
+                    &xn,
+                    &qkv,
+                    set,
+                    Some(FusedNorm {
+                        residual: &x,
+                        weights: &w.attn_norm,
+                        eps,
+                    }),
+                )?,
                 rope: RopeKv::new(
                     &gpu,
                     &step,
@@ -276,7 +306,20 @@ impl Engine {
                 )?,
                 o: Matmul::new(&gpu, &step, &w.o, None, &attn_out, &x, acc)?,
                 mlp_norm: RmsNorm::new(&gpu, &step, h, eps, &w.mlp_norm, &x, &xn, Rows::Tokens)?,
-                gate_up: Matmul::new(&gpu, &step, &w.gate_up, None, &xn, &gate_up, set)?,
+                gate_up: Matmul::normed(
+                    &gpu,
+                    &step,
+                    &w.gate_up,
+                    None,
+                    &xn,
+                    &gate_up,
+                    set,
+                    Some(FusedNorm {
+                        residual: &x,
+                        weights: &w.mlp_norm,
+                        eps,
+                    }),
+                )?,
                 silu: SiluMul::new(&gpu, &step, c.intermediate_size, &gate_up, &act)?,
                 down: Matmul::new(&gpu, &step, &w.down, None, &act, &x, acc)?,
             });
@@ -634,7 +677,7 @@ impl Engine {
             }
             let p = pass.as_mut().unwrap();
             mark!(p, "copies");
-            k.attn_norm.encode(p, nt);
+            k.encode_attn_norm(p, nt);
             mark!(p, "rmsnorm");
             k.qkv.encode(p, nt);
             mark!(p, "qkv matmul");
@@ -648,7 +691,7 @@ impl Engine {
             }
             k.o.encode(p, nt);
             mark!(p, "o matmul");
-            k.mlp_norm.encode(p, nt);
+            k.encode_mlp_norm(p, nt);
             mark!(p, "rmsnorm");
             k.gate_up.encode(p, nt);
             mark!(p, "gate+up matmul");
@@ -779,12 +822,12 @@ impl Engine {
                     }
                 };
                 for (k, rope) in self.layers[first..].iter().zip(&cc.rope) {
-                    k.attn_norm.encode(&mut p, m);
+                    k.encode_attn_norm(&mut p, m);
                     k.qkv.encode(&mut p, m);
                     rope.encode(&mut p, m, n_present - m);
                     k.attn.encode_anticausal(&mut p, m, n_present);
                     k.o.encode(&mut p, m);
-                    k.mlp_norm.encode(&mut p, m);
+                    k.encode_mlp_norm(&mut p, m);
                     k.gate_up.encode(&mut p, m);
                     k.silu.encode(&mut p, m);
                     k.down.encode(&mut p, m);

@@ -23,7 +23,8 @@ struct Params {
     out_stride: u32,
     flags: u32,
     count_sel: u32,
-    _p: [u32; 2],
+    eps: f32,
+    _p: u32,
 }
 
 /// How the product is stored.
@@ -32,6 +33,19 @@ pub struct MatmulOptions {
     /// Add into y instead of overwriting (fuses a residual connection).
     pub accumulate: bool,
     pub rows: Rows,
+}
+
+/// An RMSNorm folded into the mat-vec (decode) of the `gpu` set: the mat-vec
+/// reads the residual stream and normalises it itself, which saves decode one
+/// dispatch per norm. Prefill (and the `cpu` set) still reads the normed input
+/// the separate RMSNorm kernel writes.
+#[derive(Clone, Copy)]
+pub struct FusedNorm<'a> {
+    /// `[n, cols]` f32: the norm's input.
+    pub residual: &'a wgpu::Buffer,
+    /// `[cols]` f32.
+    pub weights: &'a wgpu::Buffer,
+    pub eps: f64,
 }
 
 struct Part {
@@ -46,6 +60,8 @@ pub struct Matmul {
     matmul: Arc<wgpu::ComputePipeline>,
     pub matvec_variant: MatvecVariant,
     pub matmul_variant: MatmulVariant,
+    /// The mat-vec applies the RMSNorm itself: skip the norm kernel when n = 1.
+    pub fuses_norm: bool,
     parts: Vec<Part>,
 }
 
@@ -77,9 +93,26 @@ impl Matmul {
         y: &wgpu::Buffer,
         opts: MatmulOptions,
     ) -> Result<Self> {
+        Self::normed(gpu, step, w, bias, x, y, opts, None)
+    }
+
+    /// As [`Matmul::new`], where `x` is written by an RMSNorm of `norm`'s
+    /// residual stream: the `gpu` mat-vec folds that norm in (`fuses_norm`).
+    #[allow(clippy::too_many_arguments)]
+    pub fn normed(
+        gpu: &Gpu,
+        step: &wgpu::Buffer,
+        w: &GpuMatrix,
+        bias: Option<&wgpu::Buffer>,
+        x: &wgpu::Buffer,
+        y: &wgpu::Buffer,
+        opts: MatmulOptions,
+        norm: Option<FusedNorm>,
+    ) -> Result<Self> {
         let part_rows: Vec<usize> = w.parts.iter().map(|p| p.rows).collect();
         let matmul = gpu.kernels.matmul_for(w.format, &part_rows, w.cols);
-        Self::with_variants(gpu, step, w, bias, x, y, opts, (gpu.kernels.matvec, matmul))
+        let variants = (gpu.kernels.matvec, matmul);
+        Self::with_variants(gpu, step, w, bias, x, y, opts, variants, norm)
     }
 
     /// As [`Matmul::new`] with the given variants (tests run every variant on
@@ -94,7 +127,9 @@ impl Matmul {
         y: &wgpu::Buffer,
         opts: MatmulOptions,
         (matvec_variant, matmul_variant): (MatvecVariant, MatmulVariant),
+        norm: Option<FusedNorm>,
     ) -> Result<Self> {
+        let norm = norm.filter(|_| matvec_variant != MatvecVariant::Rows4);
         let fmt = Some(w.format);
         let (shader, entry) = matvec_kernel(matvec_variant);
         let matvec = gpu.pipeline(shader, fmt, entry, &[])?;
@@ -113,27 +148,43 @@ impl Matmul {
                 &dummy
             }
         };
+        let no_norm = gpu.storage("no-norm", 16);
         let flags = opts.accumulate as u32 | ((bias.is_some() as u32) << 1);
         let parts = w
             .parts
             .iter()
             .map(|part| {
-                let params = gpu.uniform(
-                    "matmul-params",
-                    &Params {
-                        rows: part.rows as u32,
-                        k4: (w.cols / 4) as u32,
-                        col0: part.row0 as u32,
-                        out_stride: w.rows as u32,
-                        flags,
-                        count_sel: opts.rows as u32,
-                        _p: [0; 2],
-                    },
-                );
-                let bufs = [step, &params, &part.buffer, bias_buf, x, y];
+                let params = |flags: u32, eps: f64| Params {
+                    rows: part.rows as u32,
+                    k4: (w.cols / 4) as u32,
+                    col0: part.row0 as u32,
+                    out_stride: w.rows as u32,
+                    flags,
+                    count_sel: opts.rows as u32,
+                    eps: eps as f32,
+                    _p: 0,
+                };
+                let plain = gpu.uniform("matmul-params", &params(flags, 0.0));
+                let bufs = [step, &plain, &part.buffer, bias_buf, x, y, &no_norm];
+                let matvec = match norm {
+                    Some(n) => {
+                        let fused = gpu.uniform("matvec-params", &params(flags | 4, n.eps));
+                        let bufs = [
+                            step,
+                            &fused,
+                            &part.buffer,
+                            bias_buf,
+                            n.residual,
+                            y,
+                            n.weights,
+                        ];
+                        gpu.bind_group(&matvec, &bufs)
+                    }
+                    None => gpu.bind_group(&matvec, &bufs),
+                };
                 Part {
                     rows: part.rows as u32,
-                    matvec: gpu.bind_group(&matvec, &bufs),
+                    matvec,
                     matmul: gpu.bind_group(&matmul, &bufs),
                 }
             })
@@ -143,6 +194,7 @@ impl Matmul {
             matmul,
             matvec_variant,
             matmul_variant,
+            fuses_norm: norm.is_some(),
             parts,
         })
     }
@@ -223,6 +275,7 @@ pub fn check_variant(gpu: &Gpu, variant: MatmulVariant) -> Result<()> {
         &yb,
         opts,
         (MatvecVariant::Rows4, variant),
+        None,
     )?;
     let mut enc = gpu.device.create_command_encoder(&Default::default());
     {
@@ -371,6 +424,7 @@ mod tests {
                     rows: Rows::Tokens,
                 },
                 pair,
+                None,
             )
             .unwrap();
             run_pass(gpu, |pass| mm.encode(pass, n as u32));
@@ -447,6 +501,80 @@ mod tests {
             eprintln!("note: {} has no 16x16 f16 cooperative matrices; matmul_coop.wgsl is only validated and translated (tests/shaders.rs)", gpu.info.name);
         } else {
             assert!(coop, "the cooperative variant did not run");
+        }
+    }
+
+    /// The `gpu` mat-vecs with the RMSNorm folded in match the norm's CPU
+    /// reference followed by the product's; the `cpu` mat-vec declines it.
+    #[test]
+    fn fused_norm_matches_reference() {
+        let gpu = gpu();
+        for &(rows, cols) in &[(5usize, 36usize), (130, 1028), (64, 2400)] {
+            let w = rand_vec(rows * cols, 5, 0.5);
+            let residual = rand_vec(cols, 6, 3.0);
+            let g = rand_vec(cols, 8, 1.0);
+            let eps = 1e-5;
+            let normed = crate::kernels::rmsnorm::reference(&residual, &g, eps as f32);
+            let b = rand_vec(rows, 9, 1.0);
+            let y0 = rand_vec(rows, 10, 1.0);
+            let mut want = y0.clone();
+            reference(&w, rows, cols, Some(&b), &normed, &mut want, true);
+            let m = GpuMatrix::new(&gpu, "w", rows, cols, WeightFormat::F32).unwrap();
+            m.write_rows(&gpu, 0, &w, "w").unwrap();
+            let step = step_buffer(
+                &gpu,
+                Step {
+                    n_tokens: 1,
+                    ..Default::default()
+                },
+            );
+            let (rb, gb, bb) = (
+                gpu.storage_from("r", &residual),
+                gpu.storage_from("g", &g),
+                gpu.storage_from("b", &b),
+            );
+            // The normed input buffer holds garbage: the fused path must not read it.
+            let xn = gpu.storage_from("xn", &vec![1e3f32; cols]);
+            let mut matvecs = vec![MatvecVariant::Rows4, MatvecVariant::WorkgroupReduce];
+            if gpu.profile.subgroups {
+                matvecs.push(MatvecVariant::SubgroupReduce);
+            }
+            for v in matvecs {
+                let yb = gpu.storage_from("y", &y0);
+                let norm = FusedNorm {
+                    residual: &rb,
+                    weights: &gb,
+                    eps,
+                };
+                let opts = MatmulOptions {
+                    accumulate: true,
+                    rows: Rows::Tokens,
+                };
+                let pair = (v, MatmulVariant::Tiled);
+                let mm = Matmul::with_variants(
+                    &gpu,
+                    &step,
+                    &m,
+                    Some(&bb),
+                    &xn,
+                    &yb,
+                    opts,
+                    pair,
+                    Some(norm),
+                )
+                .unwrap();
+                assert_eq!(mm.fuses_norm, v != MatvecVariant::Rows4, "{v:?}");
+                if !mm.fuses_norm {
+                    continue;
+                }
+                run_pass(&gpu, |pass| mm.encode(pass, 1));
+                let got: Vec<f32> = gpu.read(&yb, 0, rows).unwrap();
+                let err = max_abs_diff(&got, &want);
+                assert!(
+                    err < 1e-4 * (cols as f32).sqrt(),
+                    "{v:?} {rows}x{cols}: {err}"
+                );
+            }
         }
     }
 

@@ -1,6 +1,7 @@
 // matvec_subgroup.wgsl: the `gpu` mat-vec for one token (decode) on devices
 // with subgroup operations: y (+)= W x (+ bias) (needs a weight-format
-// prelude; matmul_io.wgsl has the shared parameters, bindings and store).
+// prelude; matmul_io.wgsl has the shared parameters, bindings and store;
+// matvec_rows.wgsl the lane loop).
 //
 // The same work split as matvec_workgroup.wgsl (a workgroup of 128 lanes per
 // 2 rows, coalesced loads along K, two loads per row in flight), but each
@@ -57,24 +58,8 @@ fn matvec(
     if (r0 >= p.rows || step_rows(step, p.count_sel) == 0u) {
         return;
     }
-    let w0 = r0 * p.k4;
-    let w1 = min(r0 + 1u, p.rows - 1u) * p.k4;
     let inv = row_inv_rms(lane, sg, n_sg, sg_lane);
-    var acc = vec2<f32>(0.0);
-    var k = lane;
-    for (; k + LANES < p.k4; k += 2u * LANES) {
-        let xa = x_normed(k, inv);
-        let xb = x_normed(k + LANES, inv);
-        acc += vec2<f32>(dot(unpack_w(w[w0 + k]), xa), dot(unpack_w(w[w1 + k]), xa));
-        acc += vec2<f32>(
-            dot(unpack_w(w[w0 + k + LANES]), xb),
-            dot(unpack_w(w[w1 + k + LANES]), xb),
-        );
-    }
-    if (k < p.k4) {
-        let xa = x_normed(k, inv);
-        acc += vec2<f32>(dot(unpack_w(w[w0 + k]), xa), dot(unpack_w(w[w1 + k]), xa));
-    }
+    let acc = lane_sums(r0, lane, inv);
     let s = subgroupAdd(acc);
     if (sg_lane == 0u) {
         partial[sg] = s;

@@ -1,6 +1,7 @@
 // matvec_workgroup.wgsl: the `gpu` mat-vec for one token (decode) without
 // subgroup operations: y (+)= W x (+ bias) (needs a weight-format prelude;
-// matmul_io.wgsl has the shared parameters, bindings and store). The `cpu`
+// matmul_io.wgsl has the shared parameters, bindings and store;
+// matvec_rows.wgsl the lane loop). The `cpu`
 // variant gives each lane four whole rows, which leaves a large GPU mostly
 // idle (a 4,096-row matrix is 1,024 lanes).
 //
@@ -51,24 +52,8 @@ fn matvec(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
     if (r0 >= p.rows || step_rows(step, p.count_sel) == 0u) {
         return;
     }
-    let w0 = r0 * p.k4;
-    let w1 = min(r0 + 1u, p.rows - 1u) * p.k4;
     let inv = row_inv_rms(lane);
-    var acc = vec2<f32>(0.0);
-    var k = lane;
-    for (; k + LANES < p.k4; k += 2u * LANES) {
-        let xa = x_normed(k, inv);
-        let xb = x_normed(k + LANES, inv);
-        acc += vec2<f32>(dot(unpack_w(w[w0 + k]), xa), dot(unpack_w(w[w1 + k]), xa));
-        acc += vec2<f32>(
-            dot(unpack_w(w[w0 + k + LANES]), xb),
-            dot(unpack_w(w[w1 + k + LANES]), xb),
-        );
-    }
-    if (k < p.k4) {
-        let xa = x_normed(k, inv);
-        acc += vec2<f32>(dot(unpack_w(w[w0 + k]), xa), dot(unpack_w(w[w1 + k]), xa));
-    }
+    let acc = lane_sums(r0, lane, inv);
     partial[lane] = acc;
     workgroupBarrier();
     for (var span = LANES / 2u; span > 0u; span /= 2u) {

@@ -60,6 +60,11 @@ const WEIGHTS_F32: &str = include_str!("../shaders/weights_f32.wgsl");
 const KV_F16: &str = include_str!("../shaders/kv_f16.wgsl");
 const KV_F32: &str = include_str!("../shaders/kv_f32.wgsl");
 const MATMUL_IO: &str = include_str!("../shaders/matmul_io.wgsl");
+/// The `gpu` mat-vecs also share their lane loop.
+const MATVEC_IO: &str = concat!(
+    include_str!("../shaders/matmul_io.wgsl"),
+    include_str!("../shaders/matvec_rows.wgsl")
+);
 const ATTENTION_IO: &str = include_str!("../shaders/attention_io.wgsl");
 
 macro_rules! shader {
@@ -80,8 +85,8 @@ macro_rules! shader {
 shader!(EMBED, "embed", Weights);
 shader!(RMSNORM, "rmsnorm", None);
 shader!(MATMUL, "matmul", Weights, MATMUL_IO);
-shader!(MATVEC_WORKGROUP, "matvec_workgroup", Weights, MATMUL_IO);
-shader!(MATVEC_SUBGROUP, "matvec_subgroup", Weights, MATMUL_IO);
+shader!(MATVEC_WORKGROUP, "matvec_workgroup", Weights, MATVEC_IO);
+shader!(MATVEC_SUBGROUP, "matvec_subgroup", Weights, MATVEC_IO);
 shader!(MATMUL_TILED, "matmul_tiled", Weights, MATMUL_IO);
 shader!(MATMUL_COOP, "matmul_coop", None, MATMUL_IO);
 shader!(ROPE_KV, "rope_kv", Kv);

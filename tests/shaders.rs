@@ -112,6 +112,7 @@ fn shader_list_covers_the_folder() {
         "shaders/kv_f16.wgsl",
         "shaders/kv_f32.wgsl",
         "shaders/matmul_io.wgsl",
+        "shaders/matvec_rows.wgsl",
         "shaders/attention_io.wgsl",
     ];
     for entry in std::fs::read_dir(dir).unwrap() {

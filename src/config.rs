@@ -47,6 +47,45 @@ fn get_usize(v: &Value, key: &str, file: &Path) -> Result<usize> {
         .with_context(|| format!("{}: missing or non-integer field '{key}'", file.display()))
 }
 
+/// An optional number: absent or null gives `default`; anything other than a
+/// number is an error naming the field.
+fn get_f64_or(v: &Value, key: &str, default: f64, file: &Path) -> Result<f64> {
+    match v.get(key) {
+        None | Some(Value::Null) => Ok(default),
+        Some(x) => x.as_f64().with_context(|| {
+            format!(
+                "{}: field '{key}' is {x}, expected a number",
+                file.display()
+            )
+        }),
+    }
+}
+
+/// An optional non-negative integer, as [`get_f64_or`].
+fn get_usize_or(v: &Value, key: &str, default: usize, file: &Path) -> Result<usize> {
+    match v.get(key) {
+        None | Some(Value::Null) => Ok(default),
+        Some(x) => x.as_u64().map(|x| x as usize).with_context(|| {
+            format!(
+                "{}: field '{key}' is {x}, expected a non-negative integer",
+                file.display()
+            )
+        }),
+    }
+}
+
+/// Largest values sieve accepts for each dimension: far above any released
+/// Llama or Qwen2 model, and small enough that no size computed from them
+/// overflows (the largest tensor, vocab x hidden, stays below 2^50 bytes).
+pub const LIMITS: &[(&str, usize)] = &[
+    ("hidden_size", 1 << 16),
+    ("intermediate_size", 1 << 18),
+    ("num_hidden_layers", 1 << 10),
+    ("num_attention_heads", 1 << 10),
+    ("num_key_value_heads", 1 << 10),
+    ("vocab_size", 1 << 22),
+];
+
 fn token_ids(v: Option<&Value>) -> Vec<u32> {
     match v {
         Some(Value::Number(n)) => n.as_u64().map(|x| vec![x as u32]).unwrap_or_default(),
@@ -83,27 +122,16 @@ impl ModelConfig {
         }
         let hidden_size = get_usize(v, "hidden_size", path)?;
         let num_heads = get_usize(v, "num_attention_heads", path)?;
-        let num_kv_heads = v
-            .get("num_key_value_heads")
-            .and_then(Value::as_u64)
-            .map(|x| x as usize)
-            .unwrap_or(num_heads);
-        let head_dim = v
-            .get("head_dim")
-            .and_then(Value::as_u64)
-            .map(|x| x as usize)
-            .unwrap_or(hidden_size / num_heads.max(1));
+        let num_kv_heads = get_usize_or(v, "num_key_value_heads", num_heads, path)?;
+        let head_dim = get_usize_or(v, "head_dim", hidden_size / num_heads.max(1), path)?;
         // transformers >= 5 moves rope settings into rope_parameters; accept both.
         let rope_params = v.get("rope_parameters");
-        let rope_theta = v
-            .get("rope_theta")
-            .and_then(Value::as_f64)
-            .or_else(|| {
-                rope_params
-                    .and_then(|r| r.get("rope_theta"))
-                    .and_then(Value::as_f64)
-            })
-            .unwrap_or(10000.0);
+        let rope_theta = match (v.get("rope_theta"), rope_params) {
+            (None | Some(Value::Null), Some(r)) if r.get("rope_theta").is_some() => {
+                get_f64_or(r, "rope_theta", 10000.0, path)?
+            }
+            _ => get_f64_or(v, "rope_theta", 10000.0, path)?,
+        };
         let scaling = match v.get("rope_scaling").filter(|s| !s.is_null()) {
             Some(s) => Some(s),
             None => rope_params.filter(|r| {
@@ -150,10 +178,7 @@ impl ModelConfig {
             num_kv_heads,
             head_dim,
             vocab_size: get_usize(v, "vocab_size", path)?,
-            rms_norm_eps: v
-                .get("rms_norm_eps")
-                .and_then(Value::as_f64)
-                .unwrap_or(1e-6),
+            rms_norm_eps: get_f64_or(v, "rms_norm_eps", 1e-6, path)?,
             rope_theta,
             rope_scaling,
             max_position_embeddings: v
@@ -177,6 +202,34 @@ impl ModelConfig {
 
     fn validate(&self, path: &Path) -> Result<()> {
         let p = path.display();
+        let dims = [
+            ("hidden_size", self.hidden_size),
+            ("intermediate_size", self.intermediate_size),
+            ("num_hidden_layers", self.num_layers),
+            ("num_attention_heads", self.num_heads),
+            ("num_key_value_heads", self.num_kv_heads),
+            ("vocab_size", self.vocab_size),
+        ];
+        for ((name, value), (_, max)) in dims.iter().zip(LIMITS) {
+            if *value == 0 || value > max {
+                bail!("{p}: {name} is {value}; expected 1 to {max}");
+            }
+        }
+        if !(self.rms_norm_eps.is_finite() && self.rms_norm_eps > 0.0) {
+            bail!(
+                "{p}: rms_norm_eps is {}; expected a finite number above 0",
+                self.rms_norm_eps
+            );
+        }
+        if !(self.rope_theta.is_finite() && self.rope_theta > 0.0) {
+            bail!(
+                "{p}: rope_theta is {}; expected a finite number above 0",
+                self.rope_theta
+            );
+        }
+        if self.head_dim == 0 {
+            bail!("{p}: head_dim is 0; expected a positive multiple of 4");
+        }
         if self.num_heads == 0
             || self.num_kv_heads == 0
             || !self.num_heads.is_multiple_of(self.num_kv_heads)

@@ -33,7 +33,36 @@ enum Command {
     Eval(cli::eval::EvalArgs),
 }
 
+/// Mesa's Vulkan drivers print "XDG_RUNTIME_DIR is invalid or not set in the
+/// environment." while adapters are enumerated when the variable is missing
+/// (a server, a container, CI), which reads like a failure. With no
+/// XDG_RUNTIME_DIR, sieve points it at a private folder of its own
+/// (`$TMPDIR/sieve-runtime-UID`, mode 0700) before any GPU call.
+#[cfg(unix)]
+fn private_runtime_dir() {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+    if std::env::var_os("XDG_RUNTIME_DIR").is_some_and(|d| !d.is_empty()) {
+        return;
+    }
+    let Ok(uid) = std::fs::metadata("/proc/self").map(|m| m.uid()) else {
+        return;
+    };
+    let dir = std::env::temp_dir().join(format!("sieve-runtime-{uid}"));
+    let _ = std::fs::DirBuilder::new().mode(0o700).create(&dir);
+    // Only a folder of ours that nobody else can enter.
+    let ok = std::fs::symlink_metadata(&dir)
+        .is_ok_and(|m| m.is_dir() && m.uid() == uid && m.permissions().mode() & 0o077 == 0);
+    if ok {
+        // Single-threaded here: nothing else reads the environment yet.
+        std::env::set_var("XDG_RUNTIME_DIR", &dir);
+    }
+}
+
+#[cfg(not(unix))]
+fn private_runtime_dir() {}
+
 fn main() {
+    private_runtime_dir();
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Run(a) => cli::run::main(a),

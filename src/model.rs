@@ -69,6 +69,16 @@ impl Model {
         }
         let config = ModelConfig::from_file(&dir.join("config.json"))?;
         let store = TensorStore::open(dir)?;
+        // A config that names fewer layers than the checkpoint holds would
+        // silently run a truncated model.
+        let extra = format!("model.layers.{}.input_layernorm.weight", config.num_layers);
+        if store.contains(&extra) {
+            bail!(
+                "{}: num_hidden_layers is {} but the weights hold more layers ({extra} exists)",
+                dir.join("config.json").display(),
+                config.num_layers
+            );
+        }
         let gpu = Gpu::new(&opts.gpu)?;
         Self::upload(gpu, config, &store, dir, opts)
     }

@@ -272,3 +272,138 @@ fn materialized_matrix_too_large_for_the_device() {
     assert_eq!(code, Some(1));
     assert!(err.contains("--materialize applies"), "{err}");
 }
+
+/// Writes tiny-qwen2's config.json with `field` replaced by `value` (raw JSON)
+/// and returns the load error.
+fn config_error(tag: &str, field: &str, value: &str) -> String {
+    let dir = copy_tiny(tag);
+    let path = dir.join("config.json");
+    let mut cfg: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    cfg[field] = serde_json::from_str(value).unwrap();
+    std::fs::write(&path, cfg.to_string()).unwrap();
+    load_err(&dir)
+}
+
+/// Issue #11's configurations: each is refused before anything is allocated,
+/// with the field, its value and the rule (they panicked, aborted, hung or
+/// ran with NaN logits before).
+#[test]
+fn config_values_are_bounded_and_checked() {
+    for (field, value, expect) in [
+        ("hidden_size", "0", "hidden_size is 0; expected 1 to"),
+        (
+            "num_hidden_layers",
+            "4294967296",
+            "num_hidden_layers is 4294967296; expected 1 to",
+        ),
+        ("num_hidden_layers", "0", "num_hidden_layers is 0"),
+        ("vocab_size", "1000000000000", "vocab_size is 1000000000000"),
+        (
+            "rms_norm_eps",
+            "-1",
+            "rms_norm_eps is -1; expected a finite number above 0",
+        ),
+        (
+            "rms_norm_eps",
+            "\"abc\"",
+            "field 'rms_norm_eps' is \"abc\", expected a number",
+        ),
+        (
+            "rope_theta",
+            "0",
+            "rope_theta is 0; expected a finite number above 0",
+        ),
+        ("rope_theta", "-5.0", "rope_theta is -5"),
+        (
+            "num_key_value_heads",
+            "\"two\"",
+            "field 'num_key_value_heads'",
+        ),
+    ] {
+        let e = config_error(field, field, value);
+        assert!(
+            e.contains("config.json") && e.contains(expect),
+            "{field} = {value}: {e}"
+        );
+    }
+}
+
+/// A config naming fewer layers than the checkpoint holds is refused (it ran
+/// a truncated model silently before).
+#[test]
+fn layer_count_must_match_the_checkpoint() {
+    let e = config_error("layers", "num_hidden_layers", "1");
+    assert!(
+        e.contains("num_hidden_layers is 1") && e.contains("more layers"),
+        "{e}"
+    );
+}
+
+#[test]
+fn empty_token_ids_are_refused() {
+    for ids in ["1,,2", "1,2,", ",1"] {
+        let (code, err) = run(&[
+            "logits",
+            "--model",
+            "x",
+            "--ids",
+            ids,
+            "--out",
+            "/tmp/x.npy",
+        ]);
+        assert_eq!(code, Some(1), "{ids}");
+        assert!(
+            err.contains("--ids") && err.contains("empty"),
+            "{ids}: {err}"
+        );
+    }
+}
+
+/// `sieve tokenize ... | head -c 10` and `sieve info | head -c 5`: a closed
+/// pipe ends the program quietly (it panicked before).
+#[test]
+fn closed_stdout_is_not_a_panic() {
+    use std::process::{Command, Stdio};
+    // The default model (scripts/setup.sh makes it; CI has it) has a tokenizer.
+    let model = Path::new(env!("CARGO_MANIFEST_DIR")).join("models/smollm2-135m-instruct");
+    let long = "many words ".repeat(8000);
+    let mut cases = vec![vec!["info"]];
+    if model.join("tokenizer.json").exists() {
+        cases.push(vec![
+            "tokenize",
+            "--model",
+            model.to_str().unwrap(),
+            long.as_str(),
+        ]);
+    } else {
+        eprintln!("note: no {}; the tokenize case is skipped", model.display());
+    }
+    for args in cases {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_sieve"))
+            .args(&args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        // Close the reading end at once.
+        drop(child.stdout.take());
+        let out = child.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!err.contains("panicked"), "{}: {err}", args[0]);
+        assert_eq!(out.status.code(), Some(0), "{}: {err}", args[0]);
+    }
+}
+
+/// Without XDG_RUNTIME_DIR the driver's complaint does not reach the user.
+#[test]
+fn no_runtime_dir_noise() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_sieve"))
+        .arg("info")
+        .env_remove("XDG_RUNTIME_DIR")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(!err.contains("XDG_RUNTIME_DIR"), "{err}");
+}

@@ -18,6 +18,11 @@ pub struct InfoArgs {
     pub kernels: Option<String>,
 }
 
+/// `println!` that stops quietly at a closed pipe.
+macro_rules! out {
+    ($($arg:tt)*) => { super::print_line(&format!($($arg)*))? };
+}
+
 pub fn main(a: InfoArgs) -> Result<()> {
     let gpu = Gpu::new(&GpuOptions {
         backend: a.backend,
@@ -26,36 +31,37 @@ pub fn main(a: InfoArgs) -> Result<()> {
         kernels: super::kernel_set(&a.kernels)?,
     })?;
     let i = &gpu.info;
-    println!("adapter:      {}", i.name);
-    println!("backend:      {:?}", i.backend);
-    println!("device type:  {:?}", i.device_type);
-    println!("driver:       {} {}", i.driver, i.driver_info);
-    println!("vendor/device: {:#06x}/{:#06x}", i.vendor, i.device);
-    println!(
+    out!("adapter:      {}", i.name);
+    out!("backend:      {:?}", i.backend);
+    out!("device type:  {:?}", i.device_type);
+    out!("driver:       {} {}", i.driver, i.driver_info);
+    out!("vendor/device: {:#06x}/{:#06x}", i.vendor, i.device);
+    out!(
         "subgroup size: {}..{}",
-        i.subgroup_min_size, i.subgroup_max_size
+        i.subgroup_min_size,
+        i.subgroup_max_size
     );
-    println!("features used: {:?}", gpu.features);
-    println!("kernels:      {}", gpu.kernels.describe());
+    out!("features used: {:?}", gpu.features);
+    out!("kernels:      {}", gpu.kernels.describe());
     let l = &gpu.limits;
-    println!(
+    out!(
         "max storage binding:     {} bytes",
         l.max_storage_buffer_binding_size
     );
-    println!("max buffer size:         {} bytes", l.max_buffer_size);
-    println!(
+    out!("max buffer size:         {} bytes", l.max_buffer_size);
+    out!(
         "max workgroup memory:    {} bytes",
         l.max_compute_workgroup_storage_size
     );
-    println!(
+    out!(
         "max invocations/group:   {}",
         l.max_compute_invocations_per_workgroup
     );
-    println!(
+    out!(
         "max workgroups/dim:      {}",
         l.max_compute_workgroups_per_dimension
     );
-    println!(
+    out!(
         "max storage buffers/stage: {}",
         l.max_storage_buffers_per_shader_stage
     );

@@ -181,16 +181,34 @@ fn progress_bar_tick(done: usize, total: usize) {
     }
 }
 
-/// Parses a comma-separated list of token ids.
+/// Parses a comma-separated list of token ids; an empty item (`1,,2`, a
+/// trailing comma) is an error, not skipped.
 pub fn parse_ids(s: &str) -> Result<Vec<u32>> {
     s.split(',')
         .map(|x| x.trim())
-        .filter(|x| !x.is_empty())
-        .map(|x| {
+        .enumerate()
+        .map(|(i, x)| {
+            if x.is_empty() {
+                bail!(
+                    "--ids: item {} is empty (expected token ids separated by single commas)",
+                    i + 1
+                );
+            }
             x.parse::<u32>()
                 .map_err(|_| anyhow::anyhow!("--ids: '{x}' is not a token id"))
         })
         .collect()
+}
+
+/// Prints `text` and a newline to stdout; a closed pipe (`sieve ... | head`)
+/// ends the program quietly with status 0 instead of a panic.
+pub fn print_line(text: &str) -> Result<()> {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    match writeln!(out, "{text}").and_then(|_| out.flush()) {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => std::process::exit(0),
+        other => Ok(other?),
+    }
 }
 
 pub use sieve::files::write_atomic;

@@ -21,6 +21,5 @@ pub fn main(a: TokenizeArgs) -> Result<()> {
     let tok = Tokenizer::load(&dir, &cfg.eos_token_ids)?;
     let ids = tok.encode(&a.text)?;
     let s: Vec<String> = ids.iter().map(|i| i.to_string()).collect();
-    println!("{}", s.join(","));
-    Ok(())
+    super::print_line(&s.join(","))
 }

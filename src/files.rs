@@ -1,16 +1,69 @@
 //! Output files are written whole or not at all.
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use std::path::{Path, PathBuf};
 
-/// Writes `bytes` to `path` atomically (a temporary file renamed into place),
-/// so that no half-written output is ever left behind.
+/// Writes `bytes` to `path` atomically (a temporary file beside it, flushed
+/// to disk, then renamed into place), so that no half-written output is ever
+/// left behind and a failure leaves the old file as it was.
+///
+/// What `path` may be: a new name, or an existing regular file (replaced), or
+/// a symbolic link to a regular file (the file it points to is replaced, the
+/// link stays). Anything else (a directory, a device such as /dev/full, a
+/// FIFO, a dangling link) is refused with an error naming it. On a write
+/// error (a full disk, say) the temporary file is removed.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    let tmp = path.with_extension(format!("partial-{}", std::process::id()));
-    std::fs::write(&tmp, bytes).with_context(|| format!("writing {}", tmp.display()))?;
-    std::fs::rename(&tmp, path)
-        .with_context(|| format!("renaming {} to {}", tmp.display(), path.display()))?;
+    let target = output_target(path)?;
+    let name = target
+        .file_name()
+        .with_context(|| format!("{} names no file", path.display()))?;
+    let mut tmp_name = name.to_os_string();
+    tmp_name.push(format!(".partial-{}", std::process::id()));
+    let tmp = target.with_file_name(tmp_name);
+    let written = (|| -> std::io::Result<()> {
+        use std::io::Write;
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, &target)
+    })();
+    if let Err(e) = written {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e).with_context(|| format!("writing {}", path.display()));
+    }
     Ok(())
+}
+
+/// The file an output written to `path` replaces (see [`write_atomic`]).
+fn output_target(path: &Path) -> Result<PathBuf> {
+    let meta = match std::fs::symlink_metadata(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(path.to_path_buf()),
+        Err(e) => return Err(e).with_context(|| format!("cannot inspect {}", path.display())),
+        Ok(m) => m,
+    };
+    if meta.file_type().is_symlink() {
+        let real = std::fs::canonicalize(path).with_context(|| {
+            format!(
+                "{} is a symbolic link to nothing; refusing to write through it",
+                path.display()
+            )
+        })?;
+        if std::fs::metadata(&real).is_ok_and(|m| m.is_file()) {
+            return Ok(real);
+        }
+        bail!(
+            "{} is a symbolic link to {}, which is not a regular file; refusing to write there",
+            path.display(),
+            real.display()
+        );
+    }
+    if !meta.is_file() {
+        bail!(
+            "{} exists and is not a regular file (a directory, device or FIFO); refusing to replace it",
+            path.display()
+        );
+    }
+    Ok(path.to_path_buf())
 }
 
 /// A folder given explicitly, else named by the environment variable `env`,
@@ -30,4 +83,98 @@ pub fn locate(explicit: Option<&Path>, env: &str, rel: &str, marker: &str) -> Op
     .into_iter()
     .map(|base| base.join(rel))
     .find(|p| p.join(marker).exists())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn scratch(tag: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("sieve-files-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    fn leftovers(dir: &Path) -> Vec<String> {
+        std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
+            .filter(|n| n.contains(".partial-"))
+            .collect()
+    }
+
+    #[test]
+    fn writes_new_and_replaces_regular_files() {
+        let d = scratch("regular");
+        let f = d.join("out.npy");
+        write_atomic(&f, b"one").unwrap();
+        write_atomic(&f, b"two").unwrap();
+        assert_eq!(std::fs::read(&f).unwrap(), b"two");
+        assert!(leftovers(&d).is_empty());
+    }
+
+    #[test]
+    fn refuses_directories_devices_and_dangling_links() {
+        let d = scratch("refuse");
+        let e = write_atomic(&d, b"x").unwrap_err().to_string();
+        assert!(e.contains("not a regular file"), "{e}");
+        #[cfg(unix)]
+        {
+            let full = Path::new("/dev/full");
+            if full.exists() {
+                let e = write_atomic(full, b"x").unwrap_err().to_string();
+                assert!(
+                    e.contains("/dev/full") && e.contains("not a regular file"),
+                    "{e}"
+                );
+                assert!(full.exists());
+            }
+            let link = d.join("dangling");
+            std::os::unix::fs::symlink(d.join("nowhere"), &link).unwrap();
+            let e = write_atomic(&link, b"x").unwrap_err().to_string();
+            assert!(e.contains("symbolic link"), "{e}");
+            let to_dev = d.join("to-null");
+            std::os::unix::fs::symlink("/dev/null", &to_dev).unwrap();
+            let e = write_atomic(&to_dev, b"x").unwrap_err().to_string();
+            assert!(e.contains("not a regular file"), "{e}");
+            assert!(std::fs::symlink_metadata(&to_dev)
+                .unwrap()
+                .file_type()
+                .is_symlink());
+        }
+        assert!(leftovers(&d).is_empty());
+    }
+
+    /// A link to a regular file: the file gets the new bytes, the link stays.
+    #[cfg(unix)]
+    #[test]
+    fn follows_links_to_regular_files() {
+        let d = scratch("link");
+        let real = d.join("real.json");
+        std::fs::write(&real, b"old").unwrap();
+        let link = d.join("link.json");
+        std::os::unix::fs::symlink(&real, &link).unwrap();
+        write_atomic(&link, b"new").unwrap();
+        assert_eq!(std::fs::read(&real).unwrap(), b"new");
+        assert!(std::fs::symlink_metadata(&link)
+            .unwrap()
+            .file_type()
+            .is_symlink());
+        assert!(leftovers(&d).is_empty());
+    }
+
+    /// A failed write keeps the old file and leaves no temporary file.
+    #[test]
+    fn a_failed_write_keeps_the_old_file() {
+        let d = scratch("fail");
+        let f = d.join("keep.txt");
+        std::fs::write(&f, b"old").unwrap();
+        // The temporary file cannot be created: its name is taken by a folder.
+        let tmp = d.join(format!("keep.txt.partial-{}", std::process::id()));
+        std::fs::create_dir(&tmp).unwrap();
+        assert!(write_atomic(&f, b"new").is_err());
+        assert_eq!(std::fs::read(&f).unwrap(), b"old");
+        std::fs::remove_dir(&tmp).unwrap();
+    }
 }

@@ -86,20 +86,71 @@ struct LayerKernels {
     down: Matmul,
 }
 
-impl LayerKernels {
-    /// The attention RMSNorm, unless the q|k|v mat-vec folds it in (decode
-    /// with the `gpu` kernels).
-    fn encode_attn_norm(&self, pass: &mut wgpu::ComputePass, n: u32) {
-        if !(n == 1 && self.qkv.fuses_norm) {
-            self.attn_norm.encode(pass, n);
-        }
-    }
+/// How a layer's attention reads the cache.
+#[derive(Clone, Copy)]
+enum LayerAttention<'a> {
+    /// The forward step: the step's rows are written to the cache from slot
+    /// `start` on and attend causally; `weights` accumulates the attention
+    /// each slot receives (H2O, TOVA).
+    Causal {
+        start: u32,
+        weights: Option<&'a AttnWeights>,
+    },
+    /// The counter-causal pass: k/v go to scratch (`rope`), never to the
+    /// cache, and each query attends the entries after it among `n_present`.
+    AntiCausal { rope: &'a RopeKv, n_present: u32 },
+}
 
-    /// The MLP RMSNorm, unless the gate|up mat-vec folds it in.
-    fn encode_mlp_norm(&self, pass: &mut wgpu::ComputePass, n: u32) {
-        if !(n == 1 && self.gate_up.fuses_norm) {
-            self.mlp_norm.encode(pass, n);
+impl LayerKernels {
+    /// One decoder layer over `n` rows of the residual stream. The layer
+    /// sequence is written here only, for the forward step and the
+    /// counter-causal pass alike, so a kernel variant or a fusion changes both.
+    /// `mark` labels the kernel just encoded (per-kernel timestamps).
+    fn encode(
+        &self,
+        p: &mut wgpu::ComputePass,
+        n: u32,
+        attention: LayerAttention,
+        mark: &mut dyn FnMut(&mut wgpu::ComputePass, &'static str),
+    ) {
+        // The RMSNorms are folded into the q|k|v and gate|up mat-vecs where
+        // the kernel set does that (decode with the `gpu` kernels).
+        if !(n == 1 && self.qkv.fuses_norm) {
+            self.attn_norm.encode(p, n);
+            mark(p, "rmsnorm");
         }
+        self.qkv.encode(p, n);
+        mark(p, "qkv matmul");
+        match attention {
+            LayerAttention::Causal { start, weights } => {
+                self.rope.encode(p, n, start);
+                mark(p, "rope + kv write");
+                self.attn.encode(p, n, start);
+                mark(p, "attention");
+                if let Some(w) = weights {
+                    w.encode_accumulate(p, n, start);
+                    mark(p, "attention weights (h2o/tova)");
+                }
+            }
+            LayerAttention::AntiCausal { rope, n_present } => {
+                rope.encode(p, n, n_present - n);
+                mark(p, "rope + kv write");
+                self.attn.encode_anticausal(p, n, n_present);
+                mark(p, "attention");
+            }
+        }
+        self.o.encode(p, n);
+        mark(p, "o matmul");
+        if !(n == 1 && self.gate_up.fuses_norm) {
+            self.mlp_norm.encode(p, n);
+            mark(p, "rmsnorm");
+        }
+        self.gate_up.encode(p, n);
+        mark(p, "gate+up matmul");
+        self.silu.encode(p, n);
+        mark(p, "silu*mul");
+        self.down.encode(p, n);
+        mark(p, "down matmul");
     }
 }
 
@@ -644,7 +695,7 @@ impl Engine {
         );
         let mut prof = self.profiler.as_mut();
         macro_rules! mark {
-            ($p:expr, $label:literal) => {
+            ($p:expr, $label:expr) => {
                 if let Some(pr) = prof.as_mut() {
                     pr.mark($p, $label);
                 }
@@ -677,28 +728,11 @@ impl Engine {
             }
             let p = pass.as_mut().unwrap();
             mark!(p, "copies");
-            k.encode_attn_norm(p, nt);
-            mark!(p, "rmsnorm");
-            k.qkv.encode(p, nt);
-            mark!(p, "qkv matmul");
-            k.rope.encode(p, nt, start);
-            mark!(p, "rope + kv write");
-            k.attn.encode(p, nt, start);
-            mark!(p, "attention");
-            if let Some(w) = self.weights.get(l) {
-                w.encode_accumulate(p, nt, start);
-                mark!(p, "attention weights (h2o/tova)");
-            }
-            k.o.encode(p, nt);
-            mark!(p, "o matmul");
-            k.encode_mlp_norm(p, nt);
-            mark!(p, "rmsnorm");
-            k.gate_up.encode(p, nt);
-            mark!(p, "gate+up matmul");
-            k.silu.encode(p, nt);
-            mark!(p, "silu*mul");
-            k.down.encode(p, nt);
-            mark!(p, "down matmul");
+            let attention = LayerAttention::Causal {
+                start,
+                weights: self.weights.get(l),
+            };
+            k.encode(p, nt, attention, &mut |p, label| mark!(p, label));
             for (_, d) in self.deltas.iter().filter(|(dl, _)| *dl == l) {
                 d.encode(p, nt);
                 mark!(p, "epikv delta");
@@ -822,15 +856,8 @@ impl Engine {
                     }
                 };
                 for (k, rope) in self.layers[first..].iter().zip(&cc.rope) {
-                    k.encode_attn_norm(&mut p, m);
-                    k.qkv.encode(&mut p, m);
-                    rope.encode(&mut p, m, n_present - m);
-                    k.attn.encode_anticausal(&mut p, m, n_present);
-                    k.o.encode(&mut p, m);
-                    k.encode_mlp_norm(&mut p, m);
-                    k.gate_up.encode(&mut p, m);
-                    k.silu.encode(&mut p, m);
-                    k.down.encode(&mut p, m);
+                    let attention = LayerAttention::AntiCausal { rope, n_present };
+                    k.encode(&mut p, m, attention, &mut |_, _| {});
                 }
                 self.final_norm.encode(&mut p, m);
                 cc.token_logit.encode(&mut p, m);

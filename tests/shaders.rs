@@ -123,3 +123,78 @@ fn shader_list_covers_the_folder() {
         );
     }
 }
+
+/// Every host-side uniform struct matches, field by field, the WGSL struct it
+/// mirrors as naga lays it out, in every kernel that declares it: same names
+/// at the same byte offsets with the same scalar types (padding, named `_..`
+/// on either side, may differ in name), and the same total size.
+#[test]
+fn host_uniform_structs_match_their_wgsl_layout() {
+    let layouts = sieve::kernels::uniform_layouts();
+    assert!(
+        layouts.len() >= 12,
+        "expected every uniform struct, got {}",
+        layouts.len()
+    );
+    for layout in &layouts {
+        for shader in &layout.shaders {
+            let format = (shader.prelude != shaders::Prelude::None).then_some(WeightFormat::F16);
+            let src = shaders::source(shader, format);
+            let module = naga::front::wgsl::parse_str(&src)
+                .unwrap_or_else(|e| panic!("{}: {}", shader.file, e.emit_to_string(&src)));
+            let what = format!(
+                "{} against {} in {}",
+                layout.host, layout.wgsl_struct, shader.file
+            );
+            let (members, span) = module
+                .types
+                .iter()
+                .find_map(|(_, t)| match &t.inner {
+                    naga::TypeInner::Struct { members, span }
+                        if t.name.as_deref() == Some(layout.wgsl_struct) =>
+                    {
+                        Some((members, *span))
+                    }
+                    _ => None,
+                })
+                .unwrap_or_else(|| panic!("{what}: no such struct in the WGSL"));
+            assert_eq!(span as usize, layout.size, "{what}: size");
+            let wgsl: Vec<(&str, usize, &str)> = members
+                .iter()
+                .map(|m| {
+                    let scalar = match module.types[m.ty].inner {
+                        naga::TypeInner::Scalar(naga::Scalar {
+                            kind: naga::ScalarKind::Uint,
+                            width: 4,
+                        }) => "u32",
+                        naga::TypeInner::Scalar(naga::Scalar {
+                            kind: naga::ScalarKind::Float,
+                            width: 4,
+                        }) => "f32",
+                        ref other => panic!("{what}: member type {other:?} has no host mirror"),
+                    };
+                    (m.name.as_deref().unwrap_or(""), m.offset as usize, scalar)
+                })
+                .collect();
+            let is_padding = |name: &str| name.starts_with('_');
+            for f in layout.fields.iter().filter(|f| !is_padding(f.name)) {
+                assert!(
+                    wgsl.contains(&(f.name, f.offset, f.scalar)),
+                    "{what}: host field {} ({} at byte {}) has no WGSL member of that name, type and offset; WGSL has {wgsl:?}",
+                    f.name,
+                    f.scalar,
+                    f.offset
+                );
+            }
+            for (name, offset, _) in wgsl.iter().filter(|m| !is_padding(m.0)) {
+                assert!(
+                    layout
+                        .fields
+                        .iter()
+                        .any(|f| f.name == *name && f.offset == *offset),
+                    "{what}: WGSL member {name} at byte {offset} has no host field"
+                );
+            }
+        }
+    }
+}

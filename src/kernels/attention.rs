@@ -30,6 +30,13 @@ struct Params {
     scale: f32,
 }
 
+/// How `Params` mirrors `AttnParams` (checked against naga in tests/shaders.rs).
+pub(crate) fn uniform_layout() -> super::UniformLayout {
+    super::uniform_layout!(Params as "AttnParams" in [shaders::ATTENTION, shaders::ATTENTION_DECODE, shaders::ATTENTION_PREFILL] {
+        n_heads, n_kv, hd4, scale
+    })
+}
+
 struct PageGroups {
     slots: std::ops::Range<u32>,
     /// For attention.wgsl's pipelines (the merge).

@@ -34,6 +34,13 @@ struct Params {
     max_tokens: u32,
 }
 
+/// How `Params` mirrors `WeightParams` (checked against naga in tests/shaders.rs).
+pub(crate) fn uniform_layout() -> super::UniformLayout {
+    super::uniform_layout!(Params as "WeightParams" in [shaders::ATTN_WEIGHTS] {
+        n_heads, n_kv, hd4, scale, mode, slots, n_layers, max_tokens
+    })
+}
+
 /// The accumulate kernel bound to one layer's keys (and the shared cell/score buffers).
 pub struct AttnWeights {
     accumulate: Arc<wgpu::ComputePipeline>,

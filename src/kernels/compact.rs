@@ -24,6 +24,13 @@ struct Params {
     _p: [u32; 2],
 }
 
+/// How `Params` mirrors `CompactParams` (checked against naga in tests/shaders.rs).
+pub(crate) fn uniform_layout() -> super::UniformLayout {
+    super::uniform_layout!(Params as "CompactParams" in [shaders::COMPACT] {
+        row_len, dst_offset, dst_first, dst_len, src_first, src_len, _p
+    })
+}
+
 /// The kept rows of one per-slot buffer that land in one of its pages.
 struct Unit {
     /// The destination page; its row 0 is kept row `rows.start`.

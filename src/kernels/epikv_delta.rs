@@ -17,6 +17,13 @@ struct Params {
     _p: u32,
 }
 
+/// How `Params` mirrors `DeltaParams` (checked against naga in tests/shaders.rs).
+pub(crate) fn uniform_layout() -> super::UniformLayout {
+    super::uniform_layout!(Params as "DeltaParams" in [shaders::EPIKV_DELTA] {
+        hidden4, column, n_tracked, _p
+    })
+}
+
 /// The delta kernel for one tracked layer.
 pub struct LayerDelta {
     delta: Arc<wgpu::ComputePipeline>,

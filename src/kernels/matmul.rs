@@ -27,6 +27,13 @@ struct Params {
     _p: u32,
 }
 
+/// How `Params` mirrors `MatmulParams` (checked against naga in tests/shaders.rs).
+pub(crate) fn uniform_layout() -> super::UniformLayout {
+    super::uniform_layout!(Params as "MatmulParams" in [shaders::MATMUL, shaders::MATVEC_WORKGROUP, shaders::MATVEC_SUBGROUP, shaders::MATMUL_TILED, shaders::MATMUL_COOP] {
+        rows, k4, col0, out_stride, flags, count_sel, eps, _p
+    })
+}
+
 /// How the product is stored.
 #[derive(Clone, Copy, Debug)]
 pub struct MatmulOptions {

@@ -29,6 +29,100 @@ pub struct Step {
     pub n_logits: u32,
 }
 
+/// A host-side uniform struct as the GPU reads it: each field's name, byte
+/// offset and scalar type, and the WGSL struct (in which kernels) it mirrors.
+/// `tests/shaders.rs` compares it with the layout naga reflects from the WGSL,
+/// so a field added, removed or reordered on one side only fails a test
+/// instead of silently shifting every field after it.
+#[derive(Debug)]
+pub struct UniformLayout {
+    pub host: &'static str,
+    pub wgsl_struct: &'static str,
+    pub shaders: Vec<&'static crate::shaders::Shader>,
+    pub size: usize,
+    pub fields: Vec<UniformField>,
+}
+
+/// One field of a [`UniformLayout`]; names starting with `_` are padding.
+#[derive(Debug)]
+pub struct UniformField {
+    pub name: &'static str,
+    pub offset: usize,
+    /// `u32`, `f32`, or `padding` (an array of padding words).
+    pub scalar: &'static str,
+}
+
+/// The WGSL scalar type a host field maps to.
+pub trait HostScalar {
+    const WGSL: &'static str;
+}
+impl HostScalar for u32 {
+    const WGSL: &'static str = "u32";
+}
+impl HostScalar for f32 {
+    const WGSL: &'static str = "f32";
+}
+impl<const N: usize> HostScalar for [u32; N] {
+    const WGSL: &'static str = "padding";
+}
+
+#[doc(hidden)]
+pub fn wgsl_scalar_of<T: HostScalar>(_: &T) -> &'static str {
+    T::WGSL
+}
+
+/// `uniform_layout!(Params as "NormParams" in [shaders::RMSNORM] { dim4, eps, .. })`
+/// lists every field of `Params` (checked at compile time: the destructuring
+/// must be exhaustive) with its offset and type.
+macro_rules! uniform_layout {
+    ($ty:ident as $wgsl:literal in [$($shader:expr),+ $(,)?] { $($field:ident),+ $(,)? }) => {{
+        #[allow(dead_code)]
+        fn every_field_is_listed(p: $ty) {
+            let $ty { $($field: _),+ } = p;
+        }
+        let zero = <$ty as bytemuck::Zeroable>::zeroed();
+        $crate::kernels::UniformLayout {
+            host: concat!(module_path!(), "::", stringify!($ty)),
+            wgsl_struct: $wgsl,
+            shaders: vec![$(&$shader),+],
+            size: std::mem::size_of::<$ty>(),
+            fields: vec![$($crate::kernels::UniformField {
+                name: stringify!($field),
+                offset: std::mem::offset_of!($ty, $field),
+                scalar: $crate::kernels::wgsl_scalar_of(&zero.$field),
+            }),+],
+        }
+    }};
+}
+pub(crate) use uniform_layout;
+
+/// Every host-side uniform struct with the WGSL struct it mirrors.
+pub fn uniform_layouts() -> Vec<UniformLayout> {
+    use crate::shaders as s;
+    vec![
+        uniform_layout!(Step as "Step" in [s::RMSNORM, s::MATMUL, s::ATTENTION, s::ROPE_KV] {
+            n_tokens, start_slot, logit_row0, n_logits
+        }),
+        uniform_layout!(TablePartParams as "EmbedParams" in [s::EMBED] {
+            hidden4, row_begin, row_end, _p
+        }),
+        uniform_layout!(TablePartParams as "TokenParams" in [s::TOKEN_LOGIT] {
+            hidden4, row_begin, row_end, _p
+        }),
+        paging::uniform_layout(),
+        attention::uniform_layout(),
+        attn_weights::uniform_layout(),
+        compact::uniform_layout(),
+        epikv_delta::uniform_layout(),
+        matmul::uniform_layout(),
+        random_fill::uniform_layout(),
+        rmsnorm::uniform_layout(),
+        rope_kv::uniform_layout(),
+        sample::uniform_layout(),
+        silu_mul::uniform_layout(),
+    ]
+}
+
 /// Which row count a kernel uses (`count_sel` in the shaders).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Rows {

@@ -26,6 +26,14 @@ pub struct PageUniform {
     _p: [u32; 2],
 }
 
+/// How `PageUniform` mirrors `Page` (checked against naga in tests/shaders.rs).
+pub(crate) fn uniform_layout() -> super::UniformLayout {
+    use crate::shaders;
+    super::uniform_layout!(PageUniform as "Page" in [shaders::ATTENTION, shaders::ROPE_KV, shaders::ATTN_WEIGHTS] {
+        first, len, _p
+    })
+}
+
 /// `slots` rows of `row_bytes` each, in pages of `page_slots` rows (the last
 /// page may be shorter).
 pub struct SlotPages {

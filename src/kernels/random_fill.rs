@@ -21,6 +21,13 @@ struct Params {
     _p: [u32; 2],
 }
 
+/// How `Params` mirrors `FillParams` (checked against naga in tests/shaders.rs).
+pub(crate) fn uniform_layout() -> super::UniformLayout {
+    super::uniform_layout!(Params as "FillParams" in [shaders::RANDOM_FILL] {
+        word0, n_words, format, seed, scale, offset, _p
+    })
+}
+
 pub struct RandomFill {
     pipeline: Arc<wgpu::ComputePipeline>,
 }

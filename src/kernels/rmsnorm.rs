@@ -17,6 +17,13 @@ struct Params {
     count_sel: u32,
 }
 
+/// How `Params` mirrors `NormParams` (checked against naga in tests/shaders.rs).
+pub(crate) fn uniform_layout() -> super::UniformLayout {
+    super::uniform_layout!(Params as "NormParams" in [shaders::RMSNORM] {
+        dim4, eps, in_row_sel, count_sel
+    })
+}
+
 pub struct RmsNorm {
     pipeline: Arc<wgpu::ComputePipeline>,
     group: wgpu::BindGroup,

@@ -18,6 +18,13 @@ struct Params {
     _p: u32,
 }
 
+/// How `Params` mirrors `RopeParams` (checked against naga in tests/shaders.rs).
+pub(crate) fn uniform_layout() -> super::UniformLayout {
+    super::uniform_layout!(Params as "RopeParams" in [shaders::ROPE_KV] {
+        n_heads, n_kv, head_dim, _p
+    })
+}
+
 /// Head counts of one attention layer, and how its cache stores keys and values.
 #[derive(Clone, Copy, Debug)]
 pub struct Heads {

@@ -48,6 +48,13 @@ struct Params {
     counter: u32,
 }
 
+/// How `Params` mirrors `SampleParams` (checked against naga in tests/shaders.rs).
+pub(crate) fn uniform_layout() -> super::UniformLayout {
+    super::uniform_layout!(Params as "SampleParams" in [shaders::SAMPLE] {
+        vocab, row, top_k, seed, temperature, top_p, rep_penalty, counter
+    })
+}
+
 pub struct Sampler {
     pipeline: Arc<wgpu::ComputePipeline>,
     group: wgpu::BindGroup,

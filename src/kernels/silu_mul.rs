@@ -15,6 +15,13 @@ struct Params {
     _p: [u32; 3],
 }
 
+/// How `Params` mirrors `SiluParams` (checked against naga in tests/shaders.rs).
+pub(crate) fn uniform_layout() -> super::UniformLayout {
+    super::uniform_layout!(Params as "SiluParams" in [shaders::SILU_MUL] {
+        ffn4, _p
+    })
+}
+
 pub struct SiluMul {
     pipeline: Arc<wgpu::ComputePipeline>,
     group: wgpu::BindGroup,

@@ -12,7 +12,7 @@
 //   1 p     uniform MatmulParams
 //   2 w     storage read  [rows, k] weights (declared by the variant)
 //   3 bias  storage read  [out_stride] f32   (a dummy when flags bit 1 is clear)
-//   4 x     storage read  [n, k/4] vec4<f32>
+//   4 x     storage read  [n, k/4] vec4<f32> ([n, 2k/4] with flags bit 3)
 //   5 y     storage rw    [n, out_stride] f32
 //   6 norm  storage read  [k/4] vec4<f32>  RMSNorm weights (a dummy when flags
 //                         bit 2 is clear)
@@ -20,7 +20,9 @@
 // flags: bit 0 adds into y (residual connection fused), bit 1 adds the bias,
 // bit 2 (mat-vec variants of the `gpu` set only): x is the residual stream and
 // the kernel applies RMSNorm (weights `norm`, epsilon p.eps) to it first, which
-// saves decode a dispatch per norm.
+// saves decode a dispatch per norm; bit 3 (the same variants): x holds the
+// gate|up rows [gate (k) | up (k)] and the kernel takes silu(gate) * up, which
+// saves decode the SwiGLU dispatch.
 struct MatmulParams {
     rows: u32,
     k4: u32,
@@ -43,9 +45,18 @@ fn fused_norm() -> bool {
     return (p.flags & 4u) != 0u;
 }
 
+fn fused_swiglu() -> bool {
+    return (p.flags & 8u) != 0u;
+}
+
 // x[k] of token 0 as the product sees it: scaled by `inv` (the token's
-// 1 / rms) and the norm weights when the norm is fused.
+// 1 / rms) and the norm weights when the norm is fused; silu(gate) * up when
+// the SwiGLU is fused.
 fn x_normed(k: u32, inv: f32) -> vec4<f32> {
+    if (fused_swiglu()) {
+        let g = x[k];
+        return g / (1.0 + exp(-g)) * x[p.k4 + k];
+    }
     if (fused_norm()) {
         return x[k] * inv * norm[k];
     }

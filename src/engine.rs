@@ -14,7 +14,7 @@ use crate::kernels::attn_weights::{AttnWeights, WeightMode};
 use crate::kernels::compact::{Compactor, Gather};
 use crate::kernels::embed::Embed;
 use crate::kernels::epikv_delta::LayerDelta;
-use crate::kernels::matmul::{FusedNorm, Matmul, MatmulOptions};
+use crate::kernels::matmul::{FusedInput, Matmul, MatmulOptions};
 use crate::kernels::paging::SlotPages;
 use crate::kernels::rmsnorm::RmsNorm;
 use crate::kernels::rope_kv::RopeKv;
@@ -113,9 +113,9 @@ impl LayerKernels {
         attention: LayerAttention,
         mark: &mut dyn FnMut(&mut wgpu::ComputePass, &'static str),
     ) {
-        // The RMSNorms are folded into the q|k|v and gate|up mat-vecs where
-        // the kernel set does that (decode with the `gpu` kernels).
-        if !(n == 1 && self.qkv.fuses_norm) {
+        // The RMSNorms and the SwiGLU are folded into the mat-vecs after them
+        // where the kernel set does that (decode with the `gpu` kernels).
+        if !(n == 1 && self.qkv.fuses_input) {
             self.attn_norm.encode(p, n);
             mark(p, "rmsnorm");
         }
@@ -141,14 +141,16 @@ impl LayerKernels {
         }
         self.o.encode(p, n);
         mark(p, "o matmul");
-        if !(n == 1 && self.gate_up.fuses_norm) {
+        if !(n == 1 && self.gate_up.fuses_input) {
             self.mlp_norm.encode(p, n);
             mark(p, "rmsnorm");
         }
         self.gate_up.encode(p, n);
         mark(p, "gate+up matmul");
-        self.silu.encode(p, n);
-        mark(p, "silu*mul");
+        if !(n == 1 && self.down.fuses_input) {
+            self.silu.encode(p, n);
+            mark(p, "silu*mul");
+        }
         self.down.encode(p, n);
         mark(p, "down matmul");
     }
@@ -326,7 +328,7 @@ impl Engine {
                     &xn,
                     &qkv,
                     set,
-                    Some(FusedNorm {
+                    Some(FusedInput::RmsNorm {
                         residual: &x,
                         weights: &w.attn_norm,
                         eps,
@@ -365,14 +367,23 @@ impl Engine {
                     &xn,
                     &gate_up,
                     set,
-                    Some(FusedNorm {
+                    Some(FusedInput::RmsNorm {
                         residual: &x,
                         weights: &w.mlp_norm,
                         eps,
                     }),
                 )?,
                 silu: SiluMul::new(&gpu, &step, c.intermediate_size, &gate_up, &act)?,
-                down: Matmul::new(&gpu, &step, &w.down, None, &act, &x, acc)?,
+                down: Matmul::normed(
+                    &gpu,
+                    &step,
+                    &w.down,
+                    None,
+                    &act,
+                    &x,
+                    acc,
+                    Some(FusedInput::SwiGlu { gate_up: &gate_up }),
+                )?,
             });
         }
         let embed = Embed::new(&gpu, &step, &model.embed, &ids, &x)?;

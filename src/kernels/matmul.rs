@@ -42,17 +42,24 @@ pub struct MatmulOptions {
     pub rows: Rows,
 }
 
-/// An RMSNorm folded into the mat-vec (decode) of the `gpu` set: the mat-vec
-/// reads the residual stream and normalises it itself, which saves decode one
-/// dispatch per norm. Prefill (and the `cpu` set) still reads the normed input
-/// the separate RMSNorm kernel writes.
+/// The kernel that writes a mat-vec's input, folded into the mat-vec (decode)
+/// of the `gpu` set: the mat-vec reads that kernel's input and computes x
+/// itself, which saves decode one dispatch (and one pass over x) each.
+/// Prefill (and the `cpu` set) still reads the x the separate kernel writes.
 #[derive(Clone, Copy)]
-pub struct FusedNorm<'a> {
-    /// `[n, cols]` f32: the norm's input.
-    pub residual: &'a wgpu::Buffer,
-    /// `[cols]` f32.
-    pub weights: &'a wgpu::Buffer,
-    pub eps: f64,
+pub enum FusedInput<'a> {
+    /// x = RMSNorm(residual) * weights.
+    RmsNorm {
+        /// `[n, cols]` f32: the norm's input.
+        residual: &'a wgpu::Buffer,
+        /// `[cols]` f32.
+        weights: &'a wgpu::Buffer,
+        eps: f64,
+    },
+    /// x = silu(gate) * up, the SwiGLU gate, from `[n, 2 * cols]` f32 rows
+    /// (gate in the first half, up in the second, as the gate|up mat-mul
+    /// writes them).
+    SwiGlu { gate_up: &'a wgpu::Buffer },
 }
 
 struct Part {
@@ -67,8 +74,9 @@ pub struct Matmul {
     matmul: Arc<wgpu::ComputePipeline>,
     pub matvec_variant: MatvecVariant,
     pub matmul_variant: MatmulVariant,
-    /// The mat-vec applies the RMSNorm itself: skip the norm kernel when n = 1.
-    pub fuses_norm: bool,
+    /// The mat-vec computes its input itself ([`FusedInput`]): skip the
+    /// kernel that writes x when n = 1.
+    pub fuses_input: bool,
     parts: Vec<Part>,
 }
 
@@ -103,8 +111,8 @@ impl Matmul {
         Self::normed(gpu, step, w, bias, x, y, opts, None)
     }
 
-    /// As [`Matmul::new`], where `x` is written by an RMSNorm of `norm`'s
-    /// residual stream: the `gpu` mat-vec folds that norm in (`fuses_norm`).
+    /// As [`Matmul::new`], where `x` is written by the kernel `fused`
+    /// describes: the `gpu` mat-vec folds that kernel in (`fuses_input`).
     #[allow(clippy::too_many_arguments)]
     pub fn normed(
         gpu: &Gpu,
@@ -114,12 +122,12 @@ impl Matmul {
         x: &wgpu::Buffer,
         y: &wgpu::Buffer,
         opts: MatmulOptions,
-        norm: Option<FusedNorm>,
+        fused: Option<FusedInput>,
     ) -> Result<Self> {
         let part_rows: Vec<usize> = w.parts.iter().map(|p| p.rows).collect();
         let matmul = gpu.kernels.matmul_for(w.format, &part_rows, w.cols);
         let variants = (gpu.kernels.matvec, matmul);
-        Self::with_variants(gpu, step, w, bias, x, y, opts, variants, norm)
+        Self::with_variants(gpu, step, w, bias, x, y, opts, variants, fused)
     }
 
     /// As [`Matmul::new`] with the given variants (tests run every variant on
@@ -134,9 +142,9 @@ impl Matmul {
         y: &wgpu::Buffer,
         opts: MatmulOptions,
         (matvec_variant, matmul_variant): (MatvecVariant, MatmulVariant),
-        norm: Option<FusedNorm>,
+        fused: Option<FusedInput>,
     ) -> Result<Self> {
-        let norm = norm.filter(|_| matvec_variant != MatvecVariant::Rows4);
+        let fused = fused.filter(|_| matvec_variant != MatvecVariant::Rows4);
         let fmt = Some(w.format);
         let (shader, entry) = matvec_kernel(matvec_variant);
         let matvec = gpu.pipeline(shader, fmt, entry, &[])?;
@@ -173,18 +181,19 @@ impl Matmul {
                 };
                 let plain = gpu.uniform("matmul-params", &params(flags, 0.0));
                 let bufs = [step, &plain, &part.buffer, bias_buf, x, y, &no_norm];
-                let matvec = match norm {
-                    Some(n) => {
-                        let fused = gpu.uniform("matvec-params", &params(flags | 4, n.eps));
-                        let bufs = [
-                            step,
-                            &fused,
-                            &part.buffer,
-                            bias_buf,
-                            n.residual,
-                            y,
-                            n.weights,
-                        ];
+                let matvec = match fused {
+                    Some(FusedInput::RmsNorm {
+                        residual,
+                        weights,
+                        eps,
+                    }) => {
+                        let fused = gpu.uniform("matvec-params", &params(flags | 4, eps));
+                        let bufs = [step, &fused, &part.buffer, bias_buf, residual, y, weights];
+                        gpu.bind_group(&matvec, &bufs)
+                    }
+                    Some(FusedInput::SwiGlu { gate_up }) => {
+                        let fused = gpu.uniform("matvec-params", &params(flags | 8, 0.0));
+                        let bufs = [step, &fused, &part.buffer, bias_buf, gate_up, y, &no_norm];
                         gpu.bind_group(&matvec, &bufs)
                     }
                     None => gpu.bind_group(&matvec, &bufs),
@@ -201,7 +210,7 @@ impl Matmul {
             matmul,
             matvec_variant,
             matmul_variant,
-            fuses_norm: norm.is_some(),
+            fuses_input: fused.is_some(),
             parts,
         })
     }
@@ -517,71 +526,88 @@ mod tests {
     fn fused_norm_matches_reference() {
         let gpu = gpu();
         for &(rows, cols) in &[(5usize, 36usize), (130, 1028), (64, 2400)] {
-            let w = rand_vec(rows * cols, 5, 0.5);
             let residual = rand_vec(cols, 6, 3.0);
             let g = rand_vec(cols, 8, 1.0);
             let eps = 1e-5;
-            let normed = crate::kernels::rmsnorm::reference(&residual, &g, eps as f32);
-            let b = rand_vec(rows, 9, 1.0);
-            let y0 = rand_vec(rows, 10, 1.0);
-            let mut want = y0.clone();
-            reference(&w, rows, cols, Some(&b), &normed, &mut want, true);
-            let m = GpuMatrix::new(&gpu, "w", rows, cols, WeightFormat::F32).unwrap();
-            m.write_rows(&gpu, 0, &w, "w").unwrap();
-            let step = step_buffer(
-                &gpu,
-                Step {
-                    n_tokens: 1,
-                    ..Default::default()
-                },
-            );
-            let (rb, gb, bb) = (
-                gpu.storage_from("r", &residual),
-                gpu.storage_from("g", &g),
-                gpu.storage_from("b", &b),
-            );
-            // The normed input buffer holds garbage: the fused path must not read it.
-            let xn = gpu.storage_from("xn", &vec![1e3f32; cols]);
-            let mut matvecs = vec![MatvecVariant::Rows4, MatvecVariant::WorkgroupReduce];
-            if gpu.profile.subgroups {
-                matvecs.push(MatvecVariant::SubgroupReduce);
+            let x = crate::kernels::rmsnorm::reference(&residual, &g, eps as f32);
+            let (rb, gb) = (gpu.storage_from("r", &residual), gpu.storage_from("g", &g));
+            let fused = FusedInput::RmsNorm {
+                residual: &rb,
+                weights: &gb,
+                eps,
+            };
+            check_fused_input(&gpu, rows, cols, &x, fused);
+        }
+    }
+
+    /// The `gpu` mat-vecs with the SwiGLU folded in match the SwiGLU's CPU
+    /// reference followed by the product's.
+    #[test]
+    fn fused_swiglu_matches_reference() {
+        let gpu = gpu();
+        for &(rows, cols) in &[(5usize, 36usize), (130, 1028), (64, 2400)] {
+            let gate_up = rand_vec(2 * cols, 11, 4.0);
+            let x = crate::kernels::silu_mul::reference(&gate_up, cols);
+            let gub = gpu.storage_from("gate-up", &gate_up);
+            check_fused_input(&gpu, rows, cols, &x, FusedInput::SwiGlu { gate_up: &gub });
+        }
+    }
+
+    /// Every mat-vec variant given `fused`, whose result the product should
+    /// see as `x`: the `gpu` ones take it and match the reference product of
+    /// `x` (bias and residual on), the `cpu` one declines it.
+    fn check_fused_input(gpu: &Gpu, rows: usize, cols: usize, x: &[f32], fused: FusedInput) {
+        let w = rand_vec(rows * cols, 5, 0.5);
+        let b = rand_vec(rows, 9, 1.0);
+        let y0 = rand_vec(rows, 10, 1.0);
+        let mut want = y0.clone();
+        reference(&w, rows, cols, Some(&b), x, &mut want, true);
+        let m = GpuMatrix::new(gpu, "w", rows, cols, WeightFormat::F32).unwrap();
+        m.write_rows(gpu, 0, &w, "w").unwrap();
+        let step = step_buffer(
+            gpu,
+            Step {
+                n_tokens: 1,
+                ..Default::default()
+            },
+        );
+        let bb = gpu.storage_from("b", &b);
+        // The input buffer holds garbage: the fused path must not read it.
+        let garbage = gpu.storage_from("x", &vec![1e3f32; cols]);
+        let mut matvecs = vec![MatvecVariant::Rows4, MatvecVariant::WorkgroupReduce];
+        if gpu.profile.subgroups {
+            matvecs.push(MatvecVariant::SubgroupReduce);
+        }
+        for v in matvecs {
+            let yb = gpu.storage_from("y", &y0);
+            let opts = MatmulOptions {
+                accumulate: true,
+                rows: Rows::Tokens,
+            };
+            let pair = (v, MatmulVariant::Tiled);
+            let mm = Matmul::with_variants(
+                gpu,
+                &step,
+                &m,
+                Some(&bb),
+                &garbage,
+                &yb,
+                opts,
+                pair,
+                Some(fused),
+            )
+            .unwrap();
+            assert_eq!(mm.fuses_input, v != MatvecVariant::Rows4, "{v:?}");
+            if !mm.fuses_input {
+                continue;
             }
-            for v in matvecs {
-                let yb = gpu.storage_from("y", &y0);
-                let norm = FusedNorm {
-                    residual: &rb,
-                    weights: &gb,
-                    eps,
-                };
-                let opts = MatmulOptions {
-                    accumulate: true,
-                    rows: Rows::Tokens,
-                };
-                let pair = (v, MatmulVariant::Tiled);
-                let mm = Matmul::with_variants(
-                    &gpu,
-                    &step,
-                    &m,
-                    Some(&bb),
-                    &xn,
-                    &yb,
-                    opts,
-                    pair,
-                    Some(norm),
-                )
-                .unwrap();
-                assert_eq!(mm.fuses_norm, v != MatvecVariant::Rows4, "{v:?}");
-                if !mm.fuses_norm {
-                    continue;
-                }
-                run_pass(&gpu, |pass| mm.encode(pass, 1));
-                let got: Vec<f32> = gpu.read(&yb, 0, rows).unwrap();
-                let err = max_abs_diff(&got, &want);
-                assert!(
-                    err < 1e-4 * (cols as f32).sqrt(),
-                    "{v:?} {rows}x{cols}: {err}"
-                );
-            }
+            run_pass(gpu, |pass| mm.encode(pass, 1));
+            let got: Vec<f32> = gpu.read(&yb, 0, rows).unwrap();
+            let err = max_abs_diff(&got, &want);
+            assert!(
+                err < 1e-4 * (cols as f32).sqrt(),
+                "{v:?} {rows}x{cols}: {err}"
+            );
         }
     }
 

@@ -65,7 +65,25 @@ impl CacheOptions {
         if self.chunk == 0 {
             bail!("--chunk must be at least 1 (tokens processed between refreshes)");
         }
-        if self.budget <= self.sinks + self.recent {
+        let protected = self
+            .sinks
+            .checked_add(self.recent)
+            .filter(|&p| p < usize::MAX);
+        let Some(protected) = protected else {
+            bail!(
+                "--sinks {} + --recent {} overflows; each is a count of cache entries",
+                self.sinks,
+                self.recent
+            );
+        };
+        if self.budget.checked_add(self.chunk).is_none() {
+            bail!(
+                "--budget {} + --chunk {} overflows; the cache holds budget + chunk entries",
+                self.budget,
+                self.chunk
+            );
+        }
+        if self.budget <= protected {
             bail!(
                 "--budget {} must exceed --sinks {} + --recent {} (the protected entries), so that the policy ranks at least one entry",
                 self.budget,

@@ -252,6 +252,7 @@ impl Engine {
             bail!("the cache and the prefill chunk need at least one slot");
         }
         let heads = model.heads();
+        check_sizes(&model, &opts)?;
         let (h, t) = (c.hidden_size, opts.max_tokens as u64);
         let mut bytes = 0u64;
         let mut buf = |label: &str, size: u64| -> Result<wgpu::Buffer> {
@@ -916,6 +917,54 @@ impl Engine {
             .map_err(|e| anyhow::anyhow!("waiting for the GPU: {e}"))?;
         Ok(())
     }
+}
+
+/// Most cache slots (and tokens per step) an engine takes: slot and row
+/// indices are u32 in the kernels, and half that range leaves room for
+/// index arithmetic.
+pub const MAX_SLOTS: usize = (u32::MAX / 2) as usize;
+
+/// Refuses, before anything is allocated, sizes that cannot work: more slots
+/// or tokens than the kernels index, or buffers (the KV cache, the per-token
+/// activations, the logits) more than the device can hold in total
+/// ([`Gpu::memory_ceiling`](crate::gpu::Gpu::memory_ceiling)), computed
+/// without overflow.
+fn check_sizes(model: &Model, opts: &EngineOptions) -> Result<()> {
+    let c = &model.config;
+    for (what, n) in [
+        ("cache slots (context or KV budget + chunk)", opts.max_slots),
+        ("tokens per step (prefill chunk)", opts.max_tokens),
+        ("logit rows per step", opts.max_logit_rows),
+    ] {
+        if n > MAX_SLOTS {
+            bail!("{n} {what} is more than the kernels index (at most {MAX_SLOTS})");
+        }
+    }
+    let (slots, tokens) = (opts.max_slots as u128, opts.max_tokens as u128);
+    let kv = 2 * c.num_layers as u128 * slots * model.heads().kv_row_bytes() as u128;
+    let per_token = (2 * c.hidden_size + c.qkv_dim() + 2 * c.num_heads * c.head_dim) as u128
+        + 3 * c.intermediate_size as u128;
+    let activations = tokens * per_token * 4;
+    let logits = opts.max_logit_rows as u128 * c.vocab_size as u128 * 4;
+    let ccs = if opts.counter_causal.is_some() {
+        slots * c.hidden_size as u128 * 4
+    } else {
+        0
+    };
+    let total = kv + activations + logits + ccs;
+    let ceiling = model.gpu.memory_ceiling();
+    if total > ceiling as u128 {
+        let gib = |b: u128| b as f64 / (1u64 << 30) as f64;
+        bail!(
+            "{} cache slots and {} tokens per step need {:.1} GiB of buffers ({:.1} GiB of KV cache), more than this device can hold ({:.1} GiB at most); lower the context, the KV budget or the chunk",
+            opts.max_slots,
+            opts.max_tokens,
+            gib(total),
+            gib(kv),
+            gib(ceiling as u128)
+        );
+    }
+    Ok(())
 }
 
 /// Buffer copies cannot happen inside a compute pass: end the pass, copy the

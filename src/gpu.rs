@@ -319,6 +319,25 @@ impl Gpu {
         Ok(())
     }
 
+    /// The most bytes of buffers sieve will try to allocate on this device
+    /// in total. wgpu reports no memory size, so this is a ceiling that no
+    /// device of this kind can exceed, to refuse impossible sizes before
+    /// anything is allocated (a huge `--budget` would otherwise abort the
+    /// process in a host allocation): for a CPU implementation (lavapipe),
+    /// whose buffers are host memory, the machine's memory when it can be
+    /// read; otherwise 64 of the device's largest buffers (256 GiB on an
+    /// H200, which has 141 GB). What passes and still does not fit fails at
+    /// allocation with the device's out-of-memory error.
+    pub fn memory_ceiling(&self) -> u64 {
+        let buffers = self.limits.max_buffer_size.saturating_mul(64);
+        if self.profile.cpu_implementation {
+            if let Some(host) = host_memory_bytes() {
+                return host;
+            }
+        }
+        buffers
+    }
+
     /// Checks that a storage buffer of `bytes` can be bound; names the tensor.
     pub fn check_binding(&self, what: &str, bytes: u64) -> Result<()> {
         if bytes > self.max_binding {
@@ -444,4 +463,12 @@ impl Gpu {
         let bytes = self.read_bytes(src, offset_elems * es, n as u64 * es)?;
         Ok(bytemuck::pod_collect_to_vec(&bytes))
     }
+}
+
+/// Total memory of this machine (Linux: MemTotal in /proc/meminfo).
+fn host_memory_bytes() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    kib.checked_mul(1024)
 }

@@ -228,6 +228,26 @@ fn cache_options_are_checked_before_loading() {
         (vec!["--policy", "window"], "needs a KV budget"),
         (vec!["--budget", "100", "--policy", "full"], "--policy full"),
         (vec!["--budget", "100", "--recent", "96"], "--recent 96"),
+        // Issue #11: sums that wrapped around.
+        (
+            vec!["--budget", "100", "--sinks", "18446744073709551615"],
+            "--sinks 18446744073709551615 + --recent 64 overflows",
+        ),
+        (
+            vec![
+                "--budget",
+                "100",
+                "--recent",
+                "18446744073709551614",
+                "--sinks",
+                "2",
+            ],
+            "overflows",
+        ),
+        (
+            vec!["--budget", "18446744073709551615"],
+            "--budget 18446744073709551615 + --chunk 64 overflows",
+        ),
     ] {
         let args: Vec<&str> = base.iter().copied().chain(extra.iter().copied()).collect();
         let (code, err) = run(&args);
@@ -235,6 +255,42 @@ fn cache_options_are_checked_before_loading() {
         assert!(err.contains(want), "{extra:?}: {err}");
     }
     assert!(!Path::new("/tmp/sieve-never-written.npy").exists());
+}
+
+/// A budget, context or chunk that no device can hold is refused before
+/// anything is allocated (a budget of 2^62 aborted in a host allocation).
+#[test]
+fn impossible_cache_sizes_are_refused_before_allocating() {
+    let tiny = golden_dir().join("tiny-qwen2");
+    let base = [
+        "logits",
+        "--model",
+        tiny.to_str().unwrap(),
+        "--ids",
+        "1,2,3",
+        "--out",
+        "/tmp/sieve-never-written-3.npy",
+    ];
+    for (extra, want) in [
+        (
+            vec!["--budget", "4611686018427388004"],
+            "cache slots (context or KV budget + chunk) is more than the kernels index",
+        ),
+        (
+            vec!["--budget", "1000000000000"],
+            "more than the kernels index",
+        ),
+        (
+            vec!["--budget", "2000000000"],
+            "more than this device can hold",
+        ),
+    ] {
+        let args: Vec<&str> = base.iter().copied().chain(extra.iter().copied()).collect();
+        let (code, err) = run(&args);
+        assert_eq!(code, Some(1), "{extra:?}: {err}");
+        assert!(err.contains(want), "{extra:?}: {err}");
+    }
+    assert!(!Path::new("/tmp/sieve-never-written-3.npy").exists());
 }
 
 /// The memory wall of attention-scored eviction with an eager weight matrix is

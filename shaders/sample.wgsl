@@ -4,7 +4,8 @@
 // temperature == 0 means greedy (argmax; ties go to the lowest id).
 // Top-k and top-p thresholds are found by bisection on the logit value (no sort);
 // ties at a threshold keep all tied tokens. The chosen id is also marked in `seen`
-// for the repetition penalty of later steps.
+// for the repetition penalty of later steps. A row holding a NaN or an infinity
+// yields NONFINITE (0xffffffff) instead of a token, and marks nothing.
 //
 // Bindings (group 0):
 //   0 p       uniform SampleParams
@@ -37,6 +38,17 @@ const ITERS: u32 = 30u;
 var<workgroup> red_f: array<f32, WG>;
 var<workgroup> red_i: array<u32, WG>;
 var<workgroup> chosen: u32;
+// Set when any logit of the row is NaN or infinite. Cleared explicitly at the
+// start: lavapipe was seen to keep it from an earlier dispatch.
+var<workgroup> nonfinite: atomic<u32>;
+
+const NONFINITE: u32 = 0xffffffffu;
+
+// NaN or infinity, by the exponent bits: WGSL lets implementations assume
+// finite floats, so comparisons such as x != x may be folded away.
+fn is_nonfinite(x: f32) -> bool {
+    return (bitcast<u32>(x) & 0x7f800000u) == 0x7f800000u;
+}
 
 fn adjusted(v: u32) -> f32 {
     var x = logits[p.row * p.vocab + v];
@@ -110,12 +122,23 @@ fn main(@builtin(local_invocation_index) lid: u32) {
     // Argmax (needed by every mode: greedy, and the fallback of sampling).
     var best = NEG;
     var best_i = 0u;
+    if (lid == 0u) {
+        atomicStore(&nonfinite, 0u);
+    }
+    workgroupBarrier();
+    var bad = 0u;
     for (var v = lid; v < p.vocab; v += WG) {
         let x = adjusted(v);
+        if (is_nonfinite(logits[p.row * p.vocab + v])) {
+            bad = 1u;
+        }
         if (x > best) {
             best = x;
             best_i = v;
         }
+    }
+    if (bad != 0u) {
+        atomicOr(&nonfinite, 1u);
     }
     red_f[lid] = best;
     red_i[lid] = best_i;
@@ -216,6 +239,10 @@ fn main(@builtin(local_invocation_index) lid: u32) {
     }
     workgroupBarrier();
     if (lid == 0u) {
+        if (atomicLoad(&nonfinite) != 0u) {
+            result[0] = NONFINITE;
+            return;
+        }
         let c = chosen;
         result[0] = c;
         seen[c / 32u] = seen[c / 32u] | (1u << (c % 32u));

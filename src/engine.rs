@@ -788,18 +788,33 @@ impl Engine {
             let bytes = gpu
                 .map_and_read(&self.sample_staging, 4)
                 .context("reading the sampled token")?;
-            return Ok(Some(u32::from_le_bytes([
-                bytes[0], bytes[1], bytes[2], bytes[3],
-            ])));
+            let token = u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]);
+            if token == crate::kernels::sample::NONFINITE {
+                bail!(
+                    "the logits of the token in cache slot {} hold NaN or infinity (non-finite weights, or values that overflowed); no token sampled",
+                    self.n_cached - 1
+                );
+            }
+            return Ok(Some(token));
         }
         Ok(None)
     }
 
     /// Logits of the last step: `[n_logits, vocab]` row-major.
+    /// An error when a row holds NaN or infinity, naming the row: a
+    /// non-finite answer is never returned as if it were one.
     pub fn read_logits(&self, n_logits: usize) -> Result<Vec<f32>> {
-        self.model
-            .gpu
-            .read(&self.logits, 0, n_logits * self.model.config.vocab_size)
+        let vocab = self.model.config.vocab_size;
+        let logits: Vec<f32> = self.model.gpu.read(&self.logits, 0, n_logits * vocab)?;
+        if let Some(i) = logits.iter().position(|v| !v.is_finite()) {
+            bail!(
+                "logit row {} of {n_logits} (token {} of the vocabulary) is {} (non-finite weights, or values that overflowed)",
+                i / vocab,
+                i % vocab,
+                logits[i]
+            );
+        }
+        Ok(logits)
     }
 
     /// Captured residual stream of the last step for layer index `l` (0 = embedding

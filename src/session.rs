@@ -226,6 +226,7 @@ impl Session {
         if prompt.is_empty() {
             bail!("the prompt is empty");
         }
+        opts.sampling.validate()?;
         let max = self.max_context();
         if let Some(max) = max.filter(|&m| self.tokens.len() + prompt.len() > m) {
             bail!(

@@ -111,6 +111,16 @@ impl TensorStore {
                 path.display()
             ),
         };
+        // A NaN or infinity in any weight makes every logit NaN: refuse it
+        // here, naming the tensor (one more pass over values being converted
+        // anyway).
+        if let Some(i) = data.iter().position(|v| !v.is_finite()) {
+            bail!(
+                "{}: tensor '{name}' holds {} at flat index {i}; weights must be finite",
+                path.display(),
+                data[i]
+            );
+        }
         Ok(HostTensor {
             shape: view.shape().to_vec(),
             data,

@@ -98,6 +98,108 @@ fn int_weights_are_named() {
     );
 }
 
+/// Issue #11: a NaN or infinity in any weight made every logit NaN with exit
+/// 0; now loading refuses it, naming the tensor.
+#[test]
+fn non_finite_weights_are_named() {
+    let bytes = std::fs::read(golden_dir().join("tiny-qwen2/model.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    for (target, bad) in [
+        ("model.embed_tokens.weight", f32::NAN),
+        ("model.layers.1.mlp.down_proj.weight", f32::INFINITY),
+        ("model.norm.weight", f32::NEG_INFINITY),
+    ] {
+        let dir = copy_tiny("nonfinite");
+        let mut owned: Vec<(String, safetensors::Dtype, Vec<usize>, Vec<u8>)> = st
+            .tensors()
+            .into_iter()
+            .map(|(n, v)| (n, v.dtype(), v.shape().to_vec(), v.data().to_vec()))
+            .collect();
+        let t = owned.iter_mut().find(|t| t.0 == target).unwrap();
+        assert_eq!(t.1, safetensors::Dtype::F32);
+        t.3[20..24].copy_from_slice(&bad.to_le_bytes());
+        let views: Vec<(String, safetensors::tensor::TensorView)> = owned
+            .iter()
+            .map(|(n, d, s, b)| {
+                let v = safetensors::tensor::TensorView::new(*d, s.clone(), b).unwrap();
+                (n.clone(), v)
+            })
+            .collect();
+        safetensors::serialize_to_file(views, None, &dir.join("model.safetensors")).unwrap();
+        let e = load_err(&dir);
+        assert!(
+            e.contains(target) && e.contains(&format!("holds {bad} at flat index 5")),
+            "{target}: {e}"
+        );
+    }
+}
+
+/// Weights that are finite but overflow in the computation (a final norm
+/// of 3e38): the sampled step and the logits read are errors naming what
+/// is non-finite, never a token or a NaN row returned as an answer.
+#[test]
+fn non_finite_logits_are_errors() {
+    use sieve::engine::{Engine, EngineOptions, StepOutput};
+    use sieve::weights::{TensorStore, WeightSource};
+    struct Overflowing(TensorStore);
+    impl WeightSource for Overflowing {
+        fn fill_rows(
+            &self,
+            gpu: &Gpu,
+            m: &sieve::weights::GpuMatrix,
+            row0: usize,
+            rows: usize,
+            name: &str,
+        ) -> anyhow::Result<()> {
+            self.0.fill_rows(gpu, m, row0, rows, name)
+        }
+        fn vector(&self, name: &str, len: usize) -> anyhow::Result<Vec<f32>> {
+            match name {
+                "model.norm.weight" => Ok(vec![3e38; len]),
+                _ => self.0.vector(name, len),
+            }
+        }
+        fn contains(&self, name: &str) -> bool {
+            WeightSource::contains(&self.0, name)
+        }
+    }
+    let dir = golden_dir().join("tiny-qwen2");
+    let config = sieve::config::ModelConfig::from_file(&dir.join("config.json")).unwrap();
+    let store = Overflowing(TensorStore::open(&dir).unwrap());
+    let opts = LoadOptions::default();
+    let gpu = Gpu::new(&opts.gpu).unwrap();
+    let model = Model::upload(gpu, config, &store, &dir, &opts).unwrap();
+    let mut engine = Engine::new(
+        model,
+        EngineOptions {
+            max_slots: 8,
+            max_tokens: 4,
+            max_logit_rows: 4,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let sample = StepOutput {
+        sample: Some((Default::default(), 0)),
+        ..StepOutput::last(3)
+    };
+    let e = format!(
+        "{:#}",
+        engine.step(&[1, 2, 3], &[0, 1, 2], sample).unwrap_err()
+    );
+    assert!(
+        e.contains("logits of the token in cache slot 2 hold NaN or infinity"),
+        "{e}"
+    );
+    engine.reset();
+    engine.step(&[1, 2], &[0, 1], StepOutput::last(2)).unwrap();
+    let e = format!("{:#}", engine.read_logits(1).unwrap_err());
+    assert!(
+        e.contains("logit row 0 of 1") && e.contains("non-finite"),
+        "{e}"
+    );
+}
+
 #[test]
 fn missing_tokenizer() {
     let e = match sieve::session::Llm::load(
@@ -182,6 +284,28 @@ fn cli_errors_are_one_line_and_exit_1() {
     let (code, err) = run(&["run", "--model", "x", "--prompt", "hi", "--top-p", "1.5"]);
     assert_eq!(code, Some(1));
     assert!(err.contains("--top-p"), "{err}");
+    // Issue #11: settings with which sampling degenerates (one token repeated).
+    for (flag, value, want) in [
+        (
+            "--temperature",
+            "1e-38",
+            "temperature 1e-38 is not 0 (greedy) or",
+        ),
+        ("--temperature", "inf", "temperature inf"),
+        (
+            "--repetition-penalty",
+            "1e-45",
+            "repetition penalty 1e-45 is not in [0.01, 100]",
+        ),
+        ("--repetition-penalty", "1000", "repetition penalty 1000.0"),
+    ] {
+        let (code, err) = run(&["run", "--model", "x", "--prompt", "hi", flag, value]);
+        assert_eq!(code, Some(1), "{flag} {value}");
+        assert!(
+            err.contains(want) && err.contains(flag),
+            "{flag} {value}: {err}"
+        );
+    }
     let (code, err) = run(&[
         "logits",
         "--model",

@@ -55,25 +55,17 @@ pub struct RunArgs {
 }
 
 pub fn sampling(a: &RunArgs) -> Result<SamplingParams> {
-    if !(a.temperature >= 0.0 && a.temperature.is_finite()) {
-        bail!("--temperature must be >= 0, got {}", a.temperature);
-    }
-    if !(a.top_p > 0.0 && a.top_p <= 1.0) {
-        bail!("--top-p must be in (0, 1], got {}", a.top_p);
-    }
-    if !(a.repetition_penalty > 0.0 && a.repetition_penalty.is_finite()) {
-        bail!(
-            "--repetition-penalty must be > 0, got {}",
-            a.repetition_penalty
-        );
-    }
-    Ok(SamplingParams {
+    let params = SamplingParams {
         temperature: a.temperature,
         top_k: a.top_k,
         top_p: a.top_p,
         repetition_penalty: a.repetition_penalty,
         seed: a.seed,
-    })
+    };
+    params
+        .validate()
+        .context("in --temperature, --top-p or --repetition-penalty")?;
+    Ok(params)
 }
 
 pub fn main(a: RunArgs) -> Result<()> {

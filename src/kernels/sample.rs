@@ -35,6 +35,38 @@ impl Default for SamplingParams {
     }
 }
 
+impl SamplingParams {
+    /// Below this temperature (other than 0) logits divided by it leave f32's
+    /// range and sampling degenerates (at 1e-38 it repeated one token); at
+    /// this temperature it already picks the argmax unless logits are within
+    /// about 1e-3 of each other.
+    pub const MIN_TEMPERATURE: f32 = 1e-3;
+    /// The repetition penalty's range: outside it a logit scaled by it leaves
+    /// the range where sampling stays meaningful (1e-45 gave degenerate text).
+    pub const PENALTY_RANGE: (f32, f32) = (1e-2, 1e2);
+
+    /// Refuses settings with which sampling degenerates or is undefined,
+    /// naming the setting, its value and the rule.
+    pub fn validate(&self) -> anyhow::Result<()> {
+        let t = self.temperature;
+        if !(t.is_finite() && (t == 0.0 || t >= Self::MIN_TEMPERATURE)) {
+            anyhow::bail!(
+                "temperature {t:?} is not 0 (greedy) or a finite value of at least {}",
+                Self::MIN_TEMPERATURE
+            );
+        }
+        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
+            anyhow::bail!("top-p {:?} is not in (0, 1]", self.top_p);
+        }
+        let (lo, hi) = Self::PENALTY_RANGE;
+        let r = self.repetition_penalty;
+        if !(lo..=hi).contains(&r) {
+            anyhow::bail!("repetition penalty {r:?} is not in [{lo}, {hi}] (1 = off)");
+        }
+        Ok(())
+    }
+}
+
 #[repr(C)]
 #[derive(Clone, Copy, Pod, Zeroable)]
 struct Params {
@@ -55,13 +87,17 @@ pub(crate) fn uniform_layout() -> super::UniformLayout {
     })
 }
 
+/// What the sampler returns instead of a token when the logit row holds a
+/// NaN or an infinity (`NONFINITE` in sample.wgsl).
+pub const NONFINITE: u32 = u32::MAX;
+
 pub struct Sampler {
     pipeline: Arc<wgpu::ComputePipeline>,
     group: wgpu::BindGroup,
     params: wgpu::Buffer,
     /// Bitmask of tokens seen so far (for the repetition penalty).
     pub seen: wgpu::Buffer,
-    /// The chosen token id, `[1]` u32.
+    /// The chosen token id, `[1]` u32, or [`NONFINITE`].
     pub result: wgpu::Buffer,
     vocab: u32,
 }
@@ -212,6 +248,73 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(run(&gpu, &[4.0, 3.0, -1.0], &[0], &pen, 0), 1);
+    }
+
+    /// A NaN or an infinity anywhere in the row gives NONFINITE in every
+    /// mode, and marks no token as seen.
+    #[test]
+    fn non_finite_logits_give_no_token() {
+        let gpu = gpu();
+        let sampled = SamplingParams {
+            temperature: 0.8,
+            top_k: 40,
+            top_p: 0.9,
+            repetition_penalty: 1.3,
+            seed: 7,
+        };
+        for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+            for at in [0usize, 517, 999] {
+                let mut l = rand_vec(1000, 2, 3.0);
+                l[at] = bad;
+                for s in [SamplingParams::default(), sampled] {
+                    assert_eq!(run(&gpu, &l, &[1], &s, 0), NONFINITE, "{bad} at {at}");
+                }
+            }
+        }
+        let l = rand_vec(1000, 2, 3.0);
+        assert_ne!(run(&gpu, &l, &[], &sampled, 0), NONFINITE);
+    }
+
+    #[test]
+    fn validate_refuses_degenerate_settings() {
+        let ok = SamplingParams {
+            temperature: 0.7,
+            top_p: 0.9,
+            repetition_penalty: 1.1,
+            ..Default::default()
+        };
+        ok.validate().unwrap();
+        SamplingParams::default().validate().unwrap();
+        for bad in [
+            SamplingParams {
+                temperature: 1e-38,
+                ..ok
+            },
+            SamplingParams {
+                temperature: -1.0,
+                ..ok
+            },
+            SamplingParams {
+                temperature: f32::NAN,
+                ..ok
+            },
+            SamplingParams { top_p: 0.0, ..ok },
+            SamplingParams { top_p: 1.5, ..ok },
+            SamplingParams {
+                repetition_penalty: 1e-45,
+                ..ok
+            },
+            SamplingParams {
+                repetition_penalty: 0.0,
+                ..ok
+            },
+            SamplingParams {
+                repetition_penalty: f32::INFINITY,
+                ..ok
+            },
+        ] {
+            assert!(bad.validate().is_err(), "{bad:?}");
+        }
     }
 
     #[test]

@@ -44,10 +44,25 @@ impl TensorStore {
                 .get("weight_map")
                 .and_then(|m| m.as_object())
                 .with_context(|| format!("{}: no 'weight_map' object", index_path.display()))?;
-            let mut files: Vec<String> = map
-                .values()
-                .filter_map(|f| f.as_str().map(String::from))
-                .collect();
+            let mut files = Vec::new();
+            for (tensor, f) in map {
+                // Shards are files in the model folder: a name with a folder
+                // part (`../../etc/passwd`, `/abs`) would open a file outside it.
+                let name = f.as_str().filter(|f| {
+                    let mut parts = Path::new(f).components();
+                    matches!(
+                        (parts.next(), parts.next()),
+                        (Some(std::path::Component::Normal(_)), None)
+                    )
+                });
+                let Some(name) = name else {
+                    bail!(
+                        "{}: tensor '{tensor}' maps to {f}, which is not a file name in the model folder",
+                        index_path.display()
+                    );
+                };
+                files.push(name.to_string());
+            }
             files.sort();
             files.dedup();
             files.into_iter().map(|f| dir.join(f)).collect()

@@ -200,6 +200,37 @@ fn non_finite_logits_are_errors() {
     );
 }
 
+/// Issue #11: a shard name in model.safetensors.index.json that leaves the
+/// model folder is refused before any file is opened.
+#[test]
+fn index_shards_stay_in_the_model_folder() {
+    let dir = copy_tiny("index");
+    std::fs::rename(dir.join("model.safetensors"), dir.join("shard.safetensors")).unwrap();
+    for (shard, ok) in [
+        ("\"../../../../etc/passwd\"", false),
+        ("\"/etc/passwd\"", false),
+        ("\"sub/shard.safetensors\"", false),
+        ("\"..\"", false),
+        ("7", false),
+        ("\"shard.safetensors\"", true),
+    ] {
+        let index = format!(r#"{{"weight_map": {{"model.norm.weight": {shard}}}}}"#);
+        std::fs::write(dir.join("model.safetensors.index.json"), index).unwrap();
+        match sieve::weights::TensorStore::open(&dir) {
+            Ok(_) => assert!(ok, "{shard} was accepted"),
+            Err(e) => {
+                let e = format!("{e:#}");
+                assert!(!ok, "{shard}: {e}");
+                assert!(
+                    e.contains("model.norm.weight")
+                        && e.contains("not a file name in the model folder"),
+                    "{shard}: {e}"
+                );
+            }
+        }
+    }
+}
+
 #[test]
 fn missing_tokenizer() {
     let e = match sieve::session::Llm::load(

@@ -86,6 +86,22 @@ pub const LIMITS: &[(&str, usize)] = &[
     ("vocab_size", 1 << 22),
 ];
 
+/// Checks one model dimension against [`LIMITS`] (`dimension` is its
+/// config.json name): an error naming `source` (the file), `field` (its name
+/// there: the config.json key, or the GGUF metadata key), the value and the
+/// range. Config files and GGUF metadata are checked by this one rule.
+pub fn check_dimension(source: &str, field: &str, dimension: &str, value: u64) -> Result<()> {
+    let max = LIMITS
+        .iter()
+        .find(|(name, _)| *name == dimension)
+        .map(|&(_, max)| max as u64)
+        .unwrap_or_else(|| panic!("no limit for {dimension}"));
+    if value == 0 || value > max {
+        bail!("{source}: {field} is {value}; expected 1 to {max}");
+    }
+    Ok(())
+}
+
 fn token_ids(v: Option<&Value>) -> Vec<u32> {
     match v {
         Some(Value::Number(n)) => n.as_u64().map(|x| vec![x as u32]).unwrap_or_default(),
@@ -210,10 +226,8 @@ impl ModelConfig {
             ("num_key_value_heads", self.num_kv_heads),
             ("vocab_size", self.vocab_size),
         ];
-        for ((name, value), (_, max)) in dims.iter().zip(LIMITS) {
-            if *value == 0 || value > max {
-                bail!("{p}: {name} is {value}; expected 1 to {max}");
-            }
+        for (name, value) in dims {
+            check_dimension(&p.to_string(), name, name, value as u64)?;
         }
         if !(self.rms_norm_eps.is_finite() && self.rms_norm_eps > 0.0) {
             bail!(

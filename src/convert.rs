@@ -133,6 +133,19 @@ impl Hparams {
             Some(n) => n as usize,
             None => heads,
         };
+        let ffn = usize_of("feed_forward_length")?;
+        let layers = usize_of("block_count")?;
+        // The same bounds as a config.json (crate::config::LIMITS), before
+        // anything is sized from them (a block count of 2^31 grew to 9 GB).
+        for (k, dimension, value) in [
+            ("embedding_length", "hidden_size", hidden),
+            ("feed_forward_length", "intermediate_size", ffn),
+            ("block_count", "num_hidden_layers", layers),
+            ("attention.head_count", "num_attention_heads", heads),
+            ("attention.head_count_kv", "num_key_value_heads", kv_heads),
+        ] {
+            crate::config::check_dimension(&file.to_string(), &key(k), dimension, value as u64)?;
+        }
         ensure!(
             hidden > 0 && heads > 0 && kv_heads > 0 && heads % kv_heads == 0,
             "{file}: bad attention shape: hidden {hidden}, {heads} heads, {kv_heads} KV heads"
@@ -191,8 +204,8 @@ impl Hparams {
 
         let params = Self {
             hidden,
-            ffn: usize_of("feed_forward_length")?,
-            layers: usize_of("block_count")?,
+            ffn,
+            layers,
             heads,
             kv_heads,
             head_dim,
@@ -201,10 +214,6 @@ impl Hparams {
             rope_linear_factor,
             context_length: usize_of("context_length")?,
         };
-        ensure!(
-            params.ffn > 0 && params.layers > 0,
-            "{file}: feed-forward size and block count must be positive"
-        );
         Ok(params)
     }
 }
@@ -234,10 +243,13 @@ impl<'a> Vocab<'a> {
             "{file}: tokenizer model `{model}` is not supported (supported: {SUPPORTED_TOKENIZERS})"
         );
         let tokens = g.get_str_array("tokenizer.ggml.tokens")?;
-        ensure!(
-            !tokens.is_empty(),
-            "{file}: `tokenizer.ggml.tokens` is empty"
-        );
+        let n_tokens = tokens.len() as u64;
+        crate::config::check_dimension(
+            &file.to_string(),
+            "tokenizer.ggml.tokens (its length)",
+            "vocab_size",
+            n_tokens,
+        )?;
         let token_types = g
             .opt("tokenizer.ggml.token_type", GgufFile::get_i64_array)?
             .unwrap_or_default();
@@ -1311,6 +1323,29 @@ mod tests {
             msg.contains("tensor `output.weight` has shape [7, 8], expected [6, 8]"),
             "{msg}"
         );
+
+        // Issue #11: dimensions out of range are refused by the config
+        // limits before anything is sized from them (2^31 blocks grew to 9 GB).
+        for (k, v, want) in [
+            (
+                "block_count",
+                1u32 << 31,
+                "llama.block_count is 2147483648; expected 1 to 1024",
+            ),
+            ("block_count", 0, "llama.block_count is 0; expected 1 to"),
+            (
+                "embedding_length",
+                u32::MAX,
+                "llama.embedding_length is 4294967295",
+            ),
+            ("feed_forward_length", 0, "llama.feed_forward_length is 0"),
+        ] {
+            let bad = tiny_model("llama", false, false)
+                .remove(&format!("llama.{k}"))
+                .u32(&format!("llama.{k}"), v);
+            let msg = convert_err("convert-limits", &bad.build());
+            assert!(msg.contains(want), "{k} {v}: {msg}");
+        }
     }
 
     #[test]

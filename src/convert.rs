@@ -808,7 +808,7 @@ pub fn convert_gguf(
     ];
 
     let partial = partial_dir(out_dir)?;
-    let mut cleanup = RemoveOnDrop(Some(partial.clone()));
+    let unfinished = crate::files::Unfinished::new(partial.clone());
     fs::create_dir(&partial).with_context(|| format!("cannot create {}", partial.display()))?;
     write_safetensors(&g, &tensors, &partial.join("model.safetensors"), progress)?;
     for (name, doc) in &documents {
@@ -827,7 +827,7 @@ pub fn convert_gguf(
             out_dir.display()
         )
     })?;
-    cleanup.0 = None;
+    unfinished.finish();
     Ok(())
 }
 
@@ -850,19 +850,6 @@ fn partial_dir(out_dir: &Path) -> anyhow::Result<PathBuf> {
             .with_context(|| format!("cannot remove stale {}", partial.display()))?;
     }
     Ok(partial)
-}
-
-/// Deletes the partial output directory on early return (error or panic)
-/// unless the path has been taken out after success.
-struct RemoveOnDrop(Option<PathBuf>);
-
-impl Drop for RemoveOnDrop {
-    fn drop(&mut self) {
-        if let Some(path) = &self.0 {
-            // Best effort: the original error matters more than a cleanup failure.
-            let _ = fs::remove_dir_all(path);
-        }
-    }
 }
 
 /// Writes a safetensors file: `u64` header length, JSON header padded with

@@ -2,6 +2,62 @@
 
 use anyhow::{bail, Context, Result};
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+/// Paths being written right now (temporary files, partial folders): what an
+/// interrupted process must remove so that nothing half-written stays behind.
+static UNFINISHED: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+
+/// A temporary file or folder that is removed unless [`Unfinished::finish`]
+/// is called: on an error or a panic (drop), and on SIGINT/SIGTERM when the
+/// program calls [`remove_unfinished`] from its signal handler (the `sieve`
+/// binary does; a library user decides for their own process).
+pub struct Unfinished(Option<PathBuf>);
+
+impl Unfinished {
+    pub fn new(path: PathBuf) -> Self {
+        lock_unfinished().push(path.clone());
+        Unfinished(Some(path))
+    }
+
+    /// The path is complete (renamed into place): keep it.
+    pub fn finish(mut self) {
+        if let Some(p) = self.0.take() {
+            lock_unfinished().retain(|q| *q != p);
+        }
+    }
+}
+
+impl Drop for Unfinished {
+    fn drop(&mut self) {
+        if let Some(p) = self.0.take() {
+            lock_unfinished().retain(|q| *q != p);
+            // Best effort: the original error matters more than a cleanup failure.
+            remove_path(&p);
+        }
+    }
+}
+
+fn lock_unfinished() -> std::sync::MutexGuard<'static, Vec<PathBuf>> {
+    // A panic while holding the lock leaves a list that is still valid.
+    UNFINISHED.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn remove_path(p: &Path) {
+    if std::fs::symlink_metadata(p).is_ok_and(|m| m.is_dir()) {
+        let _ = std::fs::remove_dir_all(p);
+    } else {
+        let _ = std::fs::remove_file(p);
+    }
+}
+
+/// Removes every unfinished output (call from a SIGINT/SIGTERM handler,
+/// then exit).
+pub fn remove_unfinished() {
+    for p in lock_unfinished().drain(..) {
+        remove_path(&p);
+    }
+}
 
 /// Writes `bytes` to `path` atomically (a temporary file beside it, flushed
 /// to disk, then renamed into place), so that no half-written output is ever
@@ -20,6 +76,7 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     let mut tmp_name = name.to_os_string();
     tmp_name.push(format!(".partial-{}", std::process::id()));
     let tmp = target.with_file_name(tmp_name);
+    let unfinished = Unfinished::new(tmp.clone());
     let written = (|| -> std::io::Result<()> {
         use std::io::Write;
         let mut f = std::fs::File::create(&tmp)?;
@@ -27,10 +84,9 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
         f.sync_all()?;
         std::fs::rename(&tmp, &target)
     })();
-    if let Err(e) = written {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(e).with_context(|| format!("writing {}", path.display()));
-    }
+    // On an error the temporary file goes with `unfinished`.
+    written.with_context(|| format!("writing {}", path.display()))?;
+    unfinished.finish();
     Ok(())
 }
 

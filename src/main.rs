@@ -63,6 +63,13 @@ fn private_runtime_dir() {}
 
 fn main() {
     private_runtime_dir();
+    // Ctrl-C or a kill: remove what is half written (temporary output files,
+    // a partial converted model) before exiting with the shell's status for
+    // an interrupt.
+    let _ = ctrlc::set_handler(|| {
+        sieve::files::remove_unfinished();
+        std::process::exit(130);
+    });
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Run(a) => cli::run::main(a),

@@ -808,8 +808,8 @@ pub fn convert_gguf(
     ];
 
     let partial = partial_dir(out_dir)?;
-    let unfinished = crate::files::Unfinished::new(partial.clone());
     fs::create_dir(&partial).with_context(|| format!("cannot create {}", partial.display()))?;
+    let unfinished = crate::files::Unfinished::new(partial.clone());
     write_safetensors(&g, &tensors, &partial.join("model.safetensors"), progress)?;
     for (name, doc) in &documents {
         let path = partial.join(name);

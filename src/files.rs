@@ -76,15 +76,16 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     let mut tmp_name = name.to_os_string();
     tmp_name.push(format!(".partial-{}", std::process::id()));
     let tmp = target.with_file_name(tmp_name);
+    let mut f =
+        std::fs::File::create(&tmp).with_context(|| format!("writing {}", path.display()))?;
+    // Registered once it is ours: on an error it goes with `unfinished`.
     let unfinished = Unfinished::new(tmp.clone());
     let written = (|| -> std::io::Result<()> {
         use std::io::Write;
-        let mut f = std::fs::File::create(&tmp)?;
         f.write_all(bytes)?;
         f.sync_all()?;
         std::fs::rename(&tmp, &target)
     })();
-    // On an error the temporary file goes with `unfinished`.
     written.with_context(|| format!("writing {}", path.display()))?;
     unfinished.finish();
     Ok(())

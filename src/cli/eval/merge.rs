@@ -34,7 +34,9 @@ pub fn main(a: MergeArgs) -> Result<()> {
         // Opening with its own settings cannot fail on them; it reads the results.
         let input = ResultStore::open(dir, &settings, &["shard", "limit"])?;
         // Reopening the merged folder with each input's settings checks that
-        // they all agree (but for the shard and the limit).
+        // they all agree (but for the shard and the limit; their policy and
+        // budget lists add up). One store holds the folder's lock at a time.
+        drop(merged.take());
         let mut out = ResultStore::open(&a.out, &settings, &["shard", "limit"])?;
         out.merge_from(&input)?;
         eprintln!("{}: {} results", dir.display(), input.records().len());

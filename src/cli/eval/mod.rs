@@ -132,6 +132,9 @@ impl SweepArgs {
             "sinks": self.sinks,
             "recent": self.recent,
             "policy_seed": self.policy_seed,
+            // Lists of what to run: other values extend the folder (store.rs).
+            "policies": self.policies,
+            "budgets": self.budgets,
         });
         // Recorded only for an f16 cache, so folders made before the cache
         // had a choice of format (f32) still resume, and mixing is refused.

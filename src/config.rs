@@ -102,15 +102,25 @@ pub fn check_dimension(source: &str, field: &str, dimension: &str, value: u64) -
     Ok(())
 }
 
-fn token_ids(v: Option<&Value>) -> Vec<u32> {
+/// A token id or a list of them (`bos_token_id`, `eos_token_id`); absent or
+/// null is none. Anything else (a string, a negative or fractional number,
+/// an id beyond u32) is an error naming `field` in `file`.
+pub fn token_ids(v: Option<&Value>, field: &str, file: &Path) -> Result<Vec<u32>> {
+    let one = |x: &Value| -> Result<u32> {
+        x.as_u64()
+            .and_then(|n| u32::try_from(n).ok())
+            .with_context(|| {
+                format!(
+                    "{}: {field} holds {x}; expected token ids (integers 0 to {})",
+                    file.display(),
+                    u32::MAX
+                )
+            })
+    };
     match v {
-        Some(Value::Number(n)) => n.as_u64().map(|x| vec![x as u32]).unwrap_or_default(),
-        Some(Value::Array(a)) => a
-            .iter()
-            .filter_map(Value::as_u64)
-            .map(|x| x as u32)
-            .collect(),
-        _ => vec![],
+        None | Some(Value::Null) => Ok(vec![]),
+        Some(Value::Array(a)) => a.iter().map(one).collect(),
+        Some(x) => Ok(vec![one(x)?]),
     }
 }
 
@@ -209,8 +219,10 @@ impl ModelConfig {
                 || v.get("attention_bias")
                     .and_then(Value::as_bool)
                     .unwrap_or(false),
-            bos_token_id: token_ids(v.get("bos_token_id")).first().copied(),
-            eos_token_ids: token_ids(v.get("eos_token_id")),
+            bos_token_id: token_ids(v.get("bos_token_id"), "bos_token_id", path)?
+                .first()
+                .copied(),
+            eos_token_ids: token_ids(v.get("eos_token_id"), "eos_token_id", path)?,
         };
         cfg.validate(path)?;
         Ok(cfg)
@@ -265,6 +277,31 @@ impl ModelConfig {
         }
         if !self.hidden_size.is_multiple_of(4) || !self.intermediate_size.is_multiple_of(4) {
             bail!("{p}: hidden_size and intermediate_size must be multiples of 4");
+        }
+        if let RopeScaling::Llama3 {
+            factor,
+            low_freq_factor,
+            high_freq_factor,
+            original_max_position_embeddings,
+        } = self.rope_scaling
+        {
+            let all = [
+                factor,
+                low_freq_factor,
+                high_freq_factor,
+                original_max_position_embeddings,
+            ];
+            // transformers divides by each and by high - low.
+            if !(all.iter().all(|x| x.is_finite() && *x > 0.0)
+                && high_freq_factor > low_freq_factor)
+            {
+                bail!(
+                    "{p}: rope_scaling (llama3) has factor {factor}, low_freq_factor {low_freq_factor}, high_freq_factor {high_freq_factor}, original_max_position_embeddings {original_max_position_embeddings}; expected finite values above 0 and high_freq_factor > low_freq_factor"
+                );
+            }
+        }
+        if let Some(bad) = self.rope_inv_freq().iter().find(|f| !f.is_finite()) {
+            bail!("{p}: the RoPE settings give a frequency of {bad}; expected finite frequencies");
         }
         Ok(())
     }

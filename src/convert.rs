@@ -767,6 +767,40 @@ impl<'a> Model<'a> {
     }
 }
 
+/// The JSON documents of a converted model folder, by file name.
+type Documents = [(&'static str, Value); 4];
+
+/// Everything a conversion checks and builds before it writes anything: the
+/// hyperparameters, the vocabulary, every tensor's name, type and shape, and
+/// the JSON documents.
+fn plan(g: &GgufFile, dtype: OutDtype) -> anyhow::Result<(Vec<OutTensor<'_>>, Documents)> {
+    let model = Model::read(g)?;
+    let tensors = model.plan_tensors(g, dtype)?;
+    let documents = [
+        ("config.json", model.config_json(dtype)),
+        ("tokenizer.json", model.vocab.tokenizer_json(&g.path)?),
+        (
+            "tokenizer_config.json",
+            model.vocab.tokenizer_config_json(model.hp.context_length),
+        ),
+        (
+            "generation_config.json",
+            Value::Object(model.vocab.special_ids()),
+        ),
+    ];
+    Ok((tensors, documents))
+}
+
+/// Whether `g` would convert: every check of [`convert_gguf`] but the output
+/// folder's, and every tensor's data read and dequantized, without writing.
+pub fn check_convertible(g: &GgufFile) -> anyhow::Result<()> {
+    let (tensors, _) = plan(g, OutDtype::F32)?;
+    for t in &tensors {
+        g.dequantize(t.src)?;
+    }
+    Ok(())
+}
+
 /// Converts the GGUF model at `input` into a Hugging Face model directory at
 /// `out_dir`, which must not exist or be empty. Matrices are written as
 /// `dtype`; norm weights and biases always as f32. `progress(done, total,
@@ -792,20 +826,7 @@ pub fn convert_gguf(
     }
 
     let g = GgufFile::open(input)?;
-    let model = Model::read(&g)?;
-    let tensors = model.plan_tensors(&g, dtype)?;
-    let documents = [
-        ("config.json", model.config_json(dtype)),
-        ("tokenizer.json", model.vocab.tokenizer_json(input)?),
-        (
-            "tokenizer_config.json",
-            model.vocab.tokenizer_config_json(model.hp.context_length),
-        ),
-        (
-            "generation_config.json",
-            Value::Object(model.vocab.special_ids()),
-        ),
-    ];
+    let (tensors, documents) = plan(&g, dtype)?;
 
     let partial = partial_dir(out_dir)?;
     fs::create_dir(&partial).with_context(|| format!("cannot create {}", partial.display()))?;

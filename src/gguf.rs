@@ -255,7 +255,23 @@ pub struct GgufFile {
     pub alignment: u64,
     /// Absolute file offset where the data section starts.
     data_start: u64,
-    mmap: Mmap,
+    bytes: FileBytes,
+}
+
+/// The bytes of a GGUF file: mapped from disk, or held in memory (tests).
+enum FileBytes {
+    Mapped(Mmap),
+    Owned(Vec<u8>),
+}
+
+impl std::ops::Deref for FileBytes {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            FileBytes::Mapped(m) => m,
+            FileBytes::Owned(v) => v,
+        }
+    }
 }
 
 impl fmt::Debug for GgufFile {
@@ -284,10 +300,20 @@ impl GgufFile {
         // undefined behaviour; model files are not modified in place.
         let mmap = unsafe { Mmap::map(&file) }
             .with_context(|| format!("cannot memory-map GGUF file {}", path.display()))?;
+        Self::parse(path, FileBytes::Mapped(mmap))
+    }
+
+    /// As [`GgufFile::open`], for a file's bytes already in memory; `path`
+    /// only names it in messages (the mutation tests parse thousands).
+    pub fn from_bytes(path: impl AsRef<Path>, bytes: Vec<u8>) -> anyhow::Result<Self> {
+        Self::parse(path.as_ref().to_path_buf(), FileBytes::Owned(bytes))
+    }
+
+    fn parse(path: PathBuf, bytes: FileBytes) -> anyhow::Result<Self> {
         // One line naming the file and the whole cause chain, so that the
         // message is complete however the caller prints it.
         let parsed =
-            parse(&mmap).map_err(|e| anyhow!("{}: invalid GGUF file: {e:#}", path.display()))?;
+            parse(&bytes).map_err(|e| anyhow!("{}: invalid GGUF file: {e:#}", path.display()))?;
         Ok(Self {
             path,
             version: parsed.version,
@@ -295,7 +321,7 @@ impl GgufFile {
             tensors: parsed.tensors,
             alignment: parsed.alignment,
             data_start: parsed.data_start,
-            mmap,
+            bytes,
         })
     }
 
@@ -433,7 +459,7 @@ impl GgufFile {
         let bytes = (|| {
             let start = usize::try_from(self.data_start.checked_add(tensor.offset)?).ok()?;
             let len = usize::try_from(tensor.n_bytes()).ok()?;
-            self.mmap.get(start..start.checked_add(len)?)
+            self.bytes.get(start..start.checked_add(len)?)
         })();
         bytes.ok_or_else(|| {
             anyhow!(

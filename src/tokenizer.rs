@@ -54,8 +54,23 @@ impl Tokenizer {
                 dir.display()
             );
         }
-        let inner = tokenizers::Tokenizer::from_file(&path)
-            .map_err(|e| anyhow!("{}: cannot load tokenizer: {e}", path.display()))?;
+        let text = std::fs::read_to_string(&path)
+            .with_context(|| format!("reading {}", path.display()))?;
+        // Invalid JSON is refused here with its position: the tokenizers
+        // crate panics on some of it (found by tests/fuzz.rs).
+        serde_json::from_str::<Value>(&text)
+            .with_context(|| format!("{}: not valid JSON", path.display()))?;
+        // Valid JSON of the wrong shape can still panic inside the crate:
+        // caught, it is an error like any other.
+        let parsed =
+            std::panic::catch_unwind(|| text.parse::<tokenizers::Tokenizer>()).map_err(|_| {
+                anyhow!(
+                    "{}: not a tokenizer the tokenizers crate can read (it panicked)",
+                    path.display()
+                )
+            })?;
+        let inner =
+            parsed.map_err(|e| anyhow!("{}: cannot load tokenizer: {e}", path.display()))?;
         let cfg_path = dir.join("tokenizer_config.json");
         let cfg: Value = if cfg_path.exists() {
             let text = std::fs::read_to_string(&cfg_path)
@@ -73,24 +88,18 @@ impl Tokenizer {
                 eos_ids.push(id);
             }
         }
+        // generation_config.json is optional, but when present it must be
+        // valid: its eos ids decide where generation stops.
         let gen_path = dir.join("generation_config.json");
-        if let Ok(text) = std::fs::read_to_string(&gen_path) {
-            if let Ok(v) = serde_json::from_str::<Value>(&text) {
-                let ids: Vec<u32> = match v.get("eos_token_id") {
-                    Some(Value::Number(n)) => {
-                        n.as_u64().map(|x| vec![x as u32]).unwrap_or_default()
-                    }
-                    Some(Value::Array(a)) => a
-                        .iter()
-                        .filter_map(Value::as_u64)
-                        .map(|x| x as u32)
-                        .collect(),
-                    _ => vec![],
-                };
-                for id in ids {
-                    if !eos_ids.contains(&id) {
-                        eos_ids.push(id);
-                    }
+        if gen_path.exists() {
+            let text = std::fs::read_to_string(&gen_path)
+                .with_context(|| format!("reading {}", gen_path.display()))?;
+            let v: Value = serde_json::from_str(&text)
+                .with_context(|| format!("{}: not valid JSON", gen_path.display()))?;
+            let ids = crate::config::token_ids(v.get("eos_token_id"), "eos_token_id", &gen_path)?;
+            for id in ids {
+                if !eos_ids.contains(&id) {
+                    eos_ids.push(id);
                 }
             }
         }

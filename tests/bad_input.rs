@@ -231,6 +231,51 @@ fn index_shards_stay_in_the_model_folder() {
     }
 }
 
+/// Issue #11: a malformed generation_config.json was silently ignored (its
+/// eos ids decide where generation stops), and token ids that are not
+/// integers in u32 were skipped or truncated.
+#[test]
+fn malformed_token_settings_are_errors() {
+    let dir = std::env::temp_dir().join(format!("sieve-bad-tok-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let gguf = golden_dir().join("quant/tiny-llama-Q8_0.gguf");
+    sieve::convert::convert_gguf(
+        &gguf,
+        &dir,
+        sieve::convert::OutDtype::F32,
+        &mut |_, _, _| {},
+    )
+    .unwrap();
+    let gen = dir.join("generation_config.json");
+    for (text, want) in [
+        (
+            "{\"eos_token_id\": ",
+            "generation_config.json: not valid JSON",
+        ),
+        ("{\"eos_token_id\": \"2\"}", "eos_token_id holds \"2\""),
+        ("{\"eos_token_id\": [2, -1]}", "eos_token_id holds -1"),
+        (
+            "{\"eos_token_id\": 4294967296}",
+            "eos_token_id holds 4294967296",
+        ),
+    ] {
+        std::fs::write(&gen, text).unwrap();
+        let e = match sieve::tokenizer::Tokenizer::load(&dir, &[]) {
+            Ok(_) => panic!("{text} was accepted"),
+            Err(e) => format!("{e:#}"),
+        };
+        assert!(e.contains(want), "{text}: {e}");
+    }
+    let mut cfg: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
+    cfg["bos_token_id"] = serde_json::json!(1u64 << 40);
+    let e = sieve::config::ModelConfig::from_json(&cfg, &dir.join("config.json"))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("bos_token_id holds 1099511627776"), "{e}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn missing_tokenizer() {
     let e = match sieve::session::Llm::load(

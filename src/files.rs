@@ -91,6 +91,14 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     Ok(())
 }
 
+/// Checks, before any work, that [`write_atomic`] could write `path` (a new
+/// name, a regular file, or a link to one), naming `what` it is for.
+pub fn check_output(path: &Path, what: &str) -> Result<()> {
+    output_target(path)
+        .map(|_| ())
+        .with_context(|| what.to_string())
+}
+
 /// The file an output written to `path` replaces (see [`write_atomic`]).
 fn output_target(path: &Path) -> Result<PathBuf> {
     let meta = match std::fs::symlink_metadata(path) {
@@ -200,6 +208,29 @@ mod tests {
                 .file_type()
                 .is_symlink());
         }
+        assert!(leftovers(&d).is_empty());
+    }
+
+    /// A FIFO is refused (writing would block on it, or feed a reader half
+    /// a file), and stays a FIFO.
+    #[cfg(unix)]
+    #[test]
+    fn refuses_fifos() {
+        use std::os::unix::fs::FileTypeExt;
+        let d = scratch("fifo");
+        let fifo = d.join("pipe");
+        let made = std::process::Command::new("mkfifo").arg(&fifo).status();
+        if !made.is_ok_and(|s| s.success()) {
+            eprintln!("note: no mkfifo here; skipped");
+            return;
+        }
+        let e = write_atomic(&fifo, b"x").unwrap_err().to_string();
+        assert!(e.contains("not a regular file"), "{e}");
+        assert!(check_output(&fifo, "--out").is_err());
+        assert!(std::fs::symlink_metadata(&fifo)
+            .unwrap()
+            .file_type()
+            .is_fifo());
         assert!(leftovers(&d).is_empty());
     }
 

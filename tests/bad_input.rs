@@ -469,6 +469,29 @@ fn cache_options_and_sizes_are_checked_before_loading() {
         assert!(err.contains(want), "{extra:?}: {err}");
     }
     assert!(!Path::new("/tmp/sieve-never-written.npy").exists());
+    // Issue #11: an output path that is not a regular file (or a new name)
+    // is refused before the model runs; /dev/full was replaced by a file.
+    let dir = std::env::temp_dir();
+    let dir = dir.to_str().unwrap();
+    for (flag, path) in [
+        ("--out", "/dev/full"),
+        ("--out", dir),
+        ("--trace", "/dev/null"),
+    ] {
+        let mut args = base.to_vec();
+        if flag == "--out" {
+            args[6] = path;
+        } else {
+            args.extend(["--budget", "100", "--trace", path]);
+        }
+        let (code, err) = run(&args);
+        assert_eq!(code, Some(1), "{flag} {path}: {err}");
+        assert!(
+            err.contains(flag) && err.contains(path) && err.contains("not a regular file"),
+            "{flag} {path}: {err}"
+        );
+    }
+    assert!(Path::new("/dev/full").exists());
 }
 
 /// The memory wall of attention-scored eviction with an eager weight matrix is

@@ -52,6 +52,11 @@ pub fn main(a: LogitsArgs) -> Result<()> {
         anyhow::bail!("--ids is empty");
     }
     let cache_opts = a.cache.options()?;
+    // A path that cannot take the output is refused before the model runs.
+    sieve::files::check_output(&a.out, "--out")?;
+    if let Some(path) = &a.cache.trace {
+        sieve::files::check_output(path, "--trace")?;
+    }
     let model = Model::load(&a.model.dir()?, &a.model.load_options()?)?;
     let max_pos = model.config.max_position_embeddings;
     if cache_opts.is_none() && ids.len() > max_pos {

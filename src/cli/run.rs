@@ -84,6 +84,9 @@ pub fn main(a: RunArgs) -> Result<()> {
     if prompt.trim().is_empty() {
         bail!("the prompt is empty (give --prompt TEXT or pipe text to stdin)");
     }
+    if let Some(path) = &a.cache.trace {
+        sieve::files::check_output(path, "--trace")?;
+    }
     let dir = a.model.dir()?;
     let llm = Llm::load(&dir, &a.model.load_options()?)?;
     eprintln!("sieve: {} on {}", dir.display(), llm.model.gpu.describe());

@@ -47,7 +47,7 @@ pub struct Model {
     pub(crate) layers: Vec<LayerWeights>,
     pub(crate) final_norm: wgpu::Buffer,
     pub(crate) inv_freq: wgpu::Buffer,
-    /// Bytes of weights on the GPU.
+    /// Bytes of weight matrices on the GPU (see [`weight_bytes`]).
     pub weight_bytes: u64,
 }
 
@@ -94,6 +94,20 @@ impl Model {
     ) -> Result<Arc<Model>> {
         let c = &config;
         let format = opts.dtype.unwrap_or(WeightFormat::F16);
+        // Weights no device of this kind can hold are refused before the
+        // first buffer is created (sizes in u128: no overflow).
+        let bytes = weight_bytes(c, format);
+        let ceiling = gpu.memory_ceiling();
+        if bytes > ceiling as u128 {
+            let gib = |b: u128| b as f64 / (1u64 << 30) as f64;
+            bail!(
+                "{}: the weights need {:.1} GiB as {}, more than this device can hold ({:.1} GiB at most)",
+                dir.display(),
+                gib(bytes),
+                format.name(),
+                gib(ceiling as u128)
+            );
+        }
         let (h, ffn) = (c.hidden_size, c.intermediate_size);
         let total = 3 + c.num_layers;
         let mut done = 0;
@@ -199,4 +213,19 @@ impl Model {
             .sum();
         layers + self.head().bytes()
     }
+}
+
+/// Bytes of the weight matrices of a model with config `c` stored as
+/// `format` (what [`Model::weight_bytes`] counts once loaded; the norms and
+/// biases add a few KiB), computed without overflow, before loading.
+pub fn weight_bytes(c: &ModelConfig, format: WeightFormat) -> u128 {
+    let (h, ffn, vocab) = (
+        c.hidden_size as u128,
+        c.intermediate_size as u128,
+        c.vocab_size as u128,
+    );
+    let q = (c.num_heads * c.head_dim) as u128;
+    let heads = 1 + !c.tie_word_embeddings as u128;
+    let layer = c.qkv_dim() as u128 * h + h * q + 3 * ffn * h;
+    (heads * vocab * h + c.num_layers as u128 * layer) * format.bytes_per_value() as u128
 }

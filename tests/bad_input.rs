@@ -542,6 +542,27 @@ fn config_error(tag: &str, field: &str, value: &str) -> String {
     load_err(&dir)
 }
 
+/// Dimensions each within bounds that together need more weight memory than
+/// the device can hold are refused before any buffer is created (naming the
+/// size), not after allocating hundreds of GiB.
+#[test]
+fn weights_larger_than_the_device_are_refused() {
+    let dir = copy_tiny("huge-weights");
+    let path = dir.join("config.json");
+    let mut cfg: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    cfg["vocab_size"] = 4194304.into();
+    cfg["hidden_size"] = 65536.into();
+    cfg["intermediate_size"] = 262144.into();
+    cfg["head_dim"] = 32.into();
+    std::fs::write(&path, cfg.to_string()).unwrap();
+    let e = load_err(&dir);
+    assert!(
+        e.contains("the weights need") && e.contains("more than this device can hold"),
+        "{e}"
+    );
+}
+
 /// Issue #11's configurations: each is refused before anything is allocated,
 /// with the field, its value and the rule (they panicked, aborted, hung or
 /// ran with NaN logits before).

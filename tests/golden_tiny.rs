@@ -172,3 +172,14 @@ fn chunked_prefill_and_split_bindings() {
         assert!(d <= 1e-3, "{name}: chunked logits max |d| {d}");
     }
 }
+
+/// The weight size computed from the config before loading (what the
+/// memory check uses) is the size the loaded model holds, tied head or not.
+#[test]
+fn weight_bytes_before_loading_match_the_loaded_model() {
+    for name in ["tiny-qwen2", "tiny-llama-gqa"] {
+        let model = load(name, GpuOptions::default());
+        let predicted = sieve::model::weight_bytes(&model.config, model.format);
+        assert_eq!(predicted, model.weight_bytes as u128, "{name}");
+    }
+}

@@ -18,8 +18,28 @@ pub struct LoadOptions {
     /// f32: exact comparisons; f16 halves the cache's memory and bandwidth).
     pub kv_dtype: Option<WeightFormat>,
     pub gpu: GpuOptions,
-    /// Called once per tensor uploaded: (done, total).
-    pub progress: Option<fn(usize, usize)>,
+    /// Called once per tensor group uploaded: (done, total). A closure, so it
+    /// can hold a channel or a widget handle.
+    pub progress: Option<LoadProgress>,
+}
+
+/// A load-progress callback: `LoadProgress::new(move |done, total| ...)`.
+#[derive(Clone)]
+pub struct LoadProgress(Arc<dyn Fn(usize, usize) + Send + Sync>);
+
+impl LoadProgress {
+    pub fn new(f: impl Fn(usize, usize) + Send + Sync + 'static) -> Self {
+        LoadProgress(Arc::new(f))
+    }
+    fn report(&self, done: usize, total: usize) {
+        (self.0)(done, total)
+    }
+}
+
+impl std::fmt::Debug for LoadProgress {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("LoadProgress(..)")
+    }
 }
 
 pub(crate) struct LayerWeights {
@@ -115,8 +135,8 @@ impl Model {
             // Flush staged uploads so host staging memory stays at about one tensor.
             gpu.queue.submit([]);
             done += 1;
-            if let Some(p) = opts.progress {
-                p(done, total);
+            if let Some(p) = &opts.progress {
+                p.report(done, total);
             }
         };
         let matrix = |name: &str, rows: usize, cols: usize| -> Result<GpuMatrix> {

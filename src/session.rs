@@ -143,12 +143,34 @@ pub struct MemoryReport {
     pub buffers: u64,
 }
 
-/// A conversation with a model: its KV cache persists across `generate` calls.
+/// Stops a running [`Session::generate`] from any thread: checked between
+/// prefill chunks and after every generated token. `generate` never clears
+/// it: once cancelled, every `generate` returns at once with
+/// [`StopReason::Cancelled`] until [`CancelToken::reset`] is called, so a
+/// cancel set just before a call starts is not lost.
+#[derive(Clone, Debug, Default)]
+pub struct CancelToken(Arc<AtomicBool>);
+
+impl CancelToken {
+    pub fn cancel(&self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+    pub fn is_cancelled(&self) -> bool {
+        self.0.load(Ordering::Relaxed)
+    }
+    /// Lets the next `generate` run.
+    pub fn reset(&self) {
+        self.0.store(false, Ordering::Relaxed);
+    }
+}
+
+/// A conversation with a model: its KV cache persists across `generate`
+/// calls, and holds exactly the tokens of [`Session::tokens`].
 pub struct Session {
     engine: Engine,
     cache: BoundedCache,
     tokenizer: Arc<Tokenizer>,
-    cancel: Arc<AtomicBool>,
+    cancel: CancelToken,
     /// Every token fed so far (position = index); evicted ones included.
     tokens: Vec<u32>,
     steps: u32,
@@ -174,21 +196,32 @@ impl Session {
             engine,
             cache,
             tokenizer,
-            cancel: Arc::new(AtomicBool::new(false)),
+            cancel: CancelToken::default(),
             tokens: vec![],
             steps: 0,
         })
     }
 
-    /// Set the returned flag to stop a running `generate` after its current token.
-    pub fn cancel_handle(&self) -> Arc<AtomicBool> {
+    /// The token that stops this session's `generate` (clone it to another
+    /// thread; see [`CancelToken`]).
+    pub fn cancel_token(&self) -> CancelToken {
         self.cancel.clone()
     }
 
-    /// Forgets the conversation.
+    /// Every token of the conversation so far, prompts and answers, in
+    /// position order: what the cache has processed (a bounded cache keeps
+    /// only some of their keys and values, but all of them were fed).
+    pub fn tokens(&self) -> &[u32] {
+        &self.tokens
+    }
+
+    /// Forgets the conversation: afterwards the session behaves exactly as a
+    /// fresh one (same seeds give the same text). The cancel token is left
+    /// as it is.
     pub fn reset(&mut self) {
         self.cache.reset(&mut self.engine);
         self.tokens.clear();
+        self.steps = 0;
     }
 
     /// The longest conversation in tokens (None with a KV budget: unbounded).
@@ -235,18 +268,45 @@ impl Session {
                 self.tokens.len()
             );
         }
-        self.cancel.store(false, Ordering::Relaxed);
+        let t0 = Instant::now();
+        let empty = |stop, prefill_seconds| Generation {
+            text: String::new(),
+            ids: vec![],
+            stats: GenerationStats {
+                prompt_tokens: prompt.len(),
+                generated_tokens: 0,
+                prefill_seconds,
+                decode_seconds: 0.0,
+                stop,
+            },
+        };
+        if self.cancel.is_cancelled() {
+            return Ok(empty(StopReason::Cancelled, 0.0));
+        }
         let seen: Vec<u32> = self.tokens.iter().chain(prompt).copied().collect();
         self.engine.reset_seen(&seen);
-        let t0 = Instant::now();
-        self.steps += 1;
-        let first = self.tokens.len() as u32;
-        let out = FeedOutput::Sample(opts.sampling, self.steps);
-        let mut next = self
-            .cache
-            .feed(&mut self.engine, prompt, first, out, |_, _| Ok(()))?
-            .expect("a sampling feed returns a token");
-        self.tokens.extend_from_slice(prompt);
+        // The prompt in chunks, so that a cancel is seen between them; only
+        // the last one samples. What was fed stays in the history.
+        let chunk = self.engine.opts.max_tokens.max(1);
+        let mut next = None;
+        for (i, piece) in prompt.chunks(chunk).enumerate() {
+            if self.cancel.is_cancelled() {
+                return Ok(empty(StopReason::Cancelled, t0.elapsed().as_secs_f64()));
+            }
+            let last = (i + 1) * chunk >= prompt.len();
+            let out = if last {
+                self.steps += 1;
+                FeedOutput::Sample(opts.sampling, self.steps)
+            } else {
+                FeedOutput::None
+            };
+            let first = self.tokens.len() as u32;
+            next = self
+                .cache
+                .feed(&mut self.engine, piece, first, out, |_, _| Ok(()))?;
+            self.tokens.extend_from_slice(piece);
+        }
+        let mut next = next.expect("a sampling feed returns a token");
         let prefill_seconds = t0.elapsed().as_secs_f64();
         let t1 = Instant::now();
         let mut decoder = StreamDecoder::new();
@@ -254,15 +314,23 @@ impl Session {
         let mut pending = String::new();
         let mut text = String::new();
         let hold = opts.stop_strings.iter().map(|s| s.len()).max().unwrap_or(0);
+        // Each emitted token is fed before the loop decides whether to go on,
+        // so the cache always holds exactly prompt + emitted ids; a sampled
+        // token that cannot be fed (full context, end of sequence) is not
+        // emitted.
         let stop = loop {
-            if opts.max_new_tokens == 0 {
+            if ids.len() >= opts.max_new_tokens {
                 break StopReason::MaxTokens;
             }
             if opts.stop_at_eos && self.tokenizer.eos_ids.contains(&next) {
                 break StopReason::Eos;
             }
+            if max.is_some_and(|m| self.tokens.len() >= m) {
+                break StopReason::ContextFull;
+            }
             ids.push(next);
             pending.push_str(&decoder.push(&self.tokenizer, next)?);
+            let mut stopped = None;
             if let Some(cut) = opts
                 .stop_strings
                 .iter()
@@ -273,28 +341,20 @@ impl Session {
                 text.push_str(&pending);
                 on_text(&pending);
                 pending.clear();
-                break StopReason::StopString;
-            }
-            // Hold back a tail that could still become a stop string.
-            let mut safe = pending.len().saturating_sub(hold.saturating_sub(1));
-            while !pending.is_char_boundary(safe) {
-                safe -= 1;
-            }
-            if safe > 0 {
-                let emit: String = pending.drain(..safe).collect();
-                text.push_str(&emit);
-                if !on_text(&emit) {
-                    break StopReason::Cancelled;
+                stopped = Some(StopReason::StopString);
+            } else {
+                // Hold back a tail that could still become a stop string.
+                let mut safe = pending.len().saturating_sub(hold.saturating_sub(1));
+                while !pending.is_char_boundary(safe) {
+                    safe -= 1;
                 }
-            }
-            if self.cancel.load(Ordering::Relaxed) {
-                break StopReason::Cancelled;
-            }
-            if ids.len() >= opts.max_new_tokens {
-                break StopReason::MaxTokens;
-            }
-            if max.is_some_and(|m| self.tokens.len() >= m) {
-                break StopReason::ContextFull;
+                if safe > 0 {
+                    let emit: String = pending.drain(..safe).collect();
+                    text.push_str(&emit);
+                    if !on_text(&emit) {
+                        stopped = Some(StopReason::Cancelled);
+                    }
+                }
             }
             self.steps += 1;
             let pos = self.tokens.len() as u32;
@@ -304,6 +364,12 @@ impl Session {
                 .feed(&mut self.engine, &[next], pos, out, |_, _| Ok(()))?;
             self.tokens.push(next);
             next = t.expect("a sampling feed returns a token");
+            if let Some(stop) = stopped {
+                break stop;
+            }
+            if self.cancel.is_cancelled() {
+                break StopReason::Cancelled;
+            }
         };
         if stop != StopReason::StopString && !pending.is_empty() {
             text.push_str(&pending);

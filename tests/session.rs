@@ -107,18 +107,114 @@ fn the_callback_and_the_cancel_handle_stop_generation() {
     // The handle (from any thread; here from the callback) stops after the
     // token being emitted: the text is exactly the first piece.
     let mut s = session();
-    let cancel = s.cancel_handle();
+    let cancel = s.cancel_token();
     let mut first = String::new();
     let out = s
         .generate(&PROMPT, &opts, |p| {
             first.push_str(p);
-            cancel.store(true, std::sync::atomic::Ordering::Relaxed);
+            cancel.cancel();
             true
         })
         .unwrap();
     assert_eq!(out.stats.stop, StopReason::Cancelled);
     assert_eq!(out.text, first);
     assert!(out.ids.len() < 40);
+    // generate never clears the token: a cancel set before a call starts is
+    // not lost (the call returns at once, feeding nothing) until it is reset.
+    let held = s.tokens().to_vec();
+    let out = s.generate(&PROMPT, &opts, |_| true).unwrap();
+    assert_eq!(out.stats.stop, StopReason::Cancelled);
+    assert!(out.ids.is_empty());
+    assert_eq!(s.tokens(), held);
+    cancel.reset();
+    let out = s.generate(&PROMPT, &opts, |_| true).unwrap();
+    assert_eq!(out.stats.stop, StopReason::MaxTokens);
+}
+
+/// A cancel from another thread during a long prompt stops between prefill
+/// chunks: the call returns without an answer (or, if the prompt was already
+/// done, after at most one token), and the history holds what was fed.
+#[test]
+fn a_cancel_during_the_prompt_stops_between_chunks() {
+    let mut s = session();
+    let cancel = s.cancel_token();
+    let prompt: Vec<u32> = (0..480).map(|i| 20 + (i * 7) % 480).collect();
+    let opts = GenerateOptions {
+        max_new_tokens: 40,
+        stop_at_eos: false,
+        ..Default::default()
+    };
+    let canceller = std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        cancel.cancel();
+    });
+    let out = s.generate(&prompt, &opts, |_| true).unwrap();
+    canceller.join().unwrap();
+    assert_eq!(out.stats.stop, StopReason::Cancelled);
+    assert!(
+        out.ids.len() <= 1,
+        "{} tokens after the cancel",
+        out.ids.len()
+    );
+    let fed = s.tokens().len();
+    eprintln!("cancelled after {fed} of {} prompt tokens", prompt.len());
+    assert!(
+        fed.is_multiple_of(16) || fed == prompt.len() + out.ids.len(),
+        "{fed}"
+    );
+    assert_eq!(
+        s.tokens()[..fed.min(prompt.len())],
+        prompt[..fed.min(prompt.len())]
+    );
+}
+
+/// Whatever stops a generation (the token limit, a stop string, the
+/// callback), the session's history is the prompt and every emitted id, and
+/// the cache holds exactly that: a second turn continues it as a fresh
+/// session fed the whole history does.
+#[test]
+fn the_cache_holds_exactly_the_visible_history() {
+    let opts = GenerateOptions {
+        max_new_tokens: 9,
+        stop_at_eos: false,
+        ..Default::default()
+    };
+    let mut s = session();
+    let first = s.generate(&PROMPT, &opts, |_| true).unwrap();
+    assert_eq!(first.stats.stop, StopReason::MaxTokens);
+    let history: Vec<u32> = PROMPT.iter().chain(&first.ids).copied().collect();
+    assert_eq!(s.tokens(), history);
+    let second = s.generate(&PROMPT, &opts, |_| true).unwrap();
+    let whole: Vec<u32> = history.iter().chain(&PROMPT).copied().collect();
+    let mut fresh = session();
+    let mut again = fresh.generate(&whole, &opts, |_| true).unwrap();
+    // Same greedy continuation from the same history.
+    assert_eq!(second.ids, std::mem::take(&mut again.ids));
+    // A stop by the callback: the emitted ids are in the history too.
+    let mut s = session();
+    let out = s.generate(&PROMPT, &opts, |_| false).unwrap();
+    assert_eq!(out.stats.stop, StopReason::Cancelled);
+    let history: Vec<u32> = PROMPT.iter().chain(&out.ids).copied().collect();
+    assert_eq!(s.tokens(), history);
+}
+
+/// Sessions move to worker threads; models and tokenizers are shared.
+#[test]
+fn sessions_are_send_and_models_are_shared() {
+    fn send<T: Send>() {}
+    fn shared<T: Send + Sync>() {}
+    send::<Session>();
+    shared::<sieve::session::Llm>();
+    shared::<sieve::session::CancelToken>();
+    let mut s = session();
+    let out = std::thread::spawn(move || {
+        s.generate(&PROMPT, &GenerateOptions::default(), |_| true)
+            .unwrap()
+            .ids
+    })
+    .join()
+    .unwrap();
+    assert!(!out.is_empty());
 }
 
 #[test]
@@ -152,6 +248,36 @@ fn turns_continue_the_conversation_and_the_context_fills() {
     };
     let out = s.generate(&PROMPT, &long, |_| true).unwrap();
     assert_eq!(out.stats.stop, StopReason::ContextFull);
+    assert_eq!(s.tokens().len(), 512, "every emitted token is in the cache");
     s.reset();
     assert_eq!(s.generate(&PROMPT, &opts, |_| true).unwrap().ids, fresh.ids);
+    // reset() resets the sampling counter too: a seed gives a fresh session's text.
+    let sampled = GenerateOptions {
+        sampling: SamplingParams {
+            temperature: 1.0,
+            seed: 3,
+            ..Default::default()
+        },
+        ..opts.clone()
+    };
+    let want = session().generate(&PROMPT, &sampled, |_| true).unwrap().ids;
+    s.reset();
+    assert_eq!(s.generate(&PROMPT, &sampled, |_| true).unwrap().ids, want);
+}
+
+/// The load progress is a closure (here feeding a channel, as a GUI would):
+/// it sees every step, in order, ending at the total.
+#[test]
+fn load_progress_is_a_closure() {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let opts = LoadOptions {
+        progress: Some(sieve::model::LoadProgress::new(move |done, total| {
+            tx.send((done, total)).unwrap();
+        })),
+        ..Default::default()
+    };
+    Model::load(&golden_dir().join("tiny-llama-gqa"), &opts).unwrap();
+    let steps: Vec<(usize, usize)> = rx.try_iter().collect();
+    let total = steps.last().unwrap().1;
+    assert_eq!(steps, (1..=total).map(|d| (d, total)).collect::<Vec<_>>());
 }

@@ -35,8 +35,8 @@ pub struct RefreshContext<'a> {
     pub unprotected: &'a [usize],
 }
 
-/// A policy's scoring rule.
-pub trait Scorer {
+/// A policy's scoring rule (`Send`, so that a session can move to a worker thread).
+pub trait Scorer: Send {
     /// Decoder layers (1-based) whose EpiKV signal the engine must compute.
     fn tracked_layers(&self) -> Vec<usize> {
         vec![]

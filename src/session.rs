@@ -174,6 +174,21 @@ pub struct Session {
     /// Every token fed so far (position = index); evicted ones included.
     tokens: Vec<u32>,
     steps: u32,
+    /// The chat so far ([`Session::chat`]).
+    chat: Chat,
+}
+
+/// What [`Session::chat`] remembers: the messages, and the text of the
+/// tokens in the cache as the template renders it, so a turn feeds only
+/// what is new.
+#[derive(Default)]
+struct Chat {
+    messages: Vec<Message>,
+    /// The rendered conversation up to the end of the last answer.
+    rendered: String,
+    /// `tokens.len()` after the last chat turn: a `generate` in between
+    /// makes the chat start over.
+    tokens: usize,
 }
 
 impl Session {
@@ -199,6 +214,7 @@ impl Session {
             cancel: CancelToken::default(),
             tokens: vec![],
             steps: 0,
+            chat: Chat::default(),
         })
     }
 
@@ -222,6 +238,69 @@ impl Session {
         self.cache.reset(&mut self.engine);
         self.tokens.clear();
         self.steps = 0;
+        self.chat = Chat::default();
+    }
+
+    /// The messages of the chat so far ([`Session::chat`]), answers included.
+    pub fn messages(&self) -> &[Message] {
+        &self.chat.messages
+    }
+
+    /// Adds a message (a system prompt before the first turn, say) to the
+    /// chat without generating; it is fed with the next [`Session::chat`].
+    pub fn push_message(&mut self, message: Message) {
+        self.chat.messages.push(message);
+    }
+
+    /// One chat turn: appends the user's message, renders the conversation
+    /// with the model's chat template and feeds only the part the cache does
+    /// not hold yet, generates the answer (streamed to `on_text`) and adds it
+    /// to [`Session::messages`]. When the template does not reproduce the
+    /// text already in the cache (a template that trims answers, or a
+    /// `generate` call in between), the session starts over and feeds the
+    /// whole conversation: slower, never wrong.
+    pub fn chat(
+        &mut self,
+        user: &str,
+        opts: &GenerateOptions,
+        on_text: impl FnMut(&str) -> bool,
+    ) -> Result<Generation> {
+        self.chat.messages.push(Message::new("user", user));
+        let full = self
+            .tokenizer
+            .apply_chat_template(&self.chat.messages, true)?;
+        let continues = self.chat.tokens == self.tokens.len()
+            && !self.tokens.is_empty()
+            && full.starts_with(&self.chat.rendered);
+        let prompt = if continues {
+            self.tokenizer
+                .encode_continuation(&full[self.chat.rendered.len()..])?
+        } else {
+            let messages = std::mem::take(&mut self.chat.messages);
+            self.reset();
+            self.chat.messages = messages;
+            self.tokenizer.encode(&full)?
+        };
+        let before = self.tokens.len();
+        let out = match self.generate(&prompt, opts, on_text) {
+            Ok(out) => out,
+            Err(e) => {
+                // The turn did not happen: forget its message and start
+                // over next time (part of the prompt may have been fed).
+                self.chat.messages.pop();
+                self.chat.tokens = usize::MAX;
+                return Err(e);
+            }
+        };
+        let answer = self.tokenizer.decode(&out.ids)?;
+        self.chat.rendered = full + &answer;
+        // A cancel during the prompt fed only part of it: start over next time.
+        let whole = before + prompt.len() + out.ids.len() == self.tokens.len();
+        self.chat.tokens = if whole { self.tokens.len() } else { usize::MAX };
+        self.chat
+            .messages
+            .push(Message::new("assistant", &out.text));
+        Ok(out)
     }
 
     /// The longest conversation in tokens (None with a KV budget: unbounded).

@@ -124,11 +124,7 @@ impl Tokenizer {
     /// Token ids of `text`. Special tokens written in the text are matched whole;
     /// a BOS token is prepended only when tokenizer_config.json asks for it.
     pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
-        let enc = self
-            .inner
-            .encode(text, false)
-            .map_err(|e| anyhow!("tokenizing: {e}"))?;
-        let mut ids = enc.get_ids().to_vec();
+        let mut ids = self.encode_continuation(text)?;
         if self.add_bos {
             if let Some(b) = self.bos_id {
                 if ids.first() != Some(&b) {
@@ -137,6 +133,16 @@ impl Tokenizer {
             }
         }
         Ok(ids)
+    }
+
+    /// Token ids of `text` that continues a conversation already in the
+    /// cache: as [`Tokenizer::encode`], without a BOS token.
+    pub fn encode_continuation(&self, text: &str) -> Result<Vec<u32>> {
+        let enc = self
+            .inner
+            .encode(text, false)
+            .map_err(|e| anyhow!("tokenizing: {e}"))?;
+        Ok(enc.get_ids().to_vec())
     }
 
     /// Text of `ids`, special tokens included (so that `decode(encode(t)) == t`).

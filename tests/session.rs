@@ -281,3 +281,73 @@ fn load_progress_is_a_closure() {
     let total = steps.last().unwrap().1;
     assert_eq!(steps, (1..=total).map(|d| (d, total)).collect::<Vec<_>>());
 }
+
+/// A tiny chat model: the tiny Llama GGUF converted (512 tokens of SmolLM2's
+/// vocabulary, specials included) with SmolLM2's chat template.
+fn tiny_chat_llm(tag: &str) -> sieve::session::Llm {
+    let dir = std::env::temp_dir().join(format!("sieve-chat-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let gguf = golden_dir().join("quant/tiny-llama-Q8_0.gguf");
+    sieve::convert::convert_gguf(
+        &gguf,
+        &dir,
+        sieve::convert::OutDtype::F32,
+        &mut |_, _, _| {},
+    )
+    .unwrap();
+    let smol: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(golden_dir().join("smollm2-135m/tokenizer_config.json")).unwrap(),
+    )
+    .unwrap();
+    let path = dir.join("tokenizer_config.json");
+    let mut cfg: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    cfg["chat_template"] = smol["chat_template"].clone();
+    std::fs::write(&path, cfg.to_string()).unwrap();
+    sieve::session::Llm::load(&dir, &LoadOptions::default()).unwrap()
+}
+
+/// A chat turn feeds only what the cache does not hold: the second turn's
+/// prompt is exactly the new part of the rendered conversation (the end of
+/// the first answer's turn and the new user message), and the answer is the
+/// one a fresh session gives for the same history.
+#[test]
+fn chat_turns_feed_only_the_new_part() {
+    let llm = tiny_chat_llm("turns");
+    let opts = GenerateOptions {
+        max_new_tokens: 6,
+        stop_at_eos: false,
+        ..Default::default()
+    };
+    let mut s = llm.session(SessionOptions::default()).unwrap();
+    let first = s
+        .chat("What is the capital of France?", &opts, |_| true)
+        .unwrap();
+    let n1 = s.tokens().len();
+    let second = s.chat("And of Italy?", &opts, |_| true).unwrap();
+    assert_eq!(s.messages().len(), 4);
+    assert_eq!(s.messages()[1].content, first.text);
+    let tok = &llm.tokenizer;
+    let before = tok.apply_chat_template(&s.messages()[..1], true).unwrap()
+        + &tok.decode(&first.ids).unwrap();
+    let whole = tok.apply_chat_template(&s.messages()[..3], true).unwrap();
+    let new_part = whole
+        .strip_prefix(&before)
+        .expect("the template extends the history");
+    let fed = &s.tokens()[n1..n1 + second.stats.prompt_tokens];
+    assert_eq!(tok.decode(fed).unwrap(), new_part);
+    assert!(new_part.starts_with("<|im_end|>") && new_part.contains("And of Italy?"));
+    let history = &s.tokens()[..n1 + second.stats.prompt_tokens];
+    let mut fresh = llm.session(SessionOptions::default()).unwrap();
+    assert_eq!(
+        fresh.generate(history, &opts, |_| true).unwrap().ids,
+        second.ids
+    );
+    // A raw generate in between: the next turn starts over, feeding the
+    // whole conversation.
+    s.generate(&[40, 41], &opts, |_| true).unwrap();
+    let third = s.chat("Thanks.", &opts, |_| true).unwrap();
+    let all = llm.chat_prompt(&s.messages()[..5]).unwrap();
+    assert_eq!(third.stats.prompt_tokens, all.len());
+    assert_eq!(s.tokens().len(), all.len() + third.ids.len());
+}

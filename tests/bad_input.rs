@@ -236,16 +236,7 @@ fn index_shards_stay_in_the_model_folder() {
 /// integers in u32 were skipped or truncated.
 #[test]
 fn malformed_token_settings_are_errors() {
-    let dir = std::env::temp_dir().join(format!("sieve-bad-tok-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let gguf = golden_dir().join("quant/tiny-llama-Q8_0.gguf");
-    sieve::convert::convert_gguf(
-        &gguf,
-        &dir,
-        sieve::convert::OutDtype::F32,
-        &mut |_, _, _| {},
-    )
-    .unwrap();
+    let dir = common::converted_tiny_llama("bad-tok");
     let gen = dir.join("generation_config.json");
     for (text, want) in [
         (

@@ -373,16 +373,7 @@ fn config_json() {
 #[test]
 fn tokenizer_files() {
     // A small real tokenizer folder: the tiny GGUF converted (512 tokens).
-    let dir = scratch("tokenizer");
-    let model = dir.join("model");
-    let gguf = golden_dir().join("quant/tiny-llama-Q8_0.gguf");
-    sieve::convert::convert_gguf(
-        &gguf,
-        &model,
-        sieve::convert::OutDtype::F32,
-        &mut |_, _, _| {},
-    )
-    .unwrap();
+    let model = common::converted_tiny_llama("fuzz-tokenizer");
     let messages = [Message::new("user", "What is 2 + 2?")];
     for (file, cases, stream) in [
         ("tokenizer_config.json", 1500usize, 5u64),
@@ -409,6 +400,6 @@ fn tokenizer_files() {
         std::fs::write(&path, base).unwrap();
         eprintln!("{file}: {cases} mutants, {ok} still load");
     }
-    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_dir_all(&model);
     assert_bounded_memory("tokenizer");
 }

@@ -285,16 +285,7 @@ fn load_progress_is_a_closure() {
 /// A tiny chat model: the tiny Llama GGUF converted (512 tokens of SmolLM2's
 /// vocabulary, specials included) with SmolLM2's chat template.
 fn tiny_chat_llm(tag: &str) -> sieve::session::Llm {
-    let dir = std::env::temp_dir().join(format!("sieve-chat-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let gguf = golden_dir().join("quant/tiny-llama-Q8_0.gguf");
-    sieve::convert::convert_gguf(
-        &gguf,
-        &dir,
-        sieve::convert::OutDtype::F32,
-        &mut |_, _, _| {},
-    )
-    .unwrap();
+    let dir = common::converted_tiny_llama(&format!("chat-{tag}"));
     let smol: serde_json::Value = serde_json::from_str(
         &std::fs::read_to_string(golden_dir().join("smollm2-135m/tokenizer_config.json")).unwrap(),
     )

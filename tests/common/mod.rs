@@ -14,6 +14,23 @@ pub fn golden_dir() -> PathBuf {
     }
 }
 
+/// A fresh model folder converted from the tiny Llama GGUF of
+/// `golden/quant` (512 tokens of SmolLM2's vocabulary, f32 weights): a
+/// small real tokenizer and model for tests that change their files.
+pub fn converted_tiny_llama(tag: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("sieve-tiny-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let gguf = golden_dir().join("quant/tiny-llama-Q8_0.gguf");
+    sieve::convert::convert_gguf(
+        &gguf,
+        &dir,
+        sieve::convert::OutDtype::F32,
+        &mut |_, _, _| {},
+    )
+    .unwrap();
+    dir
+}
+
 pub enum Array {
     F32(Vec<usize>, Vec<f32>),
     I32(Vec<usize>, Vec<i32>),

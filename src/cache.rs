@@ -9,6 +9,7 @@
 //! a refresh (batches larger than the engine's step are split into steps, which
 //! gives the same result because attention is causal).
 
+use crate::error::{bail_kind, ErrorKind};
 use anyhow::{bail, Context, Result};
 use serde::Serialize;
 
@@ -63,29 +64,35 @@ impl CacheOptions {
 
     pub fn validate(&self) -> Result<()> {
         if self.chunk == 0 {
-            bail!("--chunk must be at least 1 (tokens processed between refreshes)");
+            bail_kind!(
+                ErrorKind::InvalidOptions,
+                "cache chunk must be at least 1 (tokens processed between refreshes)"
+            );
         }
         let protected = self
             .sinks
             .checked_add(self.recent)
             .filter(|&p| p < usize::MAX);
         let Some(protected) = protected else {
-            bail!(
-                "--sinks {} + --recent {} overflows; each is a count of cache entries",
+            bail_kind!(
+                ErrorKind::InvalidOptions,
+                "cache sinks {} + recent {} overflows; each is a count of cache entries",
                 self.sinks,
                 self.recent
             );
         };
         if self.budget.checked_add(self.chunk).is_none() {
-            bail!(
-                "--budget {} + --chunk {} overflows; the cache holds budget + chunk entries",
+            bail_kind!(
+                ErrorKind::InvalidOptions,
+                "cache budget {} + chunk {} overflows; the cache holds budget + chunk entries",
                 self.budget,
                 self.chunk
             );
         }
         if self.budget <= protected {
-            bail!(
-                "--budget {} must exceed --sinks {} + --recent {} (the protected entries), so that the policy ranks at least one entry",
+            bail_kind!(
+                ErrorKind::InvalidOptions,
+                "cache budget {} must exceed sinks {} + recent {} (the protected entries), so that the policy ranks at least one entry",
                 self.budget,
                 self.sinks,
                 self.recent
@@ -280,8 +287,9 @@ impl BoundedCache {
                 None => engine.opts.max_slots.saturating_sub(self.slots.len()),
             };
             if room == 0 {
-                bail!(
-                    "the context is full: {} tokens in a cache of {} (use --budget to evict, or raise --max-context)",
+                bail_kind!(
+                    ErrorKind::PromptTooLong,
+                    "the context is full: {} tokens in a cache of {} (a bounded cache with a KV budget evicts; or a longer max_context)",
                     self.slots.len(),
                     engine.opts.max_slots
                 );
@@ -337,15 +345,11 @@ mod tests {
     #[test]
     fn option_errors_name_the_option() {
         let mut o = CacheOptions::new(Policy::Window, 68, 16);
-        assert!(o
-            .validate()
-            .unwrap_err()
-            .to_string()
-            .contains("--budget 68"));
+        assert!(o.validate().unwrap_err().to_string().contains("budget 68"));
         o.budget = 69;
         assert!(o.validate().is_ok());
         o.chunk = 0;
-        assert!(o.validate().unwrap_err().to_string().contains("--chunk"));
+        assert!(o.validate().unwrap_err().to_string().contains("chunk"));
         assert!(Policy::parse("lru")
             .unwrap_err()
             .to_string()

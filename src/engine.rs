@@ -236,7 +236,8 @@ impl Engine {
         let oom = pollster::block_on(oom.pop());
         let engine = built?;
         if let Some(err) = oom.or(invalid) {
-            bail!(
+            crate::error::bail_kind!(
+                crate::error::ErrorKind::GpuOutOfMemory,
                 "the GPU cannot hold this engine's buffers ({:.1} MiB of cache, activations and scratch besides {:.1} MiB of weights): {err}",
                 engine.buffer_bytes as f64 / 1048576.0,
                 engine.model.weight_bytes as f64 / 1048576.0
@@ -414,7 +415,7 @@ impl Engine {
         for &l in &opts.track_layers {
             if l == 0 || l > c.num_layers {
                 bail!(
-                    "layer {l} is outside the model's layers 1..={} (--epikv-layers)",
+                    "EpiKV layer {l} is outside the model's layers 1..={}",
                     c.num_layers
                 );
             }
@@ -433,7 +434,7 @@ impl Engine {
         let slot_scores = gpu.storage("slot-attention-weights", opts.max_slots as u64 * 4);
         let mut weights = vec![];
         if opts.materialize && opts.attention_weights.is_none() {
-            bail!("--materialize applies to the attention-weight policies (h2o, tova)");
+            bail!("materialize applies to the attention-weight policies (h2o, tova)");
         }
         if let Some(mode) = opts.attention_weights {
             let cell = gpu.storage(
@@ -447,7 +448,7 @@ impl Engine {
                 let matrix = if opts.materialize {
                     let size = AttnWeights::matrix_bytes(heads, opts.max_tokens, opts.max_slots);
                     gpu.check_binding(
-                        "the materialized attention matrix (heads x queries x slots, --materialize)",
+                        "the materialized attention matrix (heads x queries x slots)",
                         size,
                     )?;
                     bytes += size;
@@ -660,8 +661,9 @@ impl Engine {
             bail!("{} positions for {n} tokens", positions.len());
         }
         if self.n_cached + n > self.opts.max_slots {
-            bail!(
-                "the context needs {} cache slots but this engine holds {} (raise --max-context, or use a KV budget)",
+            crate::error::bail_kind!(
+                crate::error::ErrorKind::PromptTooLong,
+                "the context needs {} cache slots but this engine holds {} (a longer max_context, or a bounded cache with a KV budget)",
                 self.n_cached + n,
                 self.opts.max_slots
             );
@@ -790,7 +792,8 @@ impl Engine {
                 .context("reading the sampled token")?;
             let token = u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]);
             if token == crate::kernels::sample::NONFINITE {
-                bail!(
+                crate::error::bail_kind!(
+                    crate::error::ErrorKind::NonFiniteLogits,
                     "the logits of the token in cache slot {} hold NaN or infinity (non-finite weights, or values that overflowed); no token sampled",
                     self.n_cached - 1
                 );
@@ -807,7 +810,8 @@ impl Engine {
         let vocab = self.model.config.vocab_size;
         let logits: Vec<f32> = self.model.gpu.read(&self.logits, 0, n_logits * vocab)?;
         if let Some(i) = logits.iter().position(|v| !v.is_finite()) {
-            bail!(
+            crate::error::bail_kind!(
+                crate::error::ErrorKind::NonFiniteLogits,
                 "logit row {} of {n_logits} (token {} of the vocabulary) is {} (non-finite weights, or values that overflowed)",
                 i / vocab,
                 i % vocab,
@@ -952,7 +956,10 @@ fn check_sizes(model: &Model, opts: &EngineOptions) -> Result<()> {
         ("logit rows per step", opts.max_logit_rows),
     ] {
         if n > MAX_SLOTS {
-            bail!("{n} {what} is more than the kernels index (at most {MAX_SLOTS})");
+            crate::error::bail_kind!(
+                crate::error::ErrorKind::InvalidOptions,
+                "{n} {what} is more than the kernels index (at most {MAX_SLOTS})"
+            );
         }
     }
     let (slots, tokens) = (opts.max_slots as u128, opts.max_tokens as u128);
@@ -970,7 +977,8 @@ fn check_sizes(model: &Model, opts: &EngineOptions) -> Result<()> {
     let ceiling = model.gpu.memory_ceiling();
     if total > ceiling as u128 {
         let gib = |b: u128| b as f64 / (1u64 << 30) as f64;
-        bail!(
+        crate::error::bail_kind!(
+            crate::error::ErrorKind::GpuOutOfMemory,
             "{} cache slots and {} tokens per step need {:.1} GiB of buffers ({:.1} GiB of KV cache), more than this device can hold ({:.1} GiB at most); lower the context, the KV budget or the chunk",
             opts.max_slots,
             opts.max_tokens,

@@ -86,7 +86,12 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
         f.sync_all()?;
         std::fs::rename(&tmp, &target)
     })();
-    written.with_context(|| format!("writing {}", path.display()))?;
+    written.map_err(|e| {
+        crate::error::tagged(
+            crate::error::ErrorKind::Io,
+            format!("writing {}: {e}", path.display()),
+        )
+    })?;
     unfinished.finish();
     Ok(())
 }

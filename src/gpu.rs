@@ -89,7 +89,14 @@ fn backend_rank(b: wgpu::Backend) -> u32 {
 impl Gpu {
     /// Picks an adapter (discrete GPU first, GL last) and opens a device with the
     /// adapter's own limits.
+    /// Opens the adapter `opts` (and SIEVE_BACKEND / SIEVE_ADAPTER) choose;
+    /// its errors are of kind [`ErrorKind::Gpu`](crate::error::ErrorKind::Gpu).
     pub fn new(opts: &GpuOptions) -> Result<Arc<Self>> {
+        use crate::error::{ErrorKind, TagKind};
+        Self::open(opts).tag(ErrorKind::Gpu)
+    }
+
+    fn open(opts: &GpuOptions) -> Result<Arc<Self>> {
         let env = GpuOptions::from_env();
         let backend = opts.backend.clone().or(env.backend);
         let wanted_name = opts.adapter.clone().or(env.adapter);
@@ -341,7 +348,8 @@ impl Gpu {
     /// Checks that a storage buffer of `bytes` can be bound; names the tensor.
     pub fn check_binding(&self, what: &str, bytes: u64) -> Result<()> {
         if bytes > self.max_binding {
-            bail!(
+            crate::error::bail_kind!(
+                crate::error::ErrorKind::GpuOutOfMemory,
                 "{what} needs a {bytes}-byte storage binding; this device allows {} bytes per binding",
                 self.max_binding
             );

@@ -10,6 +10,7 @@ pub mod config;
 pub mod convert;
 pub mod device;
 pub mod engine;
+pub mod error;
 pub mod eval;
 pub mod eviction;
 pub mod files;

@@ -15,7 +15,7 @@
 //! # anyhow::Ok(())
 //! ```
 
-use anyhow::{bail, Result};
+use crate::error::{bail_kind, Error, ErrorKind, Result};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -35,14 +35,22 @@ pub struct Llm {
 }
 
 impl Llm {
+    /// Loads a Hugging Face model folder (config.json, safetensors weights,
+    /// tokenizer.json and tokenizer_config.json) onto the GPU `opts` choose.
+    /// Errors are [`ErrorKind::ModelLoading`], or [`ErrorKind::Gpu`] /
+    /// [`ErrorKind::GpuOutOfMemory`] for the device.
     pub fn load(dir: &Path, opts: &LoadOptions) -> Result<Llm> {
-        // The tokenizer first: a missing tokenizer.json fails before the weights upload.
-        let cfg = crate::config::ModelConfig::from_file(&dir.join("config.json"))?;
-        let tokenizer = Arc::new(Tokenizer::load(dir, &cfg.eos_token_ids)?);
-        let model = Model::load(dir, opts)?;
-        Ok(Llm { model, tokenizer })
+        (|| -> anyhow::Result<Llm> {
+            // The tokenizer first: a missing tokenizer.json fails before the weights upload.
+            let cfg = crate::config::ModelConfig::from_file(&dir.join("config.json"))?;
+            let tokenizer = Arc::new(Tokenizer::load(dir, &cfg.eos_token_ids)?);
+            let model = Model::load(dir, opts)?;
+            Ok(Llm { model, tokenizer })
+        })()
+        .map_err(|e| Error::classify(e, ErrorKind::ModelLoading))
     }
 
+    /// A new conversation (its own KV cache) on this model.
     pub fn session(&self, opts: SessionOptions) -> Result<Session> {
         Session::new(self.model.clone(), self.tokenizer.clone(), opts)
     }
@@ -50,8 +58,11 @@ impl Llm {
     /// Token ids of a chat rendered with the model's template, ready for the
     /// assistant's answer.
     pub fn chat_prompt(&self, messages: &[Message]) -> Result<Vec<u32>> {
-        let text = self.tokenizer.apply_chat_template(messages, true)?;
-        self.tokenizer.encode(&text)
+        (|| -> anyhow::Result<Vec<u32>> {
+            let text = self.tokenizer.apply_chat_template(messages, true)?;
+            self.tokenizer.encode(&text)
+        })()
+        .map_err(|e| Error::classify(e, ErrorKind::Template))
     }
 }
 
@@ -192,7 +203,17 @@ struct Chat {
 }
 
 impl Session {
+    /// Errors are [`ErrorKind::InvalidOptions`] or [`ErrorKind::GpuOutOfMemory`].
     pub fn new(model: Arc<Model>, tokenizer: Arc<Tokenizer>, opts: SessionOptions) -> Result<Self> {
+        Self::build(model, tokenizer, opts)
+            .map_err(|e| Error::classify(e, ErrorKind::InvalidOptions))
+    }
+
+    fn build(
+        model: Arc<Model>,
+        tokenizer: Arc<Tokenizer>,
+        opts: SessionOptions,
+    ) -> anyhow::Result<Self> {
         let num_layers = model.config.num_layers;
         let cache = BoundedCache::new(
             opts.cache.unwrap_or(CacheOptions::new(Policy::Full, 0, 0)),
@@ -266,20 +287,31 @@ impl Session {
         on_text: impl FnMut(&str) -> bool,
     ) -> Result<Generation> {
         self.chat.messages.push(Message::new("user", user));
-        let full = self
+        let rendered = self
             .tokenizer
-            .apply_chat_template(&self.chat.messages, true)?;
+            .apply_chat_template(&self.chat.messages, true)
+            .and_then(|full| Ok((self.tokenizer.encode(&full)?, full)));
+        let (whole_ids, full) = match rendered {
+            Ok(r) => r,
+            Err(e) => {
+                self.chat.messages.pop();
+                return Err(Error::classify(e, ErrorKind::Template));
+            }
+        };
         let continues = self.chat.tokens == self.tokens.len()
             && !self.tokens.is_empty()
             && full.starts_with(&self.chat.rendered);
-        let prompt = if continues {
-            self.tokenizer
-                .encode_continuation(&full[self.chat.rendered.len()..])?
-        } else {
-            let messages = std::mem::take(&mut self.chat.messages);
-            self.reset();
-            self.chat.messages = messages;
-            self.tokenizer.encode(&full)?
+        let prompt = match continues {
+            true => self
+                .tokenizer
+                .encode_continuation(&full[self.chat.rendered.len()..])
+                .map_err(|e| Error::classify(e, ErrorKind::Template))?,
+            false => {
+                let messages = std::mem::take(&mut self.chat.messages);
+                self.reset();
+                self.chat.messages = messages;
+                whole_ids
+            }
         };
         let before = self.tokens.len();
         let out = match self.generate(&prompt, opts, on_text) {
@@ -292,7 +324,10 @@ impl Session {
                 return Err(e);
             }
         };
-        let answer = self.tokenizer.decode(&out.ids)?;
+        let answer = self
+            .tokenizer
+            .decode(&out.ids)
+            .map_err(|e| Error::classify(e, ErrorKind::Template))?;
         self.chat.rendered = full + &answer;
         // A cancel during the prompt fed only part of it: start over next time.
         let whole = before + prompt.len() + out.ids.len() == self.tokens.len();
@@ -329,20 +364,34 @@ impl Session {
 
     /// Appends `prompt` to the conversation and generates the answer, calling
     /// `on_text` with each new piece of text; returning false from it stops.
+    /// Errors are [`ErrorKind::PromptTooLong`], [`ErrorKind::InvalidOptions`]
+    /// (sampling settings), [`ErrorKind::NonFiniteLogits`], or
+    /// [`ErrorKind::Gpu`].
     pub fn generate(
         &mut self,
         prompt: &[u32],
         opts: &GenerateOptions,
-        mut on_text: impl FnMut(&str) -> bool,
+        on_text: impl FnMut(&str) -> bool,
     ) -> Result<Generation> {
+        self.generate_inner(prompt, opts, on_text)
+            .map_err(|e| Error::classify(e, ErrorKind::Gpu))
+    }
+
+    fn generate_inner(
+        &mut self,
+        prompt: &[u32],
+        opts: &GenerateOptions,
+        mut on_text: impl FnMut(&str) -> bool,
+    ) -> anyhow::Result<Generation> {
         if prompt.is_empty() {
-            bail!("the prompt is empty");
+            bail_kind!(ErrorKind::InvalidOptions, "the prompt is empty");
         }
         opts.sampling.validate()?;
         let max = self.max_context();
         if let Some(max) = max.filter(|&m| self.tokens.len() + prompt.len() > m) {
-            bail!(
-                "the prompt has {} tokens and the conversation already holds {}; the context is {max} tokens (--max-context, or a KV budget with --budget)",
+            bail_kind!(
+                ErrorKind::PromptTooLong,
+                "the prompt has {} tokens and the conversation already holds {}; the context is {max} tokens (a longer max_context, or a bounded cache with a KV budget)",
                 prompt.len(),
                 self.tokens.len()
             );

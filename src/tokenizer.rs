@@ -2,6 +2,7 @@
 //! chat template of `tokenizer_config.json` rendered with minijinja as Hugging
 //! Face renders it with jinja2, and incremental detokenization for streaming.
 
+use crate::error::{tagged, ErrorKind};
 use anyhow::{anyhow, bail, Context, Result};
 use serde::Serialize;
 use serde_json::Value;
@@ -165,7 +166,12 @@ impl Tokenizer {
         let template = self
             .chat_template
             .as_deref()
-            .context("this model's tokenizer_config.json has no chat_template (use --raw)")?;
+            .ok_or_else(|| {
+                tagged(
+                    ErrorKind::Template,
+                    "this model's tokenizer_config.json has no chat_template (give the prompt as plain text)",
+                )
+            })?;
         let mut env = minijinja::Environment::new();
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_function(
@@ -177,8 +183,12 @@ impl Tokenizer {
                 ))
             },
         );
-        env.add_template("chat", template)
-            .map_err(|e| anyhow!("chat template does not parse: {e}"))?;
+        env.add_template("chat", template).map_err(|e| {
+            tagged(
+                ErrorKind::Template,
+                format!("chat template does not parse: {e}"),
+            )
+        })?;
         let ctx = minijinja::context! {
             messages => messages,
             add_generation_prompt => add_generation_prompt,
@@ -187,7 +197,12 @@ impl Tokenizer {
         };
         env.get_template("chat")
             .and_then(|t| t.render(ctx))
-            .map_err(|e| anyhow!("rendering the chat template: {e}"))
+            .map_err(|e| {
+                tagged(
+                    ErrorKind::Template,
+                    format!("rendering the chat template: {e}"),
+                )
+            })
     }
 }
 

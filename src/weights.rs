@@ -208,7 +208,7 @@ pub fn encode(values: &[f32], format: WeightFormat, what: &str) -> Result<Vec<u8
             for &v in values {
                 let h = f16::from_f32(v);
                 if h.is_infinite() && v.is_finite() {
-                    bail!("{what}: value {v} does not fit in f16; load with --dtype f32");
+                    bail!("{what}: value {v} does not fit in f16; load the weights as f32 (LoadOptions::dtype)");
                 }
                 out.extend_from_slice(&h.to_le_bytes());
             }

@@ -342,3 +342,52 @@ fn chat_turns_feed_only_the_new_part() {
     assert_eq!(third.stats.prompt_tokens, all.len());
     assert_eq!(s.tokens().len(), all.len() + third.ids.len());
 }
+
+/// Errors of the library API carry a kind an application can match.
+#[test]
+fn errors_have_kinds_an_application_can_match() {
+    use sieve::error::ErrorKind;
+    use sieve::session::Llm;
+    fn kind<T>(r: Result<T, sieve::error::Error>) -> ErrorKind {
+        r.map(|_| ()).unwrap_err().kind()
+    }
+    let missing = Llm::load(
+        std::path::Path::new("/no/such/model"),
+        &LoadOptions::default(),
+    );
+    assert_eq!(kind(missing), ErrorKind::ModelLoading);
+    // The tiny converted model has no chat template.
+    let dir = common::converted_tiny_llama("kinds");
+    let llm = Llm::load(&dir, &LoadOptions::default()).unwrap();
+    let chat = llm.chat_prompt(&[sieve::tokenizer::Message::new("user", "hi")]);
+    assert_eq!(kind(chat), ErrorKind::Template);
+    let too_big = llm.session(SessionOptions {
+        max_context: 2_000_000_000,
+        ..Default::default()
+    });
+    assert_eq!(kind(too_big), ErrorKind::GpuOutOfMemory);
+    let bad_cache = llm.session(SessionOptions {
+        cache: Some(sieve::cache::CacheOptions::new(
+            sieve::eviction::Policy::Window,
+            16,
+            8,
+        )),
+        ..Default::default()
+    });
+    assert_eq!(kind(bad_cache), ErrorKind::InvalidOptions);
+    let mut s = llm.session(SessionOptions::default()).unwrap();
+    let cold = GenerateOptions {
+        sampling: SamplingParams {
+            temperature: 1e-9,
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    assert_eq!(
+        kind(s.generate(&[40], &cold, |_| true)),
+        ErrorKind::InvalidOptions
+    );
+    let chat = s.chat("hi", &GenerateOptions::default(), |_| true);
+    assert_eq!(kind(chat), ErrorKind::Template);
+    assert!(s.messages().is_empty(), "a failed turn leaves no message");
+}

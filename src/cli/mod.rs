@@ -8,7 +8,7 @@ pub mod logits;
 pub mod run;
 pub mod tokenize;
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use clap::Args;
 use std::path::PathBuf;
 
@@ -137,7 +137,7 @@ impl CacheArgs {
     /// None means the full cache.
     pub fn options(&self) -> Result<Option<CacheOptions>> {
         let policy = match (&self.policy, self.budget) {
-            (Some(p), _) => Policy::parse(p)?,
+            (Some(p), _) => Policy::parse(p).context("--policy")?,
             (None, Some(_)) => Policy::Window,
             (None, None) => Policy::Full,
         };
@@ -165,7 +165,9 @@ impl CacheArgs {
             epikv_layers: self.epikv_layers.as_ref().map(|v| (v[0], v[1])),
             materialize: self.materialize,
         };
-        opts.validate()?;
+        // The library names the options; the command line adds its flags.
+        opts.validate()
+            .context("in --budget, --chunk, --sinks or --recent")?;
         Ok(Some(opts))
     }
 }

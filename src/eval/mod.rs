@@ -34,7 +34,7 @@ pub fn greedy(
         max_new_tokens: max_new,
         ..Default::default()
     };
-    session.generate(prompt, &opts, |_| true)
+    Ok(session.generate(prompt, &opts, |_| true)?)
 }
 
 /// Length of the common prefix of two token sequences.

@@ -95,10 +95,7 @@ impl Policy {
             Some((_, p)) => Ok(*p),
             None => {
                 let names: Vec<&str> = Policy::ALL.iter().map(|(n, _)| *n).collect();
-                bail!(
-                    "--policy: unknown policy '{name}'; known: {}",
-                    names.join(", ")
-                )
+                bail!("unknown policy '{name}'; known: {}", names.join(", "))
             }
         }
     }
@@ -116,12 +113,12 @@ impl Policy {
                 if let Some((a, b)) = opts.epikv_layers {
                     for l in [a, b] {
                         if l == 0 || l > num_layers {
-                            bail!("--epikv-layers: layer {l} is outside the model's layers 1..={num_layers}");
+                            bail!("EpiKV layer {l} is outside the model's layers 1..={num_layers}");
                         }
                     }
                 }
                 if opts.epikv_window == 0 {
-                    bail!("--epikv-window must be at least 1");
+                    bail!("EpiKV window must be at least 1");
                 }
                 let (a, b) = epikv::bands(num_layers, opts.epikv_bands, opts.epikv_layers);
                 Box::new(epikv::Epikv::new(opts.epikv_window, a, b))

@@ -48,20 +48,25 @@ impl SamplingParams {
     /// Refuses settings with which sampling degenerates or is undefined,
     /// naming the setting, its value and the rule.
     pub fn validate(&self) -> anyhow::Result<()> {
+        use crate::error::{bail_kind, ErrorKind::InvalidOptions};
         let t = self.temperature;
         if !(t.is_finite() && (t == 0.0 || t >= Self::MIN_TEMPERATURE)) {
-            anyhow::bail!(
+            bail_kind!(
+                InvalidOptions,
                 "temperature {t:?} is not 0 (greedy) or a finite value of at least {}",
                 Self::MIN_TEMPERATURE
             );
         }
         if !(self.top_p > 0.0 && self.top_p <= 1.0) {
-            anyhow::bail!("top-p {:?} is not in (0, 1]", self.top_p);
+            bail_kind!(InvalidOptions, "top-p {:?} is not in (0, 1]", self.top_p);
         }
         let (lo, hi) = Self::PENALTY_RANGE;
         let r = self.repetition_penalty;
         if !(lo..=hi).contains(&r) {
-            anyhow::bail!("repetition penalty {r:?} is not in [{lo}, {hi}] (1 = off)");
+            bail_kind!(
+                InvalidOptions,
+                "repetition penalty {r:?} is not in [{lo}, {hi}] (1 = off)"
+            );
         }
         Ok(())
     }

@@ -3,7 +3,7 @@
 //! chain, phrased for the library (the command line adds its flag names).
 //!
 //! Inside the crate errors are `anyhow` chains; the few places that know
-//! what went wrong tag theirs ([`tagged`]); the API boundary ([`crate::session`])
+//! what went wrong tag theirs (`tagged`); the API boundary ([`crate::session`])
 //! turns a chain into an [`Error`], taking the tag if there is one and the
 //! operation's default kind otherwise.
 

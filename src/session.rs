@@ -111,20 +111,32 @@ impl Default for GenerateOptions {
     }
 }
 
+/// Why a generation ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum StopReason {
+    /// The model sampled an end-of-sequence token (not emitted, not cached).
     Eos,
+    /// The text reached one of `GenerateOptions::stop_strings` (cut before it).
     StopString,
+    /// `GenerateOptions::max_new_tokens` were generated.
     MaxTokens,
+    /// The callback returned false, or the [`CancelToken`] was set.
     Cancelled,
+    /// The full cache of `SessionOptions::max_context` slots is full (a
+    /// bounded cache never fills).
     ContextFull,
 }
 
+/// Counts and timings of one generation.
 #[derive(Clone, Debug)]
 pub struct GenerationStats {
+    /// Tokens of the prompt fed by this call.
     pub prompt_tokens: usize,
+    /// Tokens emitted (the length of `Generation::ids`).
     pub generated_tokens: usize,
+    /// Seconds to feed the prompt and sample the first token.
     pub prefill_seconds: f64,
+    /// Seconds for the rest of the tokens.
     pub decode_seconds: f64,
     pub stop: StopReason,
 }
@@ -139,9 +151,12 @@ impl GenerationStats {
     }
 }
 
+/// The result of [`Session::generate`] or [`Session::chat`].
 #[derive(Clone, Debug)]
 pub struct Generation {
+    /// The text streamed to the callback (cut before a stop string).
     pub text: String,
+    /// Every emitted token id; all of them are in the session's history.
     pub ids: Vec<u32>,
     pub stats: GenerationStats,
 }
@@ -149,6 +164,7 @@ pub struct Generation {
 /// GPU memory a session uses, in bytes.
 #[derive(Clone, Copy, Debug)]
 pub struct MemoryReport {
+    /// Weight matrices (shared by every session of the model).
     pub weights: u64,
     /// KV cache, activations, logits and scratch.
     pub buffers: u64,
@@ -351,6 +367,7 @@ impl Session {
         &mut self.cache
     }
 
+    /// GPU memory of the model's weights and of this session's buffers.
     pub fn memory(&self) -> MemoryReport {
         MemoryReport {
             weights: self.engine.model.weight_bytes,
@@ -358,6 +375,8 @@ impl Session {
         }
     }
 
+    /// The engine under the session (token-level control; bypassing the
+    /// session's history keeps `tokens()` from describing the cache).
     pub fn engine(&mut self) -> &mut Engine {
         &mut self.engine
     }

@@ -243,7 +243,7 @@ impl Matmul {
 }
 
 /// Runs `variant` once on a 128 x 192 weight and 40 tokens (bias and
-/// residual on) and compares with [`reference`]: an error when the kernel
+/// residual on) and compares with [`reference()`]: an error when the kernel
 /// fails to build or run, or its result is off by more than f16 rounding of
 /// the input explains.
 pub fn check_variant(gpu: &Gpu, variant: MatmulVariant) -> Result<()> {

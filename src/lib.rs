@@ -56,6 +56,7 @@ pub mod convert;
 pub mod device;
 pub mod engine;
 pub mod error;
+#[cfg(feature = "eval")]
 pub mod eval;
 pub mod eviction;
 pub mod files;

@@ -178,9 +178,51 @@ impl Gpu {
             trace: wgpu::Trace::Off,
         }))
         .with_context(|| format!("opening a device on adapter '{}'", info.name))?;
+        Self::assemble(info, device, queue, opts.max_binding_override, kernel_set)
+    }
+
+    /// Runs sieve on a device the application already has (egui, iced,
+    /// Bevy): no second device is opened. `adapter` is the one `device` came
+    /// from (its name, type and subgroup sizes pick the kernel variants).
+    /// sieve needs no feature (it uses SHADER_F16, SUBGROUP, the timestamp
+    /// queries and cooperative matrices when the device has them), but some
+    /// limits: a device below them is an error naming each limit, its value
+    /// and what sieve needs. Errors are of kind
+    /// [`ErrorKind::Gpu`](crate::error::ErrorKind::Gpu).
+    pub fn from_wgpu(
+        adapter: &wgpu::Adapter,
+        device: wgpu::Device,
+        queue: wgpu::Queue,
+        kernels: Option<KernelSet>,
+    ) -> Result<Arc<Self>> {
+        use crate::error::{ErrorKind, TagKind};
+        (|| {
+            let info = adapter.get_info();
+            check_limits(&device.limits())
+                .with_context(|| format!("the application's device on '{}'", info.name))?;
+            let kernel_set = match kernels {
+                Some(k) => k,
+                None => KernelSet::from_env()?.unwrap_or_default(),
+            };
+            Self::assemble(info, device, queue, None, kernel_set)
+        })()
+        .tag(ErrorKind::Gpu)
+    }
+
+    /// A `Gpu` around an open device: the profile, the kernel variants, and
+    /// the start-up check of the cooperative GEMM.
+    fn assemble(
+        info: wgpu::AdapterInfo,
+        device: wgpu::Device,
+        queue: wgpu::Queue,
+        max_binding_override: Option<u64>,
+        kernel_set: KernelSet,
+    ) -> Result<Arc<Self>> {
+        let features = device.features();
+        let limits = device.limits();
         let real_max_binding =
-            (limits.max_storage_buffer_binding_size as u64).min(limits.max_buffer_size);
-        let max_binding = match opts.max_binding_override {
+            limits.max_storage_buffer_binding_size.min(limits.max_buffer_size);
+        let max_binding = match max_binding_override {
             Some(v) => v.min(real_max_binding),
             None => real_max_binding,
         };
@@ -479,4 +521,67 @@ fn host_memory_bytes() -> Option<u64> {
     let line = info.lines().find(|l| l.starts_with("MemTotal:"))?;
     let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     kib.checked_mul(1024)
+}
+
+/// Checks that a device's limits are enough for sieve's kernels: the most
+/// storage and uniform buffers any kernel binds (counted from the WGSL with
+/// naga), 256 invocations per workgroup, 65,535 workgroups per dimension.
+/// Workgroup memory is checked per kernel when it is built.
+pub fn check_limits(limits: &wgpu::Limits) -> Result<()> {
+    let (mut storage, mut uniform) = (0u32, 0u32);
+    for shader in shaders::all() {
+        let format =
+            (shader.prelude != shaders::Prelude::None).then_some(shaders::WeightFormat::F16);
+        let src = shaders::source(shader, format);
+        let module = naga::front::wgsl::parse_str(&src)
+            .map_err(|e| anyhow!("{}: {}", shader.file, e.emit_to_string(&src)))?;
+        let count = |f: fn(&naga::AddressSpace) -> bool| {
+            module
+                .global_variables
+                .iter()
+                .filter(|(_, v)| v.binding.is_some() && f(&v.space))
+                .count() as u32
+        };
+        storage = storage.max(count(|s| matches!(s, naga::AddressSpace::Storage { .. })));
+        uniform = uniform.max(count(|s| matches!(s, naga::AddressSpace::Uniform)));
+    }
+    let needs = [
+        (
+            "max_storage_buffers_per_shader_stage",
+            limits.max_storage_buffers_per_shader_stage,
+            storage,
+        ),
+        (
+            "max_uniform_buffers_per_shader_stage",
+            limits.max_uniform_buffers_per_shader_stage,
+            uniform,
+        ),
+        (
+            "max_compute_invocations_per_workgroup",
+            limits.max_compute_invocations_per_workgroup,
+            256,
+        ),
+        (
+            "max_compute_workgroup_size_x",
+            limits.max_compute_workgroup_size_x,
+            256,
+        ),
+        (
+            "max_compute_workgroups_per_dimension",
+            limits.max_compute_workgroups_per_dimension,
+            65535,
+        ),
+    ];
+    let short: Vec<String> = needs
+        .iter()
+        .filter(|(_, has, need)| has < need)
+        .map(|(name, has, need)| format!("{name} is {has}, sieve needs {need}"))
+        .collect();
+    if !short.is_empty() {
+        bail!(
+            "the device's limits are too low: {} (request the adapter's limits when creating the device)",
+            short.join("; ")
+        );
+    }
+    Ok(())
 }

@@ -84,6 +84,23 @@ impl Model {
 
     /// Loads `config.json` and the safetensors weights of a Hugging Face model directory.
     pub fn load(dir: &Path, opts: &LoadOptions) -> Result<Arc<Model>> {
+        // The files are checked before a device is opened.
+        let (config, store) = Self::open_files(dir)?;
+        let gpu = Gpu::new(&opts.gpu)?;
+        Self::upload(gpu, config, &store, dir, opts)
+    }
+
+    /// As [`Model::load`], on a `Gpu` that exists already (one made with
+    /// [`Gpu::from_wgpu`] around an application's device, or one shared by
+    /// several models); `opts.gpu` is not used.
+    pub fn load_on(gpu: Arc<Gpu>, dir: &Path, opts: &LoadOptions) -> Result<Arc<Model>> {
+        let (config, store) = Self::open_files(dir)?;
+        Self::upload(gpu, config, &store, dir, opts)
+    }
+
+    /// The config and the weight files of a model folder, checked against
+    /// each other.
+    fn open_files(dir: &Path) -> Result<(ModelConfig, TensorStore)> {
         if !dir.is_dir() {
             bail!("model directory {} does not exist", dir.display());
         }
@@ -99,8 +116,7 @@ impl Model {
                 config.num_layers
             );
         }
-        let gpu = Gpu::new(&opts.gpu)?;
-        Self::upload(gpu, config, &store, dir, opts)
+        Ok((config, store))
     }
 
     /// Builds the model on `gpu` with weights from `store` (safetensors files,

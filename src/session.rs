@@ -40,12 +40,26 @@ impl Llm {
     /// Errors are [`ErrorKind::ModelLoading`], or [`ErrorKind::Gpu`] /
     /// [`ErrorKind::GpuOutOfMemory`] for the device.
     pub fn load(dir: &Path, opts: &LoadOptions) -> Result<Llm> {
+        Self::load_with(dir, || Model::load(dir, opts))
+    }
+
+    /// As [`Llm::load`], on a `Gpu` made from the application's own device
+    /// ([`Gpu::from_wgpu`](crate::gpu::Gpu::from_wgpu)), so sieve opens no
+    /// second device.
+    pub fn load_on(gpu: Arc<crate::gpu::Gpu>, dir: &Path, opts: &LoadOptions) -> Result<Llm> {
+        Self::load_with(dir, || Model::load_on(gpu, dir, opts))
+    }
+
+    /// The tokenizer of `dir`, then the weights `model` loads.
+    fn load_with(dir: &Path, model: impl FnOnce() -> anyhow::Result<Arc<Model>>) -> Result<Llm> {
         (|| -> anyhow::Result<Llm> {
             // The tokenizer first: a missing tokenizer.json fails before the weights upload.
             let cfg = crate::config::ModelConfig::from_file(&dir.join("config.json"))?;
             let tokenizer = Arc::new(Tokenizer::load(dir, &cfg.eos_token_ids)?);
-            let model = Model::load(dir, opts)?;
-            Ok(Llm { model, tokenizer })
+            Ok(Llm {
+                model: model()?,
+                tokenizer,
+            })
         })()
         .map_err(|e| Error::classify(e, ErrorKind::ModelLoading))
     }

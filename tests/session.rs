@@ -391,3 +391,51 @@ fn errors_have_kinds_an_application_can_match() {
     assert_eq!(kind(chat), ErrorKind::Template);
     assert!(s.messages().is_empty(), "a failed turn leaves no message");
 }
+
+/// An application's own wgpu device (as egui, iced or Bevy have one): sieve
+/// runs on it without opening another and gives the same tokens; a device
+/// created with limits below sieve's needs is refused, naming each limit.
+#[test]
+fn an_application_device_is_shared() {
+    let instance = wgpu::Instance::new(wgpu::InstanceDescriptor {
+        backends: wgpu::Backends::VULKAN,
+        ..wgpu::InstanceDescriptor::new_without_display_handle()
+    });
+    let adapter =
+        pollster::block_on(instance.request_adapter(&wgpu::RequestAdapterOptions::default()))
+            .expect("an adapter");
+    let open = |limits: wgpu::Limits| {
+        pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
+            required_limits: limits,
+            ..Default::default()
+        }))
+        .unwrap()
+    };
+    // Low limits: a clear error, no wgpu validation crash.
+    let (device, queue) = open(wgpu::Limits::downlevel_defaults());
+    let e = match sieve::gpu::Gpu::from_wgpu(&adapter, device, queue, None) {
+        Ok(_) => panic!("a device with downlevel limits was accepted"),
+        Err(e) => format!("{e:#}"),
+    };
+    assert!(
+        e.contains("max_storage_buffers_per_shader_stage is 4, sieve needs"),
+        "{e}"
+    );
+    // The adapter's limits: the same greedy tokens as sieve's own device.
+    let (device, queue) = open(adapter.limits());
+    let gpu = sieve::gpu::Gpu::from_wgpu(&adapter, device, queue, None).unwrap();
+    let dir = golden_dir().join("tiny-llama-gqa");
+    let model = Model::load_on(gpu, &dir, &LoadOptions::default()).unwrap();
+    let tok = Arc::new(Tokenizer::load(&golden_dir().join("smollm2-135m"), &[]).unwrap());
+    let mut shared = Session::new(model, tok, SessionOptions::default()).unwrap();
+    let opts = GenerateOptions {
+        max_new_tokens: 12,
+        stop_at_eos: false,
+        ..Default::default()
+    };
+    let got = shared.generate(&PROMPT, &opts, |_| true).unwrap().ids;
+    assert_eq!(
+        got,
+        session().generate(&PROMPT, &opts, |_| true).unwrap().ids
+    );
+}

@@ -220,8 +220,9 @@ impl Gpu {
     ) -> Result<Arc<Self>> {
         let features = device.features();
         let limits = device.limits();
-        let real_max_binding =
-            limits.max_storage_buffer_binding_size.min(limits.max_buffer_size);
+        let real_max_binding = limits
+            .max_storage_buffer_binding_size
+            .min(limits.max_buffer_size);
         let max_binding = match max_binding_override {
             Some(v) => v.min(real_max_binding),
             None => real_max_binding,

@@ -84,3 +84,9 @@ pub use session::{
 };
 pub use shaders::WeightFormat;
 pub use tokenizer::Message;
+
+/// The README's code blocks, compiled as doctests so the program it shows
+/// keeps building.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

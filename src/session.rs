@@ -317,32 +317,35 @@ impl Session {
         on_text: impl FnMut(&str) -> bool,
     ) -> Result<Generation> {
         self.chat.messages.push(Message::new("user", user));
-        let rendered = self
-            .tokenizer
-            .apply_chat_template(&self.chat.messages, true)
-            .and_then(|full| Ok((self.tokenizer.encode(&full)?, full)));
-        let (whole_ids, full) = match rendered {
-            Ok(r) => r,
+        // The new part only, or (when the cache's text is not a prefix of the
+        // rendering) the whole conversation: encoded once, whichever it is.
+        let prepared = (|| -> anyhow::Result<(String, bool, Vec<u32>)> {
+            let full = self
+                .tokenizer
+                .apply_chat_template(&self.chat.messages, true)?;
+            let continues = self.chat.tokens == self.tokens.len()
+                && !self.tokens.is_empty()
+                && full.starts_with(&self.chat.rendered);
+            let ids = if continues {
+                self.tokenizer
+                    .encode_continuation(&full[self.chat.rendered.len()..])?
+            } else {
+                self.tokenizer.encode(&full)?
+            };
+            Ok((full, continues, ids))
+        })();
+        let (full, continues, prompt) = match prepared {
+            Ok(p) => p,
             Err(e) => {
                 self.chat.messages.pop();
                 return Err(Error::classify(e, ErrorKind::Template));
             }
         };
-        let continues = self.chat.tokens == self.tokens.len()
-            && !self.tokens.is_empty()
-            && full.starts_with(&self.chat.rendered);
-        let prompt = match continues {
-            true => self
-                .tokenizer
-                .encode_continuation(&full[self.chat.rendered.len()..])
-                .map_err(|e| Error::classify(e, ErrorKind::Template))?,
-            false => {
-                let messages = std::mem::take(&mut self.chat.messages);
-                self.reset();
-                self.chat.messages = messages;
-                whole_ids
-            }
-        };
+        if !continues {
+            let messages = std::mem::take(&mut self.chat.messages);
+            self.reset();
+            self.chat.messages = messages;
+        }
         let before = self.tokens.len();
         let out = match self.generate(&prompt, opts, on_text) {
             Ok(out) => out,

@@ -781,7 +781,19 @@ impl Engine {
         if out.sample.is_some() {
             enc.copy_buffer_to_buffer(&self.sampler.result, 0, &self.sample_staging, 0, 4);
         }
-        gpu.queue.submit([enc.finish()]);
+        let submitted = gpu.queue.submit([enc.finish()]);
+        // A step waits for its own work. Steps that read nothing back (prompt
+        // chunks) would otherwise queue the whole prompt on the GPU at once:
+        // a cancel would still wait for all of it, and on a device shared
+        // with a renderer every frame would wait behind it (on a CPU driver,
+        // seconds). The GPU idles only while the next step is encoded, a
+        // small part of a prompt chunk's time.
+        gpu.device
+            .poll(wgpu::PollType::Wait {
+                submission_index: Some(submitted),
+                timeout: None,
+            })
+            .map_err(|e| anyhow::anyhow!("waiting for the GPU: {e}"))?;
         self.n_cached += n;
         if let Some(pr) = self.profiler.as_mut() {
             pr.collect(&gpu)?;

@@ -144,40 +144,9 @@ impl Gpu {
             Some(k) => k,
             None => KernelSet::from_env()?.unwrap_or_default(),
         };
-        let mut want_features = wgpu::Features::SHADER_F16
-            | wgpu::Features::SUBGROUP
-            | wgpu::Features::TIMESTAMP_QUERY
-            | wgpu::Features::TIMESTAMP_QUERY_INSIDE_ENCODERS
-            | wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES;
-        // Cooperative matrices (tensor cores) only where the adapter offers the
-        // configuration sieve's GEMM uses; the feature is experimental in wgpu.
-        let coop = adapter
-            .features()
-            .contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX)
-            && has_coop_f16_16x16(&adapter.cooperative_matrix_properties());
-        if coop {
-            want_features |= wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX;
-        }
-        let features = adapter.features() & want_features;
-        let limits = adapter.limits();
-        let experimental_features = if coop {
-            // SAFETY: wgpu asks callers of experimental features to accept that
-            // their implementation may have bugs; sieve uses only the
-            // cooperative-matrix load, multiply-add and store of one kernel
-            // (shaders/matmul_coop.wgsl), checked against a CPU reference.
-            unsafe { wgpu::ExperimentalFeatures::enabled() }
-        } else {
-            wgpu::ExperimentalFeatures::disabled()
-        };
-        let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
-            label: Some("sieve"),
-            required_features: features,
-            required_limits: limits.clone(),
-            experimental_features,
-            memory_hints: wgpu::MemoryHints::Performance,
-            trace: wgpu::Trace::Off,
-        }))
-        .with_context(|| format!("opening a device on adapter '{}'", info.name))?;
+        let (device, queue) =
+            pollster::block_on(adapter.request_device(&device_descriptor(&adapter)))
+                .with_context(|| format!("opening a device on adapter '{}'", info.name))?;
         Self::assemble(info, device, queue, opts.max_binding_override, kernel_set)
     }
 
@@ -187,7 +156,8 @@ impl Gpu {
     /// sieve needs no feature (it uses SHADER_F16, SUBGROUP, the timestamp
     /// queries and cooperative matrices when the device has them), but some
     /// limits: a device below them is an error naming each limit, its value
-    /// and what sieve needs. Errors are of kind
+    /// and what sieve needs. A device opened with [`device_descriptor`]
+    /// has everything sieve can use. Errors are of kind
     /// [`ErrorKind::Gpu`](crate::error::ErrorKind::Gpu).
     pub fn from_wgpu(
         adapter: &wgpu::Adapter,
@@ -522,6 +492,49 @@ fn host_memory_bytes() -> Option<u64> {
     let line = info.lines().find(|l| l.starts_with("MemTotal:"))?;
     let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     kib.checked_mul(1024)
+}
+
+/// The device sieve asks of `adapter`: the adapter's own limits (sieve's
+/// buffers are as large as the device allows) and, where offered, SHADER_F16,
+/// SUBGROUP, the timestamp queries and the cooperative-matrix configuration
+/// of sieve's GEMM. An application that opens the device itself (egui's
+/// `WgpuSetupCreateNew::device_descriptor`, say) and shares it with sieve
+/// through [`Gpu::from_wgpu`] asks for this, so sieve runs its fastest
+/// kernels there; the application's own needs are within the adapter's
+/// limits too.
+pub fn device_descriptor(adapter: &wgpu::Adapter) -> wgpu::DeviceDescriptor<'static> {
+    let mut want_features = wgpu::Features::SHADER_F16
+        | wgpu::Features::SUBGROUP
+        | wgpu::Features::TIMESTAMP_QUERY
+        | wgpu::Features::TIMESTAMP_QUERY_INSIDE_ENCODERS
+        | wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES;
+    // Cooperative matrices (tensor cores) only where the adapter offers the
+    // configuration sieve's GEMM uses; the feature is experimental in wgpu.
+    let coop = adapter
+        .features()
+        .contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX)
+        && has_coop_f16_16x16(&adapter.cooperative_matrix_properties());
+    if coop {
+        want_features |= wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX;
+    }
+    let experimental_features = if coop {
+        // SAFETY: wgpu asks callers of experimental features to accept that
+        // their implementation may have bugs; sieve uses only the
+        // cooperative-matrix load, multiply-add and store of one kernel
+        // (shaders/matmul_coop.wgsl), checked against a CPU reference
+        // whenever a device is opened (`Gpu::assemble`).
+        unsafe { wgpu::ExperimentalFeatures::enabled() }
+    } else {
+        wgpu::ExperimentalFeatures::disabled()
+    };
+    wgpu::DeviceDescriptor {
+        label: Some("sieve"),
+        required_features: adapter.features() & want_features,
+        required_limits: adapter.limits(),
+        experimental_features,
+        memory_hints: wgpu::MemoryHints::Performance,
+        trace: wgpu::Trace::Off,
+    }
 }
 
 /// Checks that a device's limits are enough for sieve's kernels: the most

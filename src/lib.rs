@@ -9,10 +9,10 @@
 //! A chat, streamed, with a bounded KV cache and a cancel button:
 //!
 //! ```no_run
-//! use sieve::{CacheOptions, GenerateOptions, Llm, LoadOptions, LoadProgress, Policy, SessionOptions};
+//! use sieve::{CacheOptions, GenerateOptions, Llm, LoadOptions, Progress, Policy, SessionOptions};
 //!
 //! let opts = LoadOptions {
-//!     progress: Some(LoadProgress::new(|done, total| eprintln!("loading {done}/{total}"))),
+//!     progress: Some(Progress::new(|done, total| eprintln!("loading {done}/{total}"))),
 //!     ..Default::default()
 //! };
 //! let llm = Llm::load("models/smollm2-135m-instruct".as_ref(), &opts)?;
@@ -65,6 +65,7 @@ pub mod gpu;
 pub mod kernels;
 pub mod model;
 pub mod profile;
+pub mod progress;
 pub mod session;
 pub mod shaders;
 pub mod synthetic;
@@ -77,7 +78,8 @@ pub use error::{Error, ErrorKind, Result};
 pub use eviction::Policy;
 pub use gpu::GpuOptions;
 pub use kernels::sample::SamplingParams;
-pub use model::{LoadOptions, LoadProgress};
+pub use model::LoadOptions;
+pub use progress::Progress;
 pub use session::{
     CancelToken, GenerateOptions, Generation, GenerationStats, Llm, MemoryReport, Session,
     SessionOptions, StopReason,

@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use crate::config::ModelConfig;
 use crate::gpu::{Gpu, GpuOptions};
+use crate::progress::Progress;
 use crate::shaders::WeightFormat;
 use crate::weights::{GpuMatrix, TensorStore, WeightSource};
 
@@ -20,26 +21,7 @@ pub struct LoadOptions {
     pub gpu: GpuOptions,
     /// Called once per tensor group uploaded: (done, total). A closure, so it
     /// can hold a channel or a widget handle.
-    pub progress: Option<LoadProgress>,
-}
-
-/// A load-progress callback: `LoadProgress::new(move |done, total| ...)`.
-#[derive(Clone)]
-pub struct LoadProgress(Arc<dyn Fn(usize, usize) + Send + Sync>);
-
-impl LoadProgress {
-    pub fn new(f: impl Fn(usize, usize) + Send + Sync + 'static) -> Self {
-        LoadProgress(Arc::new(f))
-    }
-    fn report(&self, done: usize, total: usize) {
-        (self.0)(done, total)
-    }
-}
-
-impl std::fmt::Debug for LoadProgress {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("LoadProgress(..)")
-    }
+    pub progress: Option<Progress>,
 }
 
 pub(crate) struct LayerWeights {

@@ -26,6 +26,7 @@ use crate::engine::Engine;
 use crate::eviction::Policy;
 use crate::kernels::sample::SamplingParams;
 use crate::model::{LoadOptions, Model};
+use crate::progress::Progress;
 use crate::tokenizer::{Message, StreamDecoder, Tokenizer};
 
 /// A model and its tokenizer.
@@ -112,6 +113,10 @@ pub struct GenerateOptions {
     pub stop_strings: Vec<String>,
     /// Stop at the model's end-of-sequence tokens.
     pub stop_at_eos: bool,
+    /// Called after each prompt chunk with (prompt tokens fed, prompt
+    /// length): a long prompt's progress, and the moments a cancel can take
+    /// effect.
+    pub on_prompt: Option<Progress>,
 }
 
 impl Default for GenerateOptions {
@@ -121,6 +126,7 @@ impl Default for GenerateOptions {
             sampling: SamplingParams::default(),
             stop_strings: vec![],
             stop_at_eos: true,
+            on_prompt: None,
         }
     }
 }
@@ -144,7 +150,8 @@ pub enum StopReason {
 /// Counts and timings of one generation.
 #[derive(Clone, Debug)]
 pub struct GenerationStats {
-    /// Tokens of the prompt fed by this call.
+    /// Tokens of the prompt fed by this call (fewer than the prompt's when
+    /// cancelled while the prompt was processed).
     pub prompt_tokens: usize,
     /// Tokens emitted (the length of `Generation::ids`).
     pub generated_tokens: usize,
@@ -433,11 +440,11 @@ impl Session {
             );
         }
         let t0 = Instant::now();
-        let empty = |stop, prefill_seconds| Generation {
+        let empty = |stop, fed, prefill_seconds| Generation {
             text: String::new(),
             ids: vec![],
             stats: GenerationStats {
-                prompt_tokens: prompt.len(),
+                prompt_tokens: fed,
                 generated_tokens: 0,
                 prefill_seconds,
                 decode_seconds: 0.0,
@@ -445,7 +452,7 @@ impl Session {
             },
         };
         if self.cancel.is_cancelled() {
-            return Ok(empty(StopReason::Cancelled, 0.0));
+            return Ok(empty(StopReason::Cancelled, 0, 0.0));
         }
         let seen: Vec<u32> = self.tokens.iter().chain(prompt).copied().collect();
         self.engine.reset_seen(&seen);
@@ -455,7 +462,12 @@ impl Session {
         let mut next = None;
         for (i, piece) in prompt.chunks(chunk).enumerate() {
             if self.cancel.is_cancelled() {
-                return Ok(empty(StopReason::Cancelled, t0.elapsed().as_secs_f64()));
+                let fed = i * chunk;
+                return Ok(empty(
+                    StopReason::Cancelled,
+                    fed,
+                    t0.elapsed().as_secs_f64(),
+                ));
             }
             let last = (i + 1) * chunk >= prompt.len();
             let out = if last {
@@ -469,6 +481,9 @@ impl Session {
                 .cache
                 .feed(&mut self.engine, piece, first, out, |_, _| Ok(()))?;
             self.tokens.extend_from_slice(piece);
+            if let Some(progress) = &opts.on_prompt {
+                progress.report((i * chunk + piece.len()).min(prompt.len()), prompt.len());
+            }
         }
         let mut next = next.expect("a sampling feed returns a token");
         let prefill_seconds = t0.elapsed().as_secs_f64();

@@ -168,6 +168,52 @@ fn a_cancel_during_the_prompt_stops_between_chunks() {
     );
 }
 
+/// The prompt progress callback sees every chunk, in order, and a cancel set
+/// from it takes effect at once: the call returns before the next chunk with
+/// exactly the fed tokens counted, in the stats and the history.
+#[test]
+fn prompt_progress_reports_each_chunk_and_a_cancel_stops_at_the_next() {
+    use std::sync::Mutex;
+    let mut s = session();
+    let prompt: Vec<u32> = (0..70).map(|i| 20 + (i * 7) % 480).collect();
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let record = seen.clone();
+    let opts = GenerateOptions {
+        max_new_tokens: 3,
+        stop_at_eos: false,
+        on_prompt: Some(sieve::Progress::new(move |done, total| {
+            record.lock().unwrap().push((done, total))
+        })),
+        ..Default::default()
+    };
+    let out = s.generate(&prompt, &opts, |_| true).unwrap();
+    assert_eq!(
+        *seen.lock().unwrap(),
+        [(16, 70), (32, 70), (48, 70), (64, 70), (70, 70)]
+    );
+    assert_eq!(out.stats.prompt_tokens, 70);
+
+    s.reset();
+    let cancel = s.cancel_token();
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let record = seen.clone();
+    let opts = GenerateOptions {
+        on_prompt: Some(sieve::Progress::new(move |done, total| {
+            record.lock().unwrap().push((done, total));
+            if done >= 32 {
+                cancel.cancel();
+            }
+        })),
+        ..opts
+    };
+    let out = s.generate(&prompt, &opts, |_| true).unwrap();
+    assert_eq!(*seen.lock().unwrap(), [(16, 70), (32, 70)]);
+    assert_eq!(out.stats.stop, StopReason::Cancelled);
+    assert_eq!(out.stats.prompt_tokens, 32);
+    assert!(out.ids.is_empty());
+    assert_eq!(s.tokens(), &prompt[..32]);
+}
+
 /// Whatever stops a generation (the token limit, a stop string, the
 /// callback), the session's history is the prompt and every emitted id, and
 /// the cache holds exactly that: a second turn continues it as a fresh
@@ -271,7 +317,7 @@ fn turns_continue_the_conversation_and_the_context_fills() {
 fn load_progress_is_a_closure() {
     let (tx, rx) = std::sync::mpsc::channel();
     let opts = LoadOptions {
-        progress: Some(sieve::model::LoadProgress::new(move |done, total| {
+        progress: Some(sieve::Progress::new(move |done, total| {
             tx.send((done, total)).unwrap();
         })),
         ..Default::default()

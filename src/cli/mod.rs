@@ -87,7 +87,7 @@ impl ModelArgs {
             dtype: Some(format(&self.dtype)),
             kv_dtype: Some(format(&self.kv_dtype)),
             gpu: self.gpu()?,
-            progress: Some(sieve::model::LoadProgress::new(progress_bar_tick)),
+            progress: Some(sieve::Progress::new(progress_bar_tick)),
         })
     }
 }

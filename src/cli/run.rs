@@ -111,6 +111,7 @@ pub fn main(a: RunArgs) -> Result<()> {
         sampling,
         stop_strings: a.stop.clone(),
         stop_at_eos: !a.ignore_eos,
+        on_prompt: None,
     };
     let mut stdout = std::io::stdout().lock();
     let out = session.generate(&ids, &opts, |piece| {

@@ -1370,7 +1370,7 @@ mod tests {
 
     #[test]
     fn unsupported_tensor_type_fails_before_writing() {
-        // A real model shape (ne0 = 256) whose FFN is Q4_K.
+        // A real model shape (ne0 = 256) whose FFN is Q2_K.
         let arch = "llama";
         let key = |k: &str| format!("{arch}.{k}");
         let mut b = GgufBuilder::default()
@@ -1399,10 +1399,10 @@ mod tests {
             let n: u64 = dims.iter().product();
             b = b.f32_tensor(name, &dims, &vec![0.0; n as usize]);
         }
-        b = b.tensor("blk.0.ffn_up.weight", &[256, 256], 12, vec![0; 144 * 256]);
-        let msg = convert_err("convert-q4k", &b.build());
+        b = b.tensor("blk.0.ffn_up.weight", &[256, 256], 10, vec![0; 84 * 256]);
+        let msg = convert_err("convert-q2k", &b.build());
         assert!(
-            msg.contains("`blk.0.ffn_up.weight` has type Q4_K, which cannot be converted"),
+            msg.contains("`blk.0.ffn_up.weight` has type Q2_K, which cannot be converted"),
             "{msg}"
         );
     }

@@ -8,7 +8,7 @@ use sieve::convert::{convert_gguf, OutDtype};
 
 #[derive(Args, Debug)]
 pub struct ConvertArgs {
-    /// Input .gguf file (F32, F16, BF16, Q8_0, Q4_0 and Q4_1 tensors).
+    /// Input .gguf file (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q4_K, Q5_K and Q6_K tensors).
     pub input: PathBuf,
     /// Output directory (must not exist or be empty).
     pub out_dir: PathBuf,

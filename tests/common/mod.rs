@@ -18,9 +18,15 @@ pub fn golden_dir() -> PathBuf {
 /// `golden/quant` (512 tokens of SmolLM2's vocabulary, f32 weights): a
 /// small real tokenizer and model for tests that change their files.
 pub fn converted_tiny_llama(tag: &str) -> PathBuf {
+    converted_quant_gguf("Q8_0", tag)
+}
+
+/// `golden/quant/tiny-llama-<format>.gguf` converted to f32 safetensors in
+/// a fresh temporary folder named after `tag`.
+pub fn converted_quant_gguf(format: &str, tag: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("sieve-tiny-{tag}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    let gguf = golden_dir().join("quant/tiny-llama-Q8_0.gguf");
+    let gguf = golden_dir().join(format!("quant/tiny-llama-{format}.gguf"));
     sieve::convert::convert_gguf(
         &gguf,
         &dir,

@@ -1,0 +1,125 @@
+//! Every tensor of the llama.cpp-quantized tiny Llama files (F32, Q8_0, Q4_0,
+//! Q4_1, Q5_0, Q4_K, Q5_K, Q6_K) dequantized on the CPU against llama.cpp's
+//! own gguf-py: the first two rows value by value, and the sum and sum of
+//! squares of the whole tensor (../shared/golden/quant/README.md).
+
+mod common;
+use common::{converted_quant_gguf, golden_dir, Npz};
+use sieve::gguf::GgufFile;
+
+#[test]
+fn every_format_matches_the_reference_dequantization() {
+    let dir = golden_dir().join("quant");
+    let reference: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("dequant-reference.json")).unwrap())
+            .unwrap();
+    let files = reference.as_object().unwrap();
+    assert_eq!(files.len(), 8, "one entry per file");
+    let mut types_seen = std::collections::BTreeSet::new();
+    for (tag, tensors) in files {
+        let g = GgufFile::open(dir.join(format!("tiny-llama-{tag}.gguf"))).unwrap();
+        let rows = Npz::open(&dir.join(format!("tiny-llama-{tag}.dequant.npz")));
+        let tensors = tensors.as_object().unwrap();
+        assert_eq!(tensors.len(), g.tensors.len(), "{tag}: tensor count");
+        for (name, want) in tensors {
+            let info = g
+                .tensor(name)
+                .unwrap_or_else(|| panic!("{tag}: no tensor {name}"));
+            assert_eq!(
+                info.ggml_type.name(),
+                want["type"].as_str().unwrap(),
+                "{tag} {name}"
+            );
+            types_seen.insert(info.ggml_type.name());
+            let values = g.dequantize(info).unwrap();
+            let shape: Vec<u64> = want["shape"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_u64().unwrap())
+                .collect();
+            assert_eq!(info.shape(), shape, "{tag} {name}: shape");
+            // The first rows, value by value (the same float32 arithmetic).
+            let (_, first) = rows.f32(&format!("{name}.rows"));
+            for (i, (&got, &exp)) in values.iter().zip(first).enumerate() {
+                assert!(
+                    (got - exp).abs() <= 1e-6 * exp.abs().max(1.0),
+                    "{tag} {name}[{i}]: {got} vs {exp}"
+                );
+            }
+            // The whole tensor through its sums (float64 on both sides).
+            let sum: f64 = values.iter().map(|&v| v as f64).sum();
+            let sumsq: f64 = values.iter().map(|&v| (v as f64) * (v as f64)).sum();
+            let (want_sum, want_sumsq) = (
+                want["sum"].as_f64().unwrap(),
+                want["sumsq"].as_f64().unwrap(),
+            );
+            let scale = want_sumsq.sqrt().max(1.0);
+            assert!(
+                (sum - want_sum).abs() <= 1e-5 * scale,
+                "{tag} {name}: sum {sum} vs {want_sum}"
+            );
+            assert!(
+                (sumsq - want_sumsq).abs() <= 1e-5 * want_sumsq.max(1.0),
+                "{tag} {name}: sum of squares {sumsq} vs {want_sumsq}"
+            );
+        }
+    }
+    let expected = [
+        "F32", "Q4_0", "Q4_1", "Q4_K", "Q5_0", "Q5_K", "Q6_K", "Q8_0",
+    ];
+    assert_eq!(types_seen.into_iter().collect::<Vec<_>>(), expected);
+}
+
+/// Each file converted to f32 safetensors runs to its own reference logits
+/// (a float64 forward pass over that file's dequantized weights): within
+/// 1e-3, the README's tolerance for f32 arithmetic.
+#[test]
+fn every_format_converted_matches_its_reference_logits() {
+    use sieve::engine::{Engine, EngineOptions, StepOutput};
+    use sieve::model::{LoadOptions, Model};
+    use sieve::shaders::WeightFormat;
+    let dir = golden_dir().join("quant");
+    for tag in [
+        "f32", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q4_K_M", "Q5_K_M", "Q6_K",
+    ] {
+        let out = converted_quant_gguf(tag, &format!("dequant-{tag}"));
+        let opts = LoadOptions {
+            dtype: Some(WeightFormat::F32),
+            ..Default::default()
+        };
+        let model = Model::load(&out, &opts).unwrap();
+        let reference = Npz::open(&dir.join(format!("tiny-llama-{tag}.logits.npz")));
+        let ids = reference.ids("input_ids");
+        let first = reference.ids("positions")[0] as usize;
+        let rows = ids.len() - first;
+        let mut engine = Engine::new(
+            model.clone(),
+            EngineOptions {
+                max_slots: ids.len(),
+                max_tokens: ids.len(),
+                max_logit_rows: rows,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        let positions: Vec<u32> = (0..ids.len() as u32).collect();
+        let out_rows = StepOutput {
+            logit_row0: first,
+            n_logits: rows,
+            sample: None,
+        };
+        engine.step(&ids, &positions, out_rows).unwrap();
+        let got = engine.read_logits(rows).unwrap();
+        let (_, want) = reference.f32("logits_last8");
+        assert_eq!(got.len(), want.len(), "{tag}");
+        let d = got
+            .iter()
+            .zip(want)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f32, f32::max);
+        eprintln!("{tag}: logits max |d| {d:.2e}");
+        assert!(d <= 1e-3, "{tag}: logits max |d| {d}");
+        let _ = std::fs::remove_dir_all(&out);
+    }
+}

@@ -3,7 +3,7 @@
 // Bindings (group 0):
 //   0 step   uniform Step
 //   1 p      uniform EmbedParams
-//   2 table  storage read  [rows_in_part, hidden/4] WPacked  (one part of the table)
+//   2 w      storage read  [rows_in_part, hidden] weights (the format prelude)  (one part of the table)
 //   3 ids    storage read  [n_tokens] u32
 //   4 x      storage rw    [n_tokens, hidden/4] vec4<f32>
 // Dispatch: (ceil(hidden/4 / 64), n_tokens, 1). A table too large for one binding
@@ -17,7 +17,6 @@ struct EmbedParams {
 
 @group(0) @binding(0) var<uniform> step: Step;
 @group(0) @binding(1) var<uniform> p: EmbedParams;
-@group(0) @binding(2) var<storage, read> table: array<WPacked>;
 @group(0) @binding(3) var<storage, read> ids: array<u32>;
 @group(0) @binding(4) var<storage, read_write> x: array<vec4<f32>>;
 
@@ -32,5 +31,5 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (id < p.row_begin || id >= p.row_end) {
         return;
     }
-    x[t * p.hidden4 + i] = unpack_w(table[(id - p.row_begin) * p.hidden4 + i]);
+    x[t * p.hidden4 + i] = weight4((id - p.row_begin) * p.hidden4 + i);
 }

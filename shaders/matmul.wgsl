@@ -5,7 +5,7 @@
 // Bindings (group 0):
 //   0 step  uniform Step
 //   1 p     uniform MatmulParams
-//   2 w     storage read  [rows, k/4] WPacked
+//   2 w     storage read  [rows, k] weights (declared by the format prelude)
 //   3 bias  storage read  [out_stride] f32   (a dummy when flags bit 1 is clear)
 //   4 x     storage read  [n, k/4] vec4<f32>
 //   5 y     storage rw    [n, out_stride] f32
@@ -16,7 +16,6 @@
 //   matvec: 4 rows x 1 token per invocation, 16 invocations per workgroup,
 //           for decode (n = 1). Dispatch (ceil(rows / 64), n, 1).
 // flags: bit 0 adds into y (residual connection fused), bit 1 adds the bias.
-@group(0) @binding(2) var<storage, read> w: array<WPacked>;
 
 @compute @workgroup_size(64)
 fn matmul(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -40,10 +39,10 @@ fn matmul(@builtin(global_invocation_id) gid: vec3<u32>) {
     var a2 = vec4<f32>(0.0);
     var a3 = vec4<f32>(0.0);
     for (var k = 0u; k < p.k4; k++) {
-        let wa = unpack_w(w[w0 + k]);
-        let wb = unpack_w(w[w1 + k]);
-        let wc = unpack_w(w[w2 + k]);
-        let wd = unpack_w(w[w3 + k]);
+        let wa = weight4(w0 + k);
+        let wb = weight4(w1 + k);
+        let wc = weight4(w2 + k);
+        let wd = weight4(w3 + k);
         let xa = x[x0 + k];
         let xb = x[x1 + k];
         let xc = x[x2 + k];
@@ -86,10 +85,10 @@ fn matvec(@builtin(global_invocation_id) gid: vec3<u32>) {
     for (var k = 0u; k < p.k4; k++) {
         let xv = x[xb + k];
         a += vec4<f32>(
-            dot(unpack_w(w[w0 + k]), xv),
-            dot(unpack_w(w[w1 + k]), xv),
-            dot(unpack_w(w[w2 + k]), xv),
-            dot(unpack_w(w[w3 + k]), xv),
+            dot(weight4(w0 + k), xv),
+            dot(weight4(w1 + k), xv),
+            dot(weight4(w2 + k), xv),
+            dot(weight4(w3 + k), xv),
         );
     }
     for (var ri = 0u; ri < 4u; ri++) {

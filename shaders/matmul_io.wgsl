@@ -1,7 +1,8 @@
 // matmul_io.wgsl: what every mat-mul and mat-vec variant shares (included by
 // matmul.wgsl, matvec_*.wgsl, matmul_tiled.wgsl and matmul_coop.wgsl, after
-// the weight-format prelude; see src/shaders.rs). Each variant declares
-// binding 2, the weights, in the element type it reads them as.
+// the weight-format prelude; see src/shaders.rs). Binding 2, the weights, is
+// declared by the prelude (`weight4`), except in matmul_coop.wgsl, which
+// reads f16 weights itself.
 //
 // y[t, c0 + r] (+)= sum_k W[r, k] * x[t, k] + bias[c0 + r], where W is one row
 // part of a [out, in] weight (nn.Linear layout); a weight too large for one
@@ -10,7 +11,7 @@
 // Bindings (group 0):
 //   0 step  uniform Step
 //   1 p     uniform MatmulParams
-//   2 w     storage read  [rows, k] weights (declared by the variant)
+//   2 w     storage read  [rows, k] weights (declared by the format prelude)
 //   3 bias  storage read  [out_stride] f32   (a dummy when flags bit 1 is clear)
 //   4 x     storage read  [n, k/4] vec4<f32> ([n, 2k/4] with flags bit 3)
 //   5 y     storage rw    [n, out_stride] f32

@@ -11,9 +11,8 @@
 // 4 tokens).
 //
 // Bindings (group 0): as matmul_io.wgsl, with
-//   2 w     storage read  [rows, k/4] WPacked
+//   2 w     storage read  [rows, k] weights (declared by the format prelude)
 // Dispatch: (ceil(rows / 64), ceil(n / 64), 1).
-@group(0) @binding(2) var<storage, read> w: array<WPacked>;
 
 // [16 k][16 groups of 4 rows] and [16 k][16 groups of 4 tokens].
 var<workgroup> w_tile: array<vec4<f32>, 256>;
@@ -45,7 +44,7 @@ fn matmul(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
         var wv = vec4<f32>(0.0);
         var xv = vec4<f32>(0.0);
         if (k < p.k4) {
-            wv = unpack_w(w[w_base + k]);
+            wv = weight4(w_base + k);
             xv = x[x_base + k];
         }
         let slot = load_k * 64u + load_i / 4u;

@@ -12,12 +12,11 @@
 // reduced in workgroup memory (matvec_subgroup.wgsl: with subgroup sums).
 //
 // Bindings (group 0): as matmul_io.wgsl, with
-//   2 w     storage read  [rows, k/4] WPacked
+//   2 w     storage read  [rows, k] weights (declared by the format prelude)
 // Token: the step's single row (n = 1). Takes a fused RMSNorm (flags bit 2)
 // or a fused SwiGLU (flags bit 3; x is then [2k/4], gate then up).
 // Dispatch: (min(groups, 32768), ceil(groups / 32768), 1), groups = ceil(rows / 2);
 // workgroup g = id.x + id.y * 32768 takes rows 2g and 2g + 1.
-@group(0) @binding(2) var<storage, read> w: array<WPacked>;
 
 const LANES: u32 = 128u;
 

@@ -5,7 +5,7 @@
 // Bindings (group 0):
 //   0 step   uniform Step          (n_tokens rows)
 //   1 p      uniform TokenParams   (hidden/4, rows of this table part)
-//   2 table  storage read  [rows_in_part, hidden/4] WPacked  one row part of the LM head
+//   2 w      storage read  [rows_in_part, hidden] weights (the format prelude)  one row part of the LM head
 //   3 ids    storage read  [n_tokens] u32
 //   4 x      storage read  [n_tokens, hidden/4] vec4<f32>
 //   5 out    storage rw    [n_tokens] f32
@@ -20,7 +20,6 @@ struct TokenParams {
 
 @group(0) @binding(0) var<uniform> step: Step;
 @group(0) @binding(1) var<uniform> p: TokenParams;
-@group(0) @binding(2) var<storage, read> table: array<WPacked>;
 @group(0) @binding(3) var<storage, read> ids: array<u32>;
 @group(0) @binding(4) var<storage, read> x: array<vec4<f32>>;
 @group(0) @binding(5) var<storage, read_write> out: array<f32>;
@@ -39,7 +38,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     }
     var s = 0.0;
     for (var i = lid; i < p.hidden4; i += 64u) {
-        s += dot(unpack_w(table[(id - p.row_begin) * p.hidden4 + i]), x[t * p.hidden4 + i]);
+        s += dot(weight4((id - p.row_begin) * p.hidden4 + i), x[t * p.hidden4 + i]);
     }
     partial[lid] = s;
     workgroupBarrier();

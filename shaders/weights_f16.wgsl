@@ -1,8 +1,14 @@
-// weights_f16.wgsl: weight-format prelude for f16 weights (see src/shaders.rs).
-// Four consecutive f16 values packed in two u32 words; unpack2x16float is core
-// WGSL, so this works with or without the SHADER_F16 feature.
-alias WPacked = vec2<u32>;
+// weights_f16.wgsl: weight-format prelude for f16 weights (see src/shaders.rs
+// and src/quant.rs). Every weight prelude declares binding 2, `w`, one row
+// part of a [rows, k] matrix with its rows back to back, and
+// `weight4(g)`: the four values 4g .. 4g + 3 of the part (flat group g, so
+// row r's group i is g = r * k/4 + i).
+//
+// Four consecutive f16 values packed in two u32 words; unpack2x16float is
+// core WGSL, so this works with or without the SHADER_F16 feature.
+@group(0) @binding(2) var<storage, read> w: array<vec2<u32>>;
 
-fn unpack_w(p: WPacked) -> vec4<f32> {
-    return vec4<f32>(unpack2x16float(p.x), unpack2x16float(p.y));
+fn weight4(g: u32) -> vec4<f32> {
+    let v = w[g];
+    return vec4<f32>(unpack2x16float(v.x), unpack2x16float(v.y));
 }

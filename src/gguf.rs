@@ -481,31 +481,14 @@ impl GgufFile {
     /// Supports the types in [`DEQUANTIZABLE_TYPES`]; others are an error.
     pub fn dequantize(&self, tensor: &GgufTensorInfo) -> anyhow::Result<Vec<f32>> {
         let ty = tensor.ggml_type;
-        // Keep this match in sync with DEQUANTIZABLE_TYPES.
-        let decode: fn(&[u8], &mut [f32]) = match ty {
-            GgmlType::F32 => |data, out| decode_scalars(data, out, f32::from_le_bytes),
-            GgmlType::F16 => {
-                |data, out| decode_scalars(data, out, |b| f16::from_le_bytes(b).to_f32())
-            }
-            GgmlType::BF16 => {
-                |data, out| decode_scalars(data, out, |b| bf16::from_le_bytes(b).to_f32())
-            }
-            GgmlType::Q8_0 => |data, out| decode_blocks(data, out, dequantize_q8_0),
-            GgmlType::Q4_0 => |data, out| decode_blocks(data, out, dequantize_q4_0),
-            GgmlType::Q4_1 => |data, out| decode_blocks(data, out, dequantize_q4_1),
-            GgmlType::Q5_0 => |data, out| decode_blocks(data, out, dequantize_q5_0),
-            GgmlType::Q4_K => |data, out| decode_blocks(data, out, dequantize_q4_k),
-            GgmlType::Q5_K => |data, out| decode_blocks(data, out, dequantize_q5_k),
-            GgmlType::Q6_K => |data, out| decode_blocks(data, out, dequantize_q6_k),
-            _ => {
-                let supported: Vec<_> = DEQUANTIZABLE_TYPES.iter().map(|t| t.name()).collect();
-                bail!(
-                    "{}: tensor `{}` has type {ty}, which cannot be dequantized (supported: {})",
-                    self.path.display(),
-                    tensor.name,
-                    supported.join(", ")
-                );
-            }
+        let Some(decode) = block_decoder(ty) else {
+            let supported: Vec<_> = DEQUANTIZABLE_TYPES.iter().map(|t| t.name()).collect();
+            bail!(
+                "{}: tensor `{}` has type {ty}, which cannot be dequantized (supported: {})",
+                self.path.display(),
+                tensor.name,
+                supported.join(", ")
+            );
         };
         let data = self.tensor_data(tensor)?;
         let n = usize::try_from(tensor.n_elements())?;
@@ -526,6 +509,41 @@ impl GgufFile {
         decode(data, &mut out);
         Ok(out)
     }
+}
+
+/// The decoder of a type in [`DEQUANTIZABLE_TYPES`] (whole blocks in, values out).
+fn block_decoder(ty: GgmlType) -> Option<fn(&[u8], &mut [f32])> {
+    // Keep this match in sync with DEQUANTIZABLE_TYPES.
+    Some(match ty {
+        GgmlType::F32 => |data, out| decode_scalars(data, out, f32::from_le_bytes),
+        GgmlType::F16 => |data, out| decode_scalars(data, out, |b| f16::from_le_bytes(b).to_f32()),
+        GgmlType::BF16 => {
+            |data, out| decode_scalars(data, out, |b| bf16::from_le_bytes(b).to_f32())
+        }
+        GgmlType::Q8_0 => |data, out| decode_blocks(data, out, dequantize_q8_0),
+        GgmlType::Q4_0 => |data, out| decode_blocks(data, out, dequantize_q4_0),
+        GgmlType::Q4_1 => |data, out| decode_blocks(data, out, dequantize_q4_1),
+        GgmlType::Q5_0 => |data, out| decode_blocks(data, out, dequantize_q5_0),
+        GgmlType::Q4_K => |data, out| decode_blocks(data, out, dequantize_q4_k),
+        GgmlType::Q5_K => |data, out| decode_blocks(data, out, dequantize_q5_k),
+        GgmlType::Q6_K => |data, out| decode_blocks(data, out, dequantize_q6_k),
+        _ => return None,
+    })
+}
+
+/// llama.cpp's dequantization of `data`, whole blocks of type `ty`, into
+/// `out` (one value per element; `out.len()` elements are decoded).
+pub fn dequantize_blocks(ty: GgmlType, data: &[u8], out: &mut [f32]) -> anyhow::Result<()> {
+    let decode = block_decoder(ty).ok_or_else(|| anyhow!("type {ty} cannot be dequantized"))?;
+    let need = out.len() as u64 / ty.block_size() * ty.block_bytes();
+    ensure!(
+        out.len() as u64 % ty.block_size() == 0 && data.len() as u64 >= need,
+        "{} values of type {ty} need {need} bytes of whole blocks; {} given",
+        out.len(),
+        data.len()
+    );
+    decode(data, out);
+    Ok(())
 }
 
 /// Values per block of the 32-wide quant formats.

@@ -66,6 +66,7 @@ pub mod kernels;
 pub mod model;
 pub mod profile;
 pub mod progress;
+pub mod quant;
 pub mod session;
 pub mod shaders;
 pub mod synthetic;

@@ -2,7 +2,7 @@
 //!
 //! A kernel's source is `common.wgsl` (the shared `Step` and `Page` uniforms),
 //! then, for kernels that read packed data, one format prelude: for weights
-//! `weights_f16.wgsl` or `weights_f32.wgsl` (`WPacked`, `unpack_w`), for the KV
+//! `weights_<format>.wgsl` (the weights binding `w` and `weight4`), for the KV
 //! cache `kv_f16.wgsl` or `kv_f32.wgsl` (`KvPacked`, `unpack_kv`, `pack_kv`);
 //! then the declarations it shares with its sibling variants (for the mat-mul
 //! variants `matmul_io.wgsl`, for attention `attention_io.wgsl`), then the kernel file itself. `enable`
@@ -32,31 +32,96 @@ pub enum Prelude {
     Kv,
 }
 
-/// Storage format of packed values on the GPU: weight matrices, and the KV cache.
+/// Storage format of packed values on the GPU: weight matrices (every
+/// variant), and the KV cache (f16 and f32 only). The quantized formats'
+/// block layouts are described in src/quant.rs.
+#[allow(non_camel_case_types)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum WeightFormat {
     F16,
     F32,
+    Q8_0,
+    Q4_0,
+    Q4_1,
+    Q5_0,
+    Q4_K,
+    Q5_K,
+    Q6_K,
 }
 
 impl WeightFormat {
+    /// Every format, in the order `--dtype` lists them.
+    pub const ALL: [WeightFormat; 9] = [
+        WeightFormat::F16,
+        WeightFormat::F32,
+        WeightFormat::Q8_0,
+        WeightFormat::Q4_0,
+        WeightFormat::Q4_1,
+        WeightFormat::Q5_0,
+        WeightFormat::Q4_K,
+        WeightFormat::Q5_K,
+        WeightFormat::Q6_K,
+    ];
+
+    /// Bytes of one value of a float format (the quantized ones have
+    /// [`WeightFormat::row_bytes`] instead).
     pub fn bytes_per_value(self) -> u64 {
         match self {
             WeightFormat::F16 => 2,
             WeightFormat::F32 => 4,
+            other => unreachable!("{other:?} has no bytes per value; see row_bytes"),
         }
     }
+
+    pub fn is_float(self) -> bool {
+        matches!(self, WeightFormat::F16 | WeightFormat::F32)
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             WeightFormat::F16 => "f16",
             WeightFormat::F32 => "f32",
+            WeightFormat::Q8_0 => "q8_0",
+            WeightFormat::Q4_0 => "q4_0",
+            WeightFormat::Q4_1 => "q4_1",
+            WeightFormat::Q5_0 => "q5_0",
+            WeightFormat::Q4_K => "q4_k",
+            WeightFormat::Q5_K => "q5_k",
+            WeightFormat::Q6_K => "q6_k",
         }
+    }
+
+    /// The format called `name` (as [`WeightFormat::name`] writes it).
+    pub fn parse(name: &str) -> Option<WeightFormat> {
+        Self::ALL
+            .into_iter()
+            .find(|f| f.name().eq_ignore_ascii_case(name))
     }
 }
 
 const COMMON: &str = include_str!("../shaders/common.wgsl");
-const WEIGHTS_F16: &str = include_str!("../shaders/weights_f16.wgsl");
-const WEIGHTS_F32: &str = include_str!("../shaders/weights_f32.wgsl");
+macro_rules! quantized {
+    ($name:literal) => {
+        concat!(
+            include_str!(concat!("../shaders/weights_", $name, ".wgsl")),
+            include_str!("../shaders/weights_blocks.wgsl")
+        )
+    };
+}
+
+/// The weight-format preludes, one per [`WeightFormat`] (same order as `ALL`);
+/// the quantized ones end with their shared helpers.
+const WEIGHTS: [&str; 9] = [
+    include_str!("../shaders/weights_f16.wgsl"),
+    include_str!("../shaders/weights_f32.wgsl"),
+    quantized!("q8_0"),
+    quantized!("q4_0"),
+    quantized!("q4_1"),
+    quantized!("q5_0"),
+    quantized!("q4_k"),
+    quantized!("q5_k"),
+    quantized!("q6_k"),
+];
 const KV_F16: &str = include_str!("../shaders/kv_f16.wgsl");
 const KV_F32: &str = include_str!("../shaders/kv_f32.wgsl");
 const MATMUL_IO: &str = include_str!("../shaders/matmul_io.wgsl");
@@ -133,10 +198,13 @@ pub fn all() -> Vec<&'static Shader> {
 pub fn source(shader: &Shader, format: Option<WeightFormat>) -> String {
     let prelude = match (shader.prelude, format) {
         (Prelude::None, _) => "",
-        (Prelude::Weights, Some(WeightFormat::F16)) => WEIGHTS_F16,
-        (Prelude::Weights, Some(WeightFormat::F32)) => WEIGHTS_F32,
+        (Prelude::Weights, Some(f)) => {
+            let i = WeightFormat::ALL.iter().position(|&x| x == f).unwrap();
+            WEIGHTS[i]
+        }
         (Prelude::Kv, Some(WeightFormat::F16)) => KV_F16,
         (Prelude::Kv, Some(WeightFormat::F32)) => KV_F32,
+        (Prelude::Kv, Some(f)) => panic!("the KV cache cannot be stored as {}", f.name()),
         (_, None) => panic!("kernel {} needs a storage format", shader.name),
     };
     let (enables, body): (Vec<&str>, Vec<&str>) =

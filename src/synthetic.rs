@@ -109,7 +109,7 @@ impl WeightSource for RandomWeights {
             scale: 1.0 / (m.cols as f32).sqrt(),
             offset: 0.0,
         };
-        let row_bytes = m.cols as u64 * m.format.bytes_per_value();
+        let row_bytes = m.format.row_bytes(m.cols);
         for part in &m.parts {
             let lo = row0.max(part.row0);
             let hi = (row0 + rows).min(part.row0 + part.rows);

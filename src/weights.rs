@@ -197,7 +197,8 @@ impl WeightSource for TensorStore {
     }
 }
 
-/// Converts f32 values to the bytes of the storage format. f16 storage rejects
+/// Converts f32 values (whole rows) to the bytes of the storage format:
+/// quantized formats are quantized (src/quant.rs). f16 storage rejects
 /// values outside f16's range (bf16 checkpoints can hold them) instead of
 /// silently turning them into infinities.
 pub fn encode(values: &[f32], format: WeightFormat, what: &str) -> Result<Vec<u8>> {
@@ -213,6 +214,11 @@ pub fn encode(values: &[f32], format: WeightFormat, what: &str) -> Result<Vec<u8
                 out.extend_from_slice(&h.to_le_bytes());
             }
             Ok(out)
+        }
+        quantized => {
+            let words =
+                crate::quant::encode(quantized, values).with_context(|| what.to_string())?;
+            Ok(bytemuck::cast_slice(&words).to_vec())
         }
     }
 }
@@ -241,7 +247,8 @@ impl GpuMatrix {
         cols: usize,
         format: WeightFormat,
     ) -> Result<Self> {
-        let row_bytes = cols as u64 * format.bytes_per_value();
+        format.check_cols(cols, label)?;
+        let row_bytes = format.row_bytes(cols);
         // Parts hold a multiple of 4 rows: the matmul kernel works in 4-row blocks.
         let rows_per_part = ((gpu.max_binding / row_bytes) as usize / 4) * 4;
         if rows_per_part == 0 {
@@ -270,32 +277,69 @@ impl GpuMatrix {
         })
     }
 
-    /// Writes `values` (whole rows, f32) starting at row `row0`.
+    /// Writes `values` (whole rows, f32) starting at row `row0`, encoded in
+    /// the matrix's format.
     pub fn write_rows(&self, gpu: &Gpu, row0: usize, values: &[f32], what: &str) -> Result<()> {
-        if !values.len().is_multiple_of(self.cols) || row0 + values.len() / self.cols > self.rows {
+        self.write_encoded(gpu, row0, values.len(), what, |lo, hi| {
+            encode(&values[lo * self.cols..hi * self.cols], self.format, what)
+        })
+    }
+
+    /// Writes rows starting at `row0` from llama.cpp blocks of the matrix's
+    /// (quantized) format, whole rows, repacked into the GPU layout.
+    pub fn write_blocks(&self, gpu: &Gpu, row0: usize, blocks: &[u8], what: &str) -> Result<()> {
+        let b = self
+            .format
+            .block()
+            .with_context(|| format!("{what}: {} is not a block format", self.format.name()))?;
+        let row_in = self.cols / b.values * b.ggml.block_bytes() as usize;
+        if !blocks.len().is_multiple_of(row_in) {
             bail!(
-                "{what}: {} values do not fit rows {row0}.. of a {}x{} matrix",
-                values.len(),
+                "{what}: {} bytes are not whole rows of {row_in} bytes of {}",
+                blocks.len(),
+                b.ggml
+            );
+        }
+        let values = blocks.len() / row_in * self.cols;
+        self.write_encoded(gpu, row0, values, what, |lo, hi| {
+            let mut words = Vec::new();
+            crate::quant::repack(self.format, &blocks[lo * row_in..hi * row_in], &mut words);
+            Ok(bytemuck::cast_slice(&words).to_vec())
+        })
+    }
+
+    /// Writes `n_values` values (whole rows) from row `row0`, part by part;
+    /// `encode(lo, hi)` gives the bytes of rows `row0 + lo .. row0 + hi`.
+    fn write_encoded(
+        &self,
+        gpu: &Gpu,
+        row0: usize,
+        n_values: usize,
+        what: &str,
+        encode: impl Fn(usize, usize) -> Result<Vec<u8>>,
+    ) -> Result<()> {
+        if !n_values.is_multiple_of(self.cols) || row0 + n_values / self.cols > self.rows {
+            bail!(
+                "{what}: {n_values} values do not fit rows {row0}.. of a {}x{} matrix",
                 self.rows,
                 self.cols
             );
         }
-        let n_rows = values.len() / self.cols;
+        let n_rows = n_values / self.cols;
+        let row_bytes = self.format.row_bytes(self.cols);
         for part in &self.parts {
             let lo = row0.max(part.row0);
             let hi = (row0 + n_rows).min(part.row0 + part.rows);
             if lo >= hi {
                 continue;
             }
-            let src = &values[(lo - row0) * self.cols..(hi - row0) * self.cols];
-            let bytes = encode(src, self.format, what)?;
-            let offset = ((lo - part.row0) * self.cols) as u64 * self.format.bytes_per_value();
-            gpu.write(&part.buffer, offset, &bytes);
+            let bytes = encode(lo - row0, hi - row0)?;
+            gpu.write(&part.buffer, (lo - part.row0) as u64 * row_bytes, &bytes);
         }
         Ok(())
     }
 
     pub fn bytes(&self) -> u64 {
-        (self.rows * self.cols) as u64 * self.format.bytes_per_value()
+        self.rows as u64 * self.format.row_bytes(self.cols)
     }
 }

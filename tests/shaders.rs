@@ -9,8 +9,14 @@ fn variants() -> Vec<(String, String, bool)> {
     let mut out = vec![];
     for s in shaders::all() {
         let coop = shaders::enables(s).contains(&"wgpu_cooperative_matrix");
-        if s.prelude != shaders::Prelude::None {
-            for f in [WeightFormat::F16, WeightFormat::F32] {
+        let formats: &[WeightFormat] = match s.prelude {
+            shaders::Prelude::None => &[],
+            // Weights in every format, quantized ones included.
+            shaders::Prelude::Weights => &WeightFormat::ALL,
+            shaders::Prelude::Kv => &[WeightFormat::F16, WeightFormat::F32],
+        };
+        if !formats.is_empty() {
+            for &f in formats {
                 out.push((
                     format!("{} ({})", s.file, f.name()),
                     shaders::source(s, Some(f)),
@@ -109,6 +115,14 @@ fn shader_list_covers_the_folder() {
         "shaders/common.wgsl",
         "shaders/weights_f16.wgsl",
         "shaders/weights_f32.wgsl",
+        "shaders/weights_q8_0.wgsl",
+        "shaders/weights_q4_0.wgsl",
+        "shaders/weights_q4_1.wgsl",
+        "shaders/weights_q5_0.wgsl",
+        "shaders/weights_q4_k.wgsl",
+        "shaders/weights_q5_k.wgsl",
+        "shaders/weights_q6_k.wgsl",
+        "shaders/weights_blocks.wgsl",
         "shaders/kv_f16.wgsl",
         "shaders/kv_f32.wgsl",
         "shaders/matmul_io.wgsl",

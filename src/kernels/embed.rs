@@ -97,4 +97,38 @@ mod tests {
             assert_eq!(got, reference(&table, hidden, &ids));
         }
     }
+
+    /// Every quantized format gathers the dequantized rows (a 256-value
+    /// row is one K-quant super-block or eight 32-value blocks), across
+    /// table parts.
+    #[test]
+    fn gathers_quantized_rows() {
+        let gpu = Gpu::new(&GpuOptions {
+            max_binding_override: Some(4096),
+            ..Default::default()
+        })
+        .unwrap();
+        let (vocab, hidden) = (37, 256);
+        let ids = vec![36u32, 0, 8, 7, 9, 16, 35];
+        let n = ids.len();
+        let step = step_buffer(
+            &gpu,
+            Step {
+                n_tokens: n as u32,
+                ..Default::default()
+            },
+        );
+        let idb = gpu.storage_from("ids", &ids);
+        for format in crate::quant::tests::ALL {
+            let m = GpuMatrix::new(&gpu, "emb", vocab, hidden, format).unwrap();
+            assert!(m.parts.len() > 1, "{format:?}");
+            let table = fill_test_weights(&gpu, &m, 3);
+            let x = gpu.storage("x", (n * hidden * 4) as u64);
+            let e = Embed::new(&gpu, &step, &m, &idb, &x).unwrap();
+            run_pass(&gpu, |pass| e.encode(pass, n as u32));
+            let got: Vec<f32> = gpu.read(&x, 0, n * hidden).unwrap();
+            let want = reference(&table, hidden, &ids);
+            assert!(max_abs_diff(&got, &want) < 1e-5, "{format:?}");
+        }
+    }
 }

@@ -394,17 +394,13 @@ mod tests {
         bias: bool,
         accumulate: bool,
     ) -> Vec<MatmulVariant> {
-        let w = rand_vec(rows * cols, 1 + rows as u64, 0.5);
-        // Round weights through the storage format so the reference sees the same values.
-        let w: Vec<f32> = match format {
-            WeightFormat::F16 => w.iter().map(|&v| half::f16::from_f32(v).to_f32()).collect(),
-            WeightFormat::F32 => w,
-        };
+        let m = GpuMatrix::new(gpu, "w", rows, cols, format).unwrap();
+        let w = fill_test_weights(gpu, &m, 1 + rows as u64);
+        // Quantized weights reach about 20: the tolerance scales with them.
+        let w_max = w.iter().fold(1f32, |a, v| a.max(v.abs()));
         let b = rand_vec(rows, 7, 1.0);
         let x = rand_vec(n * cols, 3 + n as u64, 1.0);
         let y0 = rand_vec(n * rows, 11, 1.0);
-        let m = GpuMatrix::new(gpu, "w", rows, cols, format).unwrap();
-        m.write_rows(gpu, 0, &w, "w").unwrap();
         assert_eq!(m.parts.len(), m.rows.div_ceil(m.parts[0].rows));
         let step = step_buffer(
             gpu,
@@ -448,12 +444,13 @@ mod tests {
             let err = max_abs_diff(&got, &want);
             // The cooperative GEMM rounds x to f16 (relative error 2^-11 per
             // value, values up to 1 here).
-            let tol = match (n, pair.1) {
-                (1, _) | (_, MatmulVariant::Blocked4x4 | MatmulVariant::Tiled) => {
-                    1e-4 * (cols as f32).sqrt()
-                }
-                (_, MatmulVariant::Coop) => 2e-3 * (cols as f32).sqrt(),
-            };
+            let tol = w_max
+                * match (n, pair.1) {
+                    (1, _) | (_, MatmulVariant::Blocked4x4 | MatmulVariant::Tiled) => {
+                        1e-4 * (cols as f32).sqrt()
+                    }
+                    (_, MatmulVariant::Coop) => 2e-3 * (cols as f32).sqrt(),
+                };
             let which = if n == 1 {
                 format!("{:?}", pair.0)
             } else {
@@ -488,6 +485,35 @@ mod tests {
         ] {
             for format in [WeightFormat::F32, WeightFormat::F16] {
                 check(&gpu, rows, cols, n, format, n % 2 == 1, rows % 2 == 1);
+            }
+        }
+    }
+
+    /// Every quantized format through every variant: rows not a multiple of
+    /// any tile, K of one block and of many, one token and several tiles of
+    /// tokens; the reference is llama.cpp's dequantization of the same blocks.
+    #[test]
+    fn quantized_formats_match_reference() {
+        let gpu = gpu();
+        for format in crate::quant::tests::ALL {
+            let block = format.block().unwrap().values;
+            for &(rows, blocks, n) in &[
+                (1, 1, 1),
+                (7, 2, 1),
+                (13, 3, 5),
+                (130, 1, 7),
+                (67, 9, 70),
+                (5, 10, 1),
+            ] {
+                check(
+                    &gpu,
+                    rows,
+                    blocks * block,
+                    n,
+                    format,
+                    n % 2 == 1,
+                    rows % 2 == 1,
+                );
             }
         }
     }

@@ -73,6 +73,10 @@ impl RandomFill {
                 format: match format {
                     WeightFormat::F32 => 0,
                     WeightFormat::F16 => 1,
+                    q => anyhow::bail!(
+                        "random weights are generated as f16 or f32 only, not {}",
+                        q.name()
+                    ),
                 },
                 seed: d.seed,
                 scale: d.scale,
@@ -149,11 +153,12 @@ mod tests {
                         ],
                         1e-3,
                     ),
+                    q => unreachable!("{q:?} is refused above"),
                 };
                 for (k, v) in values.iter().enumerate() {
                     let e = match format {
                         WeightFormat::F32 => w32,
-                        WeightFormat::F16 => 2 * w32 + k as u32,
+                        _ => 2 * w32 + k as u32,
                     };
                     let want = reference_value(d, e);
                     assert!(

@@ -60,29 +60,40 @@ mod tests {
     #[test]
     fn own_token_logits_across_head_parts() {
         let gpu = Gpu::new(&GpuOptions {
-            max_binding_override: Some(1024),
+            max_binding_override: Some(4096),
             ..Default::default()
         })
         .unwrap();
-        let (vocab, hidden) = (50, 36);
-        let head = rand_vec(vocab * hidden, 3, 1.0);
-        let m = GpuMatrix::new(&gpu, "head", vocab, hidden, WeightFormat::F32).unwrap();
-        assert!(m.parts.len() > 1);
-        m.write_rows(&gpu, 0, &head, "head").unwrap();
-        let ids = vec![49u32, 0, 7, 8, 33];
-        let x = rand_vec(ids.len() * hidden, 4, 2.0);
-        let step = step_buffer(
-            &gpu,
-            Step {
-                n_tokens: ids.len() as u32,
-                ..Default::default()
-            },
-        );
-        let (ib, xb) = (gpu.storage_from("ids", &ids), gpu.storage_from("x", &x));
-        let out = gpu.storage("out", ids.len() as u64 * 4);
-        let k = TokenLogit::new(&gpu, &step, &m, &ib, &xb, &out).unwrap();
-        run_pass(&gpu, |pass| k.encode(pass, ids.len() as u32));
-        let got: Vec<f32> = gpu.read(&out, 0, ids.len()).unwrap();
-        assert!(max_abs_diff(&got, &reference(&head, hidden, &ids, &x)) < 1e-4);
+        // f32 rows of 36 values; quantized rows of one K-quant super-block
+        // or eight 32-value blocks.
+        for (format, hidden) in [(WeightFormat::F32, 36)]
+            .into_iter()
+            .chain(crate::quant::tests::ALL.map(|f| (f, 256)))
+        {
+            let vocab = 50;
+            let m = GpuMatrix::new(&gpu, "head", vocab, hidden, format).unwrap();
+            assert!(m.parts.len() > 1, "{format:?}");
+            let head = fill_test_weights(&gpu, &m, 3);
+            let w_max = head.iter().fold(1f32, |a, v| a.max(v.abs()));
+            let ids = vec![49u32, 0, 7, 8, 33];
+            let x = rand_vec(ids.len() * hidden, 4, 2.0);
+            let step = step_buffer(
+                &gpu,
+                Step {
+                    n_tokens: ids.len() as u32,
+                    ..Default::default()
+                },
+            );
+            let (ib, xb) = (gpu.storage_from("ids", &ids), gpu.storage_from("x", &x));
+            let out = gpu.storage("out", ids.len() as u64 * 4);
+            let k = TokenLogit::new(&gpu, &step, &m, &ib, &xb, &out).unwrap();
+            run_pass(&gpu, |pass| k.encode(pass, ids.len() as u32));
+            let got: Vec<f32> = gpu.read(&out, 0, ids.len()).unwrap();
+            let err = max_abs_diff(&got, &reference(&head, hidden, &ids, &x));
+            assert!(
+                err < 1e-4 * w_max * (hidden as f32).sqrt(),
+                "{format:?}: {err}"
+            );
+        }
     }
 }

@@ -1,0 +1,21 @@
+// weights_q6_k.wgsl: weight-format prelude for Q6_K (binding 2 `w` and
+// `weight4(g)`, as in weights_f16.wgsl; layouts in src/quant.rs).
+// Super-blocks of 256 values in 53 words: word 0 holds d (f16, low half),
+// words 1..4 the signed 8-bit scales of the 16 groups of 16 values (group s
+// in byte s % 4 of word 1 + s / 4), words 5..36 the low four bits (value
+// 8i + n in nibble n of word 5 + i), words 37..52 the high two bits (value
+// 16i + n in bits 2n of word 37 + i). x = d * scale * (q - 32).
+@group(0) @binding(2) var<storage, read> w: array<u32>;
+
+fn weight4(g: u32) -> vec4<f32> {
+    let base = (g >> 6u) * 53u;
+    let j = g & 63u;
+    let d = unpack2x16float(w[base]).x;
+    let s = j >> 2u;
+    let sc = bitcast<i32>(w[base + 1u + (s >> 2u)] << (24u - (s & 3u) * 8u)) >> 24u;
+    let lo = w[base + 5u + (j >> 1u)] >> ((j & 1u) * 16u);
+    let hi = w[base + 37u + (j >> 2u)] >> ((j & 3u) * 8u);
+    let q = fields4(lo, 4u);
+    let h = fields4(hi, 2u) << vec4<u32>(4u);
+    return d * f32(sc) * (vec4<f32>(q | h) - 32.0);
+}

@@ -1,0 +1,412 @@
+//! Quantized weight matrices on the GPU: the block layouts sieve keeps them
+//! in, the repacking of llama.cpp's blocks into those layouts, and the
+//! quantizers behind `--dtype q8_0|q4_0`.
+//!
+//! A GGUF block is copied into whole 32-bit words, because WGSL reads storage
+//! buffers in words and llama.cpp's 18-, 22- and 210-byte blocks would
+//! straddle them. Each block stays self-contained (a row part can start at
+//! any block), its scales first, then its quants in value order (llama.cpp
+//! interleaves the two halves of a block in the nibbles of one byte; sieve's
+//! layout puts value `8i + n` in nibble `n` of quant word `i`, so that four
+//! consecutive values are one shift away). The WGSL side of each layout is
+//! `shaders/weights_<format>.wgsl`: it declares the weights binding and
+//! `weight4(g)`, the four values of flat group `g`. The CPU reference of
+//! every layout is llama.cpp's dequantization in src/gguf.rs (checked against
+//! gguf-py), applied to the GGUF block before repacking.
+//!
+//! | format | values/block | GGUF bytes | GPU words | GPU layout (words) |
+//! |---|---|---|---|---|
+//! | Q8_0 | 32 | 34 | 9 | d; 32 x i8 |
+//! | Q4_0 | 32 | 18 | 5 | d; 32 x u4 (x = d (q - 8)) |
+//! | Q4_1 | 32 | 20 | 5 | d, m; 32 x u4 (x = d q + m) |
+//! | Q5_0 | 32 | 22 | 6 | d; 32 high bits; 32 x u4 (x = d (q - 16)) |
+//! | Q4_K | 256 | 144 | 36 | d, dmin; 12 bytes of 6-bit scales/mins; 256 x u4 |
+//! | Q5_K | 256 | 176 | 44 | as Q4_K, then 256 high bits, then 256 x u4 |
+//! | Q6_K | 256 | 210 | 53 | d; 16 x i8 scales; 256 x u4; 256 x u2 |
+
+use anyhow::{bail, Result};
+use half::f16;
+
+use crate::gguf::GgmlType;
+use crate::shaders::WeightFormat;
+
+/// The block geometry of a quantized format.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Block {
+    /// Values per block.
+    pub values: usize,
+    /// The llama.cpp type the block is repacked from.
+    pub ggml: GgmlType,
+    /// 32-bit words per block on the GPU.
+    pub words: usize,
+}
+
+impl WeightFormat {
+    /// The block of a quantized format; None for f16 and f32.
+    pub fn block(self) -> Option<Block> {
+        let (values, ggml, words) = match self {
+            WeightFormat::F16 | WeightFormat::F32 => return None,
+            WeightFormat::Q8_0 => (32, GgmlType::Q8_0, 9),
+            WeightFormat::Q4_0 => (32, GgmlType::Q4_0, 5),
+            WeightFormat::Q4_1 => (32, GgmlType::Q4_1, 5),
+            WeightFormat::Q5_0 => (32, GgmlType::Q5_0, 6),
+            WeightFormat::Q4_K => (256, GgmlType::Q4_K, 36),
+            WeightFormat::Q5_K => (256, GgmlType::Q5_K, 44),
+            WeightFormat::Q6_K => (256, GgmlType::Q6_K, 53),
+        };
+        Some(Block {
+            values,
+            ggml,
+            words,
+        })
+    }
+
+    /// The weight format that keeps a GGUF tensor of type `t` as it is
+    /// stored (bf16 has no GPU layout of its own: f32 holds it exactly).
+    pub fn of_ggml(t: GgmlType) -> Option<WeightFormat> {
+        Some(match t {
+            GgmlType::F32 | GgmlType::BF16 => WeightFormat::F32,
+            GgmlType::F16 => WeightFormat::F16,
+            GgmlType::Q8_0 => WeightFormat::Q8_0,
+            GgmlType::Q4_0 => WeightFormat::Q4_0,
+            GgmlType::Q4_1 => WeightFormat::Q4_1,
+            GgmlType::Q5_0 => WeightFormat::Q5_0,
+            GgmlType::Q4_K => WeightFormat::Q4_K,
+            GgmlType::Q5_K => WeightFormat::Q5_K,
+            GgmlType::Q6_K => WeightFormat::Q6_K,
+            _ => return None,
+        })
+    }
+
+    /// Bytes of one row of `cols` values on the GPU (`cols` must be a
+    /// multiple of the block, see [`WeightFormat::check_cols`]).
+    pub fn row_bytes(self, cols: usize) -> u64 {
+        match self.block() {
+            None => cols as u64 * self.bytes_per_value(),
+            Some(b) => (cols / b.values * b.words * 4) as u64,
+        }
+    }
+
+    /// Quantized rows must hold whole blocks.
+    pub fn check_cols(self, cols: usize, what: &str) -> Result<()> {
+        match self.block() {
+            Some(b) if !cols.is_multiple_of(b.values) => bail!(
+                "{what}: rows of {cols} values cannot be stored as {}, whose blocks hold {} values",
+                self.name(),
+                b.values
+            ),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// Appends the GPU words of `data`, whole GGUF blocks of `format`'s type.
+pub fn repack(format: WeightFormat, data: &[u8], out: &mut Vec<u32>) {
+    let b = format.block().expect("repack takes a quantized format");
+    let bytes = b.ggml.block_bytes() as usize;
+    for block in data.chunks_exact(bytes) {
+        let start = out.len();
+        match format {
+            WeightFormat::Q8_0 => {
+                out.push(u16_at(block, 0));
+                out.extend(block[2..34].chunks_exact(4).map(word));
+            }
+            WeightFormat::Q4_0 => {
+                out.push(u16_at(block, 0));
+                push_nibbles(out, 32, |v| split_nibble(&block[2..18], v));
+            }
+            WeightFormat::Q4_1 => {
+                out.push(word(&block[0..4]));
+                push_nibbles(out, 32, |v| split_nibble(&block[4..20], v));
+            }
+            WeightFormat::Q5_0 => {
+                out.push(u16_at(block, 0));
+                out.push(word(&block[2..6]));
+                push_nibbles(out, 32, |v| split_nibble(&block[6..22], v));
+            }
+            WeightFormat::Q4_K => {
+                out.extend(block[0..16].chunks_exact(4).map(word));
+                push_nibbles(out, 256, |v| k_nibble(&block[16..144], v));
+            }
+            WeightFormat::Q5_K => {
+                out.extend(block[0..16].chunks_exact(4).map(word));
+                let qh = &block[16..48];
+                push_bits(out, 1, 256, |v| {
+                    let (pair, within) = (v / 64, v % 64);
+                    let bit = 2 * pair + within / 32;
+                    u32::from(qh[within % 32] >> bit) & 1
+                });
+                push_nibbles(out, 256, |v| k_nibble(&block[48..176], v));
+            }
+            WeightFormat::Q6_K => {
+                out.push(u16_at(block, 208));
+                out.extend(block[192..208].chunks_exact(4).map(word));
+                // Value v = 128 half + 32 k + l (l < 32) takes its low bits
+                // from ql[64 half + l + 32 (k odd)] (low nibble for k < 2) and
+                // its high bits from bits 2k of qh[32 half + l].
+                let (ql, qh) = (&block[0..128], &block[128..192]);
+                let q6 = |v: usize| {
+                    let (half, k, l) = (v / 128, (v % 128) / 32, v % 32);
+                    let low = ql[64 * half + l + 32 * (k % 2)];
+                    let low = if k < 2 { low & 0x0F } else { low >> 4 };
+                    let high = (qh[32 * half + l] >> (2 * k)) & 3;
+                    (u32::from(low), u32::from(high))
+                };
+                push_nibbles(out, 256, |v| q6(v).0);
+                push_bits(out, 2, 256, |v| q6(v).1);
+            }
+            WeightFormat::F16 | WeightFormat::F32 => unreachable!(),
+        }
+        debug_assert_eq!(out.len() - start, b.words);
+    }
+}
+
+fn word(b: &[u8]) -> u32 {
+    u32::from_le_bytes([b[0], b[1], b[2], b[3]])
+}
+
+fn u16_at(b: &[u8], at: usize) -> u32 {
+    u32::from(u16::from_le_bytes([b[at], b[at + 1]]))
+}
+
+/// Quant `v` of a 32-value block whose 16 bytes hold values j (low nibble)
+/// and j + 16 (high nibble) in byte j.
+fn split_nibble(qs: &[u8], v: usize) -> u32 {
+    u32::from(if v < 16 {
+        qs[v] & 0x0F
+    } else {
+        qs[v - 16] >> 4
+    })
+}
+
+/// Low four bits of value `v` of a Q4_K/Q5_K super-block: each 32 bytes hold
+/// two sub-blocks, the first in the low nibbles.
+fn k_nibble(qs: &[u8], v: usize) -> u32 {
+    let (pair, within) = (v / 64, v % 64);
+    let q = qs[32 * pair + within % 32];
+    u32::from(if within < 32 { q & 0x0F } else { q >> 4 })
+}
+
+/// Words of 8 nibbles: value 8i + n in nibble n of word i.
+fn push_nibbles(out: &mut Vec<u32>, count: usize, nibble: impl Fn(usize) -> u32) {
+    push_bits(out, 4, count, nibble)
+}
+
+/// Words of `32 / bits` fields of `bits` bits: value i in field i % (32 /
+/// bits) of word i / (32 / bits).
+fn push_bits(out: &mut Vec<u32>, bits: usize, count: usize, field: impl Fn(usize) -> u32) {
+    let per_word = 32 / bits;
+    for w in 0..count / per_word {
+        let mut word = 0u32;
+        for n in 0..per_word {
+            word |= field(w * per_word + n) << (n * bits);
+        }
+        out.push(word);
+    }
+}
+
+/// The formats `--dtype` can quantize to when loading (from f16, bf16 or f32
+/// weights, or any GGUF type after dequantization).
+pub const QUANTIZABLE: [WeightFormat; 2] = [WeightFormat::Q8_0, WeightFormat::Q4_0];
+
+/// llama.cpp's reference quantization (`quantize_row_q8_0_ref`,
+/// `quantize_row_q4_0_ref`) of `values`, whole blocks, as GGUF block bytes.
+pub fn quantize(format: WeightFormat, values: &[f32]) -> Result<Vec<u8>> {
+    let Some(b) = format.block() else {
+        bail!("{} is not a quantized format", format.name());
+    };
+    if !QUANTIZABLE.contains(&format) {
+        let names: Vec<_> = QUANTIZABLE.iter().map(|f| f.name()).collect();
+        bail!(
+            "weights cannot be quantized to {} at load time (supported: {}); load a GGUF file of that type instead",
+            format.name(),
+            names.join(", ")
+        );
+    }
+    let mut out = Vec::with_capacity(values.len() / b.values * b.ggml.block_bytes() as usize);
+    for x in values.chunks_exact(b.values) {
+        match format {
+            WeightFormat::Q8_0 => {
+                let amax = x.iter().fold(0f32, |a, v| a.max(v.abs()));
+                let d = amax / 127.0;
+                let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+                out.extend(f16::from_f32(d).to_le_bytes());
+                out.extend(x.iter().map(|v| (v * id).round() as i8 as u8));
+            }
+            WeightFormat::Q4_0 => {
+                // The value of largest magnitude, with its sign, maps to -8.
+                let max = x
+                    .iter()
+                    .fold(0f32, |m, &v| if v.abs() > m.abs() { v } else { m });
+                let d = max / -8.0;
+                let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+                out.extend(f16::from_f32(d).to_le_bytes());
+                let q = |v: f32| ((v * id + 8.5) as i8).min(15) as u8;
+                out.extend((0..16).map(|j| q(x[j]) | (q(x[j + 16]) << 4)));
+            }
+            _ => unreachable!("checked against QUANTIZABLE"),
+        }
+    }
+    Ok(out)
+}
+
+/// The GPU words of `values` (whole rows) quantized to `format`.
+pub fn encode(format: WeightFormat, values: &[f32]) -> Result<Vec<u32>> {
+    let blocks = quantize(format, values)?;
+    let mut words = Vec::new();
+    repack(format, &blocks, &mut words);
+    Ok(words)
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use crate::gguf::dequantize_blocks;
+
+    /// Every quantized format, for tests.
+    pub const ALL: [WeightFormat; 7] = [
+        WeightFormat::Q8_0,
+        WeightFormat::Q4_0,
+        WeightFormat::Q4_1,
+        WeightFormat::Q5_0,
+        WeightFormat::Q4_K,
+        WeightFormat::Q5_K,
+        WeightFormat::Q6_K,
+    ];
+
+    /// The GPU layout decoded on the CPU the way the WGSL preludes decode it
+    /// (written from the layout table, independently of `repack`).
+    fn decode_gpu(format: WeightFormat, words: &[u32]) -> Vec<f32> {
+        let b = format.block().unwrap();
+        let h = |w: u32, hi: bool| f16::from_bits((if hi { w >> 16 } else { w }) as u16).to_f32();
+        let field = |ws: &[u32], bits: usize, i: usize| {
+            let per = 32 / bits;
+            (ws[i / per] >> ((i % per) * bits)) & ((1 << bits) - 1)
+        };
+        let mut out = Vec::new();
+        for w in words.chunks_exact(b.words) {
+            for v in 0..b.values {
+                let x = match format {
+                    WeightFormat::Q8_0 => {
+                        h(w[0], false) * f32::from((w[1 + v / 4] >> (8 * (v % 4))) as u8 as i8)
+                    }
+                    WeightFormat::Q4_0 => h(w[0], false) * (field(&w[1..], 4, v) as f32 - 8.0),
+                    WeightFormat::Q4_1 => {
+                        h(w[0], false) * field(&w[1..], 4, v) as f32 + h(w[0], true)
+                    }
+                    WeightFormat::Q5_0 => {
+                        let q = field(&w[2..], 4, v) | (field(&w[1..], 1, v) << 4);
+                        h(w[0], false) * (q as f32 - 16.0)
+                    }
+                    WeightFormat::Q4_K | WeightFormat::Q5_K => {
+                        let bytes: Vec<u8> = w[1..4].iter().flat_map(|x| x.to_le_bytes()).collect();
+                        let j = v / 32;
+                        let (sc, m) = if j < 4 {
+                            (bytes[j] & 63, bytes[j + 4] & 63)
+                        } else {
+                            (
+                                (bytes[j + 4] & 15) | ((bytes[j - 4] >> 6) << 4),
+                                (bytes[j + 4] >> 4) | ((bytes[j] >> 6) << 4),
+                            )
+                        };
+                        let q = if format == WeightFormat::Q5_K {
+                            field(&w[12..], 4, v) | (field(&w[4..], 1, v) << 4)
+                        } else {
+                            field(&w[4..], 4, v)
+                        };
+                        h(w[0], false) * f32::from(sc) * q as f32 - h(w[0], true) * f32::from(m)
+                    }
+                    WeightFormat::Q6_K => {
+                        let sc = (w[1 + v / 64] >> (8 * ((v / 16) % 4))) as u8 as i8;
+                        let q = field(&w[5..], 4, v) | (field(&w[37..], 2, v) << 4);
+                        h(w[0], false) * f32::from(sc) * (q as f32 - 32.0)
+                    }
+                    _ => unreachable!(),
+                };
+                out.push(x);
+            }
+        }
+        out
+    }
+
+    /// Random GGUF blocks of `format`: random quants and scale bytes, with
+    /// finite, moderate f16 scales.
+    pub fn random_blocks(format: WeightFormat, n_blocks: usize, seed: u64) -> Vec<u8> {
+        let b = format.block().unwrap();
+        let bytes = b.ggml.block_bytes() as usize;
+        let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        let mut next = move || {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            s
+        };
+        let mut out = vec![0u8; n_blocks * bytes];
+        for block in out.chunks_exact_mut(bytes) {
+            for x in block.iter_mut() {
+                *x = next() as u8;
+            }
+            let mut scale = |at: usize| {
+                let v = (next() % 1000) as f32 / 1000.0 * 0.02 + 0.001;
+                block[at..at + 2].copy_from_slice(&f16::from_f32(v).to_le_bytes());
+            };
+            match format {
+                WeightFormat::Q4_1 | WeightFormat::Q4_K | WeightFormat::Q5_K => {
+                    scale(0);
+                    scale(2);
+                }
+                WeightFormat::Q6_K => scale(208),
+                _ => scale(0),
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn repacked_blocks_decode_to_llama_cpp_values() {
+        for format in ALL {
+            let b = format.block().unwrap();
+            let data = random_blocks(format, 5, b.values as u64);
+            let mut want = vec![0f32; 5 * b.values];
+            dequantize_blocks(b.ggml, &data, &mut want).unwrap();
+            let mut words = vec![];
+            repack(format, &data, &mut words);
+            assert_eq!(words.len(), 5 * b.words, "{format:?}");
+            assert_eq!(decode_gpu(format, &words), want, "{format:?}");
+        }
+    }
+
+    #[test]
+    fn quantizers_round_trip_within_half_a_step() {
+        let values: Vec<f32> = (0..96)
+            .map(|i| ((i * 37 % 101) as f32 - 50.0) / 17.0)
+            .collect();
+        for format in QUANTIZABLE {
+            let blocks = quantize(format, &values).unwrap();
+            let mut back = vec![0f32; values.len()];
+            dequantize_blocks(format.block().unwrap().ggml, &blocks, &mut back).unwrap();
+            for (x, chunk) in values.chunks(32).zip(back.chunks(32)) {
+                let amax = x.iter().fold(0f32, |a, v| a.max(v.abs()));
+                let step = amax
+                    / if format == WeightFormat::Q8_0 {
+                        127.0
+                    } else {
+                        8.0
+                    };
+                for (a, b) in x.iter().zip(chunk) {
+                    // Q4_0 clamps the top half step of the positive side.
+                    let tol = if format == WeightFormat::Q8_0 {
+                        0.5
+                    } else {
+                        1.0
+                    };
+                    assert!(
+                        (a - b).abs() <= step * tol + 1e-3 * amax,
+                        "{format:?} {a} {b}"
+                    );
+                }
+            }
+        }
+        assert!(quantize(WeightFormat::Q4_K, &values).is_err());
+    }
+}

@@ -530,7 +530,7 @@ fn f32_json(x: f32) -> Value {
 /// `W_gguf[h·d + 2j + i] = W_hf[h·d + i·d/2 + j]` for head `h`, `i ∈ {0,1}`,
 /// `j ∈ [0, d/2)`: within each head it interleaved the two halves that HF's
 /// `rotate_half` pairs up. This inverts it.
-fn hf_source_row(row: usize, head_dim: usize) -> usize {
+pub(crate) fn hf_source_row(row: usize, head_dim: usize) -> usize {
     let half = head_dim / 2;
     let (head, within) = (row / head_dim, row % head_dim);
     let (i, j) = (within / half, within % half);
@@ -768,7 +768,7 @@ impl<'a> Model<'a> {
 }
 
 /// The JSON documents of a converted model folder, by file name.
-type Documents = [(&'static str, Value); 4];
+pub(crate) type Documents = [(&'static str, Value); 4];
 
 /// Everything a conversion checks and builds before it writes anything: the
 /// hyperparameters, the vocabulary, every tensor's name, type and shape, and
@@ -789,6 +789,29 @@ fn plan(g: &GgufFile, dtype: OutDtype) -> anyhow::Result<(Vec<OutTensor<'_>>, Do
         ),
     ];
     Ok((tensors, documents))
+}
+
+/// Hugging Face tensor name -> (index of its GGUF tensor, heads whose q/k
+/// rows to un-permute).
+pub(crate) type LoadingIndex = std::collections::HashMap<String, (usize, Option<usize>)>;
+
+/// What loading `g` directly needs: each Hugging Face tensor name with the
+/// index of its GGUF tensor and the heads whose q/k rows to un-permute, and
+/// the JSON documents (config.json first).
+pub(crate) fn plan_for_loading(g: &GgufFile) -> anyhow::Result<(LoadingIndex, Documents)> {
+    let (tensors, documents) = plan(g, OutDtype::F32)?;
+    let index = tensors
+        .iter()
+        .map(|t| {
+            let i = g
+                .tensors
+                .iter()
+                .position(|x| std::ptr::eq(x, t.src))
+                .expect("planned tensors come from the file");
+            (t.name.clone(), (i, t.qk_heads))
+        })
+        .collect();
+    Ok((index, documents))
 }
 
 /// Whether `g` would convert: every check of [`convert_gguf`] but the output

@@ -511,8 +511,11 @@ impl GgufFile {
     }
 }
 
-/// The decoder of a type in [`DEQUANTIZABLE_TYPES`] (whole blocks in, values out).
-fn block_decoder(ty: GgmlType) -> Option<fn(&[u8], &mut [f32])> {
+/// Decodes whole blocks (`&[u8]`) into values (`&mut [f32]`).
+type BlockDecoder = fn(&[u8], &mut [f32]);
+
+/// The decoder of a type in [`DEQUANTIZABLE_TYPES`].
+fn block_decoder(ty: GgmlType) -> Option<BlockDecoder> {
     // Keep this match in sync with DEQUANTIZABLE_TYPES.
     Some(match ty {
         GgmlType::F32 => |data, out| decode_scalars(data, out, f32::from_le_bytes),
@@ -537,7 +540,7 @@ pub fn dequantize_blocks(ty: GgmlType, data: &[u8], out: &mut [f32]) -> anyhow::
     let decode = block_decoder(ty).ok_or_else(|| anyhow!("type {ty} cannot be dequantized"))?;
     let need = out.len() as u64 / ty.block_size() * ty.block_bytes();
     ensure!(
-        out.len() as u64 % ty.block_size() == 0 && data.len() as u64 >= need,
+        (out.len() as u64).is_multiple_of(ty.block_size()) && data.len() as u64 >= need,
         "{} values of type {ty} need {need} bytes of whole blocks; {} given",
         out.len(),
         data.len()

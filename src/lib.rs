@@ -61,6 +61,7 @@ pub mod eval;
 pub mod eviction;
 pub mod files;
 pub mod gguf;
+pub mod gguf_model;
 pub mod gpu;
 pub mod kernels;
 pub mod model;

@@ -39,8 +39,8 @@ pub(crate) struct LayerWeights {
 pub struct Model {
     pub gpu: Arc<Gpu>,
     pub config: ModelConfig,
+    /// The model folder or GGUF file it was loaded from.
     pub dir: PathBuf,
-    pub format: WeightFormat,
     /// Storage format of the cached keys and values.
     pub kv_format: WeightFormat,
     pub(crate) embed: GpuMatrix,
@@ -64,25 +64,31 @@ impl Model {
         }
     }
 
-    /// Loads `config.json` and the safetensors weights of a Hugging Face model directory.
-    pub fn load(dir: &Path, opts: &LoadOptions) -> Result<Arc<Model>> {
+    /// Loads `config.json` and the safetensors weights of a Hugging Face
+    /// model directory, or a GGUF file (`path` names the file).
+    pub fn load(path: &Path, opts: &LoadOptions) -> Result<Arc<Model>> {
         // The files are checked before a device is opened.
-        let (config, store) = Self::open_files(dir)?;
+        let (config, store) = Self::open_files(path)?;
         let gpu = Gpu::new(&opts.gpu)?;
-        Self::upload(gpu, config, &store, dir, opts)
+        Self::upload(gpu, config, store.as_ref(), path, opts)
     }
 
     /// As [`Model::load`], on a `Gpu` that exists already (one made with
     /// [`Gpu::from_wgpu`] around an application's device, or one shared by
     /// several models); `opts.gpu` is not used.
-    pub fn load_on(gpu: Arc<Gpu>, dir: &Path, opts: &LoadOptions) -> Result<Arc<Model>> {
-        let (config, store) = Self::open_files(dir)?;
-        Self::upload(gpu, config, &store, dir, opts)
+    pub fn load_on(gpu: Arc<Gpu>, path: &Path, opts: &LoadOptions) -> Result<Arc<Model>> {
+        let (config, store) = Self::open_files(path)?;
+        Self::upload(gpu, config, store.as_ref(), path, opts)
     }
 
-    /// The config and the weight files of a model folder, checked against
-    /// each other.
-    fn open_files(dir: &Path) -> Result<(ModelConfig, TensorStore)> {
+    /// The config and the weights of a model folder or GGUF file, checked
+    /// against each other.
+    fn open_files(path: &Path) -> Result<(ModelConfig, Box<dyn WeightSource>)> {
+        if crate::gguf_model::is_gguf(path) {
+            let g = crate::gguf_model::GgufModel::open(path)?;
+            return Ok((g.config.clone(), Box::new(g)));
+        }
+        let dir = path;
         if !dir.is_dir() {
             bail!("model directory {} does not exist", dir.display());
         }
@@ -98,7 +104,7 @@ impl Model {
                 config.num_layers
             );
         }
-        Ok((config, store))
+        Ok((config, Box::new(store)))
     }
 
     /// Builds the model on `gpu` with weights from `store` (safetensors files,
@@ -111,22 +117,38 @@ impl Model {
         opts: &LoadOptions,
     ) -> Result<Arc<Model>> {
         let c = &config;
-        let format = opts.dtype.unwrap_or(WeightFormat::F16);
+        if let Some(kv) = opts.kv_dtype.filter(|f| !f.is_float()) {
+            bail!("the KV cache is stored as f16 or f32, not {}", kv.name());
+        }
+        // Each matrix in the format asked for, else as its file stores it
+        // (GGUF), else f16.
+        let format_of = |sources: &[(String, usize)]| {
+            let names: Vec<&str> = sources.iter().map(|(n, _)| n.as_str()).collect();
+            opts.dtype
+                .or_else(|| store.stored_format(&names))
+                .unwrap_or(WeightFormat::F16)
+        };
+        let plan = matrix_plan(c);
         // Weights no device of this kind can hold are refused before the
         // first buffer is created (sizes in u128: no overflow).
-        let bytes = weight_bytes(c, format);
+        let bytes: u128 = plan
+            .iter()
+            .map(|m| m.rows as u128 * format_of(&m.sources).row_bytes(m.cols) as u128)
+            .sum();
         let ceiling = gpu.memory_ceiling();
         if bytes > ceiling as u128 {
             let gib = |b: u128| b as f64 / (1u64 << 30) as f64;
+            let formats: std::collections::BTreeSet<&str> =
+                plan.iter().map(|m| format_of(&m.sources).name()).collect();
             bail!(
                 "{}: the weights need {:.1} GiB as {}, more than this device can hold ({:.1} GiB at most)",
                 dir.display(),
                 gib(bytes),
-                format.name(),
+                formats.into_iter().collect::<Vec<_>>().join(" and "),
                 gib(ceiling as u128)
             );
         }
-        let (h, ffn) = (c.hidden_size, c.intermediate_size);
+        let h = c.hidden_size;
         let total = 3 + c.num_layers;
         let mut done = 0;
         let mut tick = |gpu: &Gpu| {
@@ -137,46 +159,48 @@ impl Model {
                 p.report(done, total);
             }
         };
-        let matrix = |name: &str, rows: usize, cols: usize| -> Result<GpuMatrix> {
-            let m = GpuMatrix::new(&gpu, name, rows, cols, format)?;
-            store.fill_rows(&gpu, &m, 0, rows, name)?;
-            Ok(m)
+        let mut plan = plan.into_iter();
+        // The next matrix of the plan, uploaded (they come in plan order).
+        let mut next_matrix = |gpu: &Gpu| -> Result<GpuMatrix> {
+            let m = plan.next().expect("the plan lists every matrix");
+            let format = format_of(&m.sources);
+            let matrix = GpuMatrix::new(gpu, &m.label, m.rows, m.cols, format)?;
+            let mut row = 0;
+            for (name, rows) in &m.sources {
+                store.fill_rows(gpu, &matrix, row, *rows, name)?;
+                row += rows;
+            }
+            Ok(matrix)
         };
         let vector = |name: &str, len: usize| -> Result<wgpu::Buffer> {
             Ok(gpu.storage_from(name, &store.vector(name, len)?))
         };
-        let embed = matrix("model.embed_tokens.weight", c.vocab_size, h)?;
+        let embed = next_matrix(&gpu)?;
         tick(&gpu);
         let mut layers = Vec::with_capacity(c.num_layers);
         let (qd, kd) = (c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim);
         for l in 0..c.num_layers {
             let p = format!("model.layers.{l}.");
-            let qkv = GpuMatrix::new(&gpu, &format!("{p}qkv"), qd + 2 * kd, h, format)?;
-            let mut row = 0;
+            let qkv = next_matrix(&gpu)?;
             let mut bias = Vec::new();
-            for (proj, rows) in [("q_proj", qd), ("k_proj", kd), ("v_proj", kd)] {
-                let name = format!("{p}self_attn.{proj}.weight");
-                store.fill_rows(&gpu, &qkv, row, rows, &name)?;
-                row += rows;
-                if c.qkv_bias {
+            if c.qkv_bias {
+                for (proj, rows) in [("q_proj", qd), ("k_proj", kd), ("v_proj", kd)] {
                     bias.extend(store.vector(&format!("{p}self_attn.{proj}.bias"), rows)?);
                 }
             }
-            let gate_up = GpuMatrix::new(&gpu, &format!("{p}gate_up"), 2 * ffn, h, format)?;
-            for (i, proj) in ["gate_proj", "up_proj"].iter().enumerate() {
-                let name = format!("{p}mlp.{proj}.weight");
-                store.fill_rows(&gpu, &gate_up, i * ffn, ffn, &name)?;
-            }
+            let o = next_matrix(&gpu)?;
+            let gate_up = next_matrix(&gpu)?;
+            let down = next_matrix(&gpu)?;
             layers.push(LayerWeights {
                 attn_norm: vector(&format!("{p}input_layernorm.weight"), h)?,
                 qkv,
                 qkv_bias: c
                     .qkv_bias
                     .then(|| gpu.storage_from(&format!("{p}qkv_bias"), &bias)),
-                o: matrix(&format!("{p}self_attn.o_proj.weight"), h, qd)?,
+                o,
                 mlp_norm: vector(&format!("{p}post_attention_layernorm.weight"), h)?,
                 gate_up,
-                down: matrix(&format!("{p}mlp.down_proj.weight"), h, ffn)?,
+                down,
             });
             tick(&gpu);
         }
@@ -192,7 +216,7 @@ impl Model {
                     dir.display()
                 );
             }
-            Some(matrix("lm_head.weight", c.vocab_size, h)?)
+            Some(next_matrix(&gpu)?)
         };
         tick(&gpu);
         let inv_freq = gpu.storage_from("rope-inv-freq", &c.rope_inv_freq());
@@ -207,7 +231,6 @@ impl Model {
             gpu,
             config,
             dir: dir.to_path_buf(),
-            format,
             kv_format: opts.kv_dtype.unwrap_or(WeightFormat::F32),
             embed,
             lm_head,
@@ -216,6 +239,40 @@ impl Model {
             inv_freq,
             weight_bytes,
         }))
+    }
+
+    /// Every weight matrix.
+    fn matrices(&self) -> impl Iterator<Item = &GpuMatrix> {
+        let layers = self
+            .layers
+            .iter()
+            .flat_map(|l| [&l.qkv, &l.o, &l.gate_up, &l.down]);
+        std::iter::once(&self.embed)
+            .chain(layers)
+            .chain(self.lm_head.as_ref())
+    }
+
+    /// Bytes of weight matrices per storage format, largest share first.
+    pub fn weight_formats(&self) -> Vec<(WeightFormat, u64)> {
+        let mut out: Vec<(WeightFormat, u64)> = vec![];
+        for m in self.matrices() {
+            match out.iter_mut().find(|(f, _)| *f == m.format) {
+                Some((_, b)) => *b += m.bytes(),
+                None => out.push((m.format, m.bytes())),
+            }
+        }
+        out.sort_by_key(|&(_, b)| std::cmp::Reverse(b));
+        out
+    }
+
+    /// The weight formats in a few words, e.g. `q4_1 (75.4 MB) + q8_0 (29.9 MB)`.
+    pub fn formats_summary(&self) -> String {
+        let parts: Vec<String> = self
+            .weight_formats()
+            .iter()
+            .map(|(f, b)| format!("{} ({:.1} MB)", f.name(), *b as f64 / 1e6))
+            .collect();
+        parts.join(" + ")
     }
 
     pub(crate) fn head(&self) -> &GpuMatrix {
@@ -233,17 +290,63 @@ impl Model {
     }
 }
 
+/// One weight matrix of the model: its rows stacked from source tensors.
+struct MatrixPlan {
+    label: String,
+    rows: usize,
+    cols: usize,
+    /// (tensor name, rows), stacked in order.
+    sources: Vec<(String, usize)>,
+}
+
+/// Every weight matrix of a model with config `c`, in upload order: the
+/// embedding, per layer qkv, o, gate|up and down, then the LM head if untied.
+fn matrix_plan(c: &ModelConfig) -> Vec<MatrixPlan> {
+    let (h, ffn) = (c.hidden_size, c.intermediate_size);
+    let (qd, kd) = (c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim);
+    let one = |name: &str, rows, cols| MatrixPlan {
+        label: name.to_string(),
+        rows,
+        cols,
+        sources: vec![(name.to_string(), rows)],
+    };
+    let mut plan = vec![one("model.embed_tokens.weight", c.vocab_size, h)];
+    for l in 0..c.num_layers {
+        let p = format!("model.layers.{l}.");
+        let stacked = |label: &str, parts: &[(&str, usize)]| MatrixPlan {
+            label: format!("{p}{label}"),
+            rows: parts.iter().map(|(_, r)| r).sum(),
+            cols: h,
+            sources: parts
+                .iter()
+                .map(|(name, rows)| (format!("{p}{name}.weight"), *rows))
+                .collect(),
+        };
+        let attn = [
+            ("self_attn.q_proj", qd),
+            ("self_attn.k_proj", kd),
+            ("self_attn.v_proj", kd),
+        ];
+        plan.push(stacked("qkv", &attn));
+        plan.push(one(&format!("{p}self_attn.o_proj.weight"), h, qd));
+        plan.push(stacked(
+            "gate_up",
+            &[("mlp.gate_proj", ffn), ("mlp.up_proj", ffn)],
+        ));
+        plan.push(one(&format!("{p}mlp.down_proj.weight"), h, ffn));
+    }
+    if !c.tie_word_embeddings {
+        plan.push(one("lm_head.weight", c.vocab_size, h));
+    }
+    plan
+}
+
 /// Bytes of the weight matrices of a model with config `c` stored as
 /// `format` (what [`Model::weight_bytes`] counts once loaded; the norms and
 /// biases add a few KiB), computed without overflow, before loading.
 pub fn weight_bytes(c: &ModelConfig, format: WeightFormat) -> u128 {
-    let (h, ffn, vocab) = (
-        c.hidden_size as u128,
-        c.intermediate_size as u128,
-        c.vocab_size as u128,
-    );
-    let q = (c.num_heads * c.head_dim) as u128;
-    let heads = 1 + !c.tie_word_embeddings as u128;
-    let layer = c.qkv_dim() as u128 * h + h * q + 3 * ffn * h;
-    (heads * vocab * h + c.num_layers as u128 * layer) * format.bytes_per_value() as u128
+    matrix_plan(c)
+        .iter()
+        .map(|m| m.rows as u128 * format.row_bytes(m.cols) as u128)
+        .sum()
 }

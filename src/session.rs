@@ -55,8 +55,7 @@ impl Llm {
     fn load_with(dir: &Path, model: impl FnOnce() -> anyhow::Result<Arc<Model>>) -> Result<Llm> {
         (|| -> anyhow::Result<Llm> {
             // The tokenizer first: a missing tokenizer.json fails before the weights upload.
-            let cfg = crate::config::ModelConfig::from_file(&dir.join("config.json"))?;
-            let tokenizer = Arc::new(Tokenizer::load(dir, &cfg.eos_token_ids)?);
+            let tokenizer = Arc::new(Tokenizer::for_model(dir)?);
             Ok(Llm {
                 model: model()?,
                 tokenizer,

@@ -47,7 +47,12 @@ fn token_string(v: Option<&Value>) -> Option<String> {
 impl Tokenizer {
     /// Loads `tokenizer.json` and (if present) `tokenizer_config.json` from `dir`.
     /// `config_eos` are the eos ids of config.json / generation_config.json.
+    /// A GGUF file in place of the folder gives the tokenizer its metadata
+    /// describes (what `convert-gguf` would write).
     pub fn load(dir: &Path, config_eos: &[u32]) -> Result<Self> {
+        if crate::gguf_model::is_gguf(dir) {
+            return Self::from_gguf(&crate::gguf_model::GgufModel::open(dir)?);
+        }
         let path = dir.join("tokenizer.json");
         if !path.exists() {
             bail!(
@@ -57,21 +62,6 @@ impl Tokenizer {
         }
         let text = std::fs::read_to_string(&path)
             .with_context(|| format!("reading {}", path.display()))?;
-        // Invalid JSON is refused here with its position: the tokenizers
-        // crate panics on some of it (found by tests/fuzz.rs).
-        serde_json::from_str::<Value>(&text)
-            .with_context(|| format!("{}: not valid JSON", path.display()))?;
-        // Valid JSON of the wrong shape can still panic inside the crate:
-        // caught, it is an error like any other.
-        let parsed =
-            std::panic::catch_unwind(|| text.parse::<tokenizers::Tokenizer>()).map_err(|_| {
-                anyhow!(
-                    "{}: not a tokenizer the tokenizers crate can read (it panicked)",
-                    path.display()
-                )
-            })?;
-        let inner =
-            parsed.map_err(|e| anyhow!("{}: cannot load tokenizer: {e}", path.display()))?;
         let cfg_path = dir.join("tokenizer_config.json");
         let cfg: Value = if cfg_path.exists() {
             let text = std::fs::read_to_string(&cfg_path)
@@ -81,14 +71,7 @@ impl Tokenizer {
         } else {
             Value::Null
         };
-        let bos_token = token_string(cfg.get("bos_token"));
-        let eos_token = token_string(cfg.get("eos_token"));
         let mut eos_ids = config_eos.to_vec();
-        if let Some(id) = eos_token.as_deref().and_then(|t| inner.token_to_id(t)) {
-            if !eos_ids.contains(&id) {
-                eos_ids.push(id);
-            }
-        }
         // generation_config.json is optional, but when present it must be
         // valid: its eos ids decide where generation stops.
         let gen_path = dir.join("generation_config.json");
@@ -102,6 +85,64 @@ impl Tokenizer {
                 if !eos_ids.contains(&id) {
                     eos_ids.push(id);
                 }
+            }
+        }
+        Self::build(&path, &text, &cfg, eos_ids)
+    }
+
+    /// The tokenizer of a model folder (with the eos ids of its config.json)
+    /// or GGUF file.
+    pub fn for_model(path: &Path) -> Result<Self> {
+        if crate::gguf_model::is_gguf(path) {
+            return Self::load(path, &[]);
+        }
+        let cfg = crate::config::ModelConfig::from_file(&path.join("config.json"))?;
+        Self::load(path, &cfg.eos_token_ids)
+    }
+
+    /// The tokenizer of a GGUF file (its metadata's vocabulary, merges,
+    /// special tokens and chat template).
+    pub fn from_gguf(g: &crate::gguf_model::GgufModel) -> Result<Self> {
+        let doc = |name: &str| g.document(name).cloned().unwrap_or(Value::Null);
+        let text = serde_json::to_string(&doc("tokenizer.json"))?;
+        let eos = crate::config::token_ids(
+            doc("generation_config.json").get("eos_token_id"),
+            "eos_token_id",
+            &g.file.path,
+        )?;
+        let mut eos_ids = g.config.eos_token_ids.clone();
+        for id in eos {
+            if !eos_ids.contains(&id) {
+                eos_ids.push(id);
+            }
+        }
+        Self::build(&g.file.path, &text, &doc("tokenizer_config.json"), eos_ids)
+    }
+
+    /// The tokenizer of `tokenizer.json`'s text (read from `path`) and the
+    /// tokenizer config `cfg`; `eos_ids` are the eos ids known so far (the
+    /// config's `eos_token` is added).
+    fn build(path: &Path, text: &str, cfg: &Value, mut eos_ids: Vec<u32>) -> Result<Self> {
+        // Invalid JSON is refused here with its position: the tokenizers
+        // crate panics on some of it (found by tests/fuzz.rs).
+        serde_json::from_str::<Value>(text)
+            .with_context(|| format!("{}: not valid JSON", path.display()))?;
+        // Valid JSON of the wrong shape can still panic inside the crate:
+        // caught, it is an error like any other.
+        let parsed =
+            std::panic::catch_unwind(|| text.parse::<tokenizers::Tokenizer>()).map_err(|_| {
+                anyhow!(
+                    "{}: not a tokenizer the tokenizers crate can read (it panicked)",
+                    path.display()
+                )
+            })?;
+        let inner =
+            parsed.map_err(|e| anyhow!("{}: cannot load tokenizer: {e}", path.display()))?;
+        let bos_token = token_string(cfg.get("bos_token"));
+        let eos_token = token_string(cfg.get("eos_token"));
+        if let Some(id) = eos_token.as_deref().and_then(|t| inner.token_to_id(t)) {
+            if !eos_ids.contains(&id) {
+                eos_ids.push(id);
             }
         }
         let bos_id = bos_token.as_deref().and_then(|t| inner.token_to_id(t));

@@ -173,6 +173,12 @@ pub trait WeightSource {
     fn vector(&self, name: &str, len: usize) -> Result<Vec<f32>>;
     /// Whether the tensor exists (an untied LM head).
     fn contains(&self, name: &str) -> bool;
+    /// The format that keeps the tensors `names` (stacked into one matrix)
+    /// as they are stored, when there is one (a GGUF file's quantized
+    /// tensors); None lets the loader choose.
+    fn stored_format(&self, _names: &[&str]) -> Option<WeightFormat> {
+        None
+    }
 }
 
 impl WeightSource for TensorStore {

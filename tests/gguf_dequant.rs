@@ -71,55 +71,104 @@ fn every_format_matches_the_reference_dequantization() {
     assert_eq!(types_seen.into_iter().collect::<Vec<_>>(), expected);
 }
 
+/// Max |logit - reference| of `model` over the last 8 positions of the
+/// golden quant file `tag`'s reference logits.
+fn reference_logits_gap(model: std::sync::Arc<sieve::model::Model>, tag: &str) -> f32 {
+    use sieve::engine::{Engine, EngineOptions, StepOutput};
+    let dir = golden_dir().join("quant");
+    let reference = Npz::open(&dir.join(format!("tiny-llama-{tag}.logits.npz")));
+    let ids = reference.ids("input_ids");
+    let first = reference.ids("positions")[0] as usize;
+    let rows = ids.len() - first;
+    let mut engine = Engine::new(
+        model,
+        EngineOptions {
+            max_slots: ids.len(),
+            max_tokens: ids.len(),
+            max_logit_rows: rows,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let positions: Vec<u32> = (0..ids.len() as u32).collect();
+    let out_rows = StepOutput {
+        logit_row0: first,
+        n_logits: rows,
+        sample: None,
+    };
+    engine.step(&ids, &positions, out_rows).unwrap();
+    let got = engine.read_logits(rows).unwrap();
+    let (_, want) = reference.f32("logits_last8");
+    assert_eq!(got.len(), want.len(), "{tag}");
+    got.iter()
+        .zip(want)
+        .map(|(a, b)| {
+            if (a - b).is_nan() {
+                f32::INFINITY
+            } else {
+                (a - b).abs()
+            }
+        })
+        .fold(0f32, f32::max)
+}
+
+const TAGS: [&str; 8] = [
+    "f32", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q4_K_M", "Q5_K_M", "Q6_K",
+];
+
 /// Each file converted to f32 safetensors runs to its own reference logits
 /// (a float64 forward pass over that file's dequantized weights): within
 /// 1e-3, the README's tolerance for f32 arithmetic.
 #[test]
 fn every_format_converted_matches_its_reference_logits() {
-    use sieve::engine::{Engine, EngineOptions, StepOutput};
     use sieve::model::{LoadOptions, Model};
     use sieve::shaders::WeightFormat;
-    let dir = golden_dir().join("quant");
-    for tag in [
-        "f32", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q4_K_M", "Q5_K_M", "Q6_K",
-    ] {
+    for tag in TAGS {
         let out = converted_quant_gguf(tag, &format!("dequant-{tag}"));
         let opts = LoadOptions {
             dtype: Some(WeightFormat::F32),
             ..Default::default()
         };
-        let model = Model::load(&out, &opts).unwrap();
-        let reference = Npz::open(&dir.join(format!("tiny-llama-{tag}.logits.npz")));
-        let ids = reference.ids("input_ids");
-        let first = reference.ids("positions")[0] as usize;
-        let rows = ids.len() - first;
-        let mut engine = Engine::new(
-            model.clone(),
-            EngineOptions {
-                max_slots: ids.len(),
-                max_tokens: ids.len(),
-                max_logit_rows: rows,
-                ..Default::default()
-            },
-        )
-        .unwrap();
-        let positions: Vec<u32> = (0..ids.len() as u32).collect();
-        let out_rows = StepOutput {
-            logit_row0: first,
-            n_logits: rows,
-            sample: None,
-        };
-        engine.step(&ids, &positions, out_rows).unwrap();
-        let got = engine.read_logits(rows).unwrap();
-        let (_, want) = reference.f32("logits_last8");
-        assert_eq!(got.len(), want.len(), "{tag}");
-        let d = got
-            .iter()
-            .zip(want)
-            .map(|(a, b)| (a - b).abs())
-            .fold(0f32, f32::max);
+        let d = reference_logits_gap(Model::load(&out, &opts).unwrap(), tag);
         eprintln!("{tag}: logits max |d| {d:.2e}");
         assert!(d <= 1e-3, "{tag}: logits max |d| {d}");
         let _ = std::fs::remove_dir_all(&out);
+    }
+}
+
+/// Each GGUF file loaded directly, its weights kept in their own formats on
+/// the GPU and dequantized inside the kernels, runs to its reference logits
+/// within the same 1e-3, with both kernel sets (f32 KV cache).
+#[test]
+fn every_format_loaded_directly_matches_its_reference_logits() {
+    use sieve::device::KernelSet;
+    use sieve::gpu::GpuOptions;
+    use sieve::model::{LoadOptions, Model};
+    use sieve::shaders::WeightFormat;
+    let dir = golden_dir().join("quant");
+    for kernels in [KernelSet::Cpu, KernelSet::Gpu] {
+        for tag in TAGS {
+            let opts = LoadOptions {
+                gpu: GpuOptions {
+                    kernels: Some(kernels),
+                    ..Default::default()
+                },
+                ..Default::default()
+            };
+            let file = dir.join(format!("tiny-llama-{tag}.gguf"));
+            let model = Model::load(&file, &opts).unwrap();
+            // The bulk of the weights keeps the file's type.
+            let (main, _) = model.weight_formats()[0];
+            let want = match tag {
+                "f32" => WeightFormat::F32,
+                "Q4_K_M" => WeightFormat::Q4_K,
+                "Q5_K_M" => WeightFormat::Q5_K,
+                t => WeightFormat::parse(t).unwrap(),
+            };
+            assert_eq!(main, want, "{tag}: {}", model.formats_summary());
+            let d = reference_logits_gap(model, tag);
+            eprintln!("{tag} ({kernels:?}): logits max |d| {d:.2e}");
+            assert!(d <= 1e-3, "{tag} ({kernels:?}): logits max |d| {d}");
+        }
     }
 }

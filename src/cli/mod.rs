@@ -25,12 +25,15 @@ pub const DEFAULT_MODEL: &str = "models/smollm2-135m-instruct";
 /// Options every command that loads a model shares.
 #[derive(Args, Debug, Clone)]
 pub struct ModelArgs {
-    /// Hugging Face model directory (config.json, *.safetensors, tokenizer.json).
-    /// Default: $SIEVE_MODEL, else models/smollm2-135m-instruct.
+    /// Hugging Face model directory (config.json, *.safetensors,
+    /// tokenizer.json) or GGUF file. Default: $SIEVE_MODEL, else
+    /// models/smollm2-135m-instruct.
     #[arg(long)]
     pub model: Option<PathBuf>,
-    /// Storage format of weight matrices on the GPU.
-    #[arg(long, value_parser = ["f16", "f32"], default_value = "f16")]
+    /// Storage format of weight matrices on the GPU: auto (a GGUF file's
+    /// own types where sieve has a GPU layout for them, else f16), f16, f32,
+    /// or q8_0/q4_0 (quantized at load time).
+    #[arg(long, value_parser = ["auto", "f16", "f32", "q8_0", "q4_0"], default_value = "auto")]
     pub dtype: String,
     /// Storage format of the KV cache (f16 halves its memory and bandwidth).
     #[arg(long, value_parser = ["f16", "f32"], default_value = "f32")]
@@ -65,7 +68,7 @@ impl ModelArgs {
         }
         bail!(
             "no model given and the default model ({DEFAULT_MODEL}) is not set up; run `bash scripts/setup.sh` \
-             in the sieve repository, or pass --model DIR"
+             in the sieve repository, or pass --model DIR|FILE.gguf"
         )
     }
 
@@ -79,13 +82,9 @@ impl ModelArgs {
     }
 
     pub fn load_options(&self) -> Result<LoadOptions> {
-        let format = |name: &str| match name {
-            "f32" => WeightFormat::F32,
-            _ => WeightFormat::F16,
-        };
         Ok(LoadOptions {
-            dtype: Some(format(&self.dtype)),
-            kv_dtype: Some(format(&self.kv_dtype)),
+            dtype: WeightFormat::parse(&self.dtype),
+            kv_dtype: WeightFormat::parse(&self.kv_dtype),
             gpu: self.gpu()?,
             progress: Some(sieve::Progress::new(progress_bar_tick)),
         })

@@ -4,7 +4,6 @@ use anyhow::Result;
 use clap::Args;
 
 use super::ModelArgs;
-use sieve::config::ModelConfig;
 use sieve::tokenizer::Tokenizer;
 
 #[derive(Args, Debug)]
@@ -16,9 +15,7 @@ pub struct TokenizeArgs {
 }
 
 pub fn main(a: TokenizeArgs) -> Result<()> {
-    let dir = a.model.dir()?;
-    let cfg = ModelConfig::from_file(&dir.join("config.json"))?;
-    let tok = Tokenizer::load(&dir, &cfg.eos_token_ids)?;
+    let tok = Tokenizer::for_model(&a.model.dir()?)?;
     let ids = tok.encode(&a.text)?;
     let s: Vec<String> = ids.iter().map(|i| i.to_string()).collect();
     super::print_line(&s.join(","))

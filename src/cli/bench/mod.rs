@@ -117,7 +117,7 @@ pub fn run(model: &std::sync::Arc<Model>, a: &BenchArgs) -> Result<serde_json::V
     println!(
         "sieve bench: {} ({} weights, {} KV cache) on {}",
         model.dir.display(),
-        model.format.name(),
+        model.formats_summary(),
         model.kv_format.name(),
         gpu.describe()
     );
@@ -212,7 +212,8 @@ pub fn run(model: &std::sync::Arc<Model>, a: &BenchArgs) -> Result<serde_json::V
     );
     Ok(json!({
         "model": model.dir.display().to_string(),
-        "weights": model.format.name(),
+        "weights": model.formats_summary(),
+        "weight_bytes_per_token": model.decode_weight_bytes(),
         "kv_cache": model.kv_format.name(),
         "adapter": gpu.describe(),
         "kernels": gpu.kernels.describe(),

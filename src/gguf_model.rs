@@ -1,0 +1,161 @@
+//! A GGUF file loaded directly (`--model FILE.gguf`): its config, tokenizer
+//! and special tokens built from its metadata exactly as `convert-gguf`
+//! builds them, and its tensors read straight from the mapped file.
+//!
+//! Quantized tensors stay quantized on the GPU (src/quant.rs) when a
+//! matrix's source tensors share one type with a GPU layout (bf16 is held
+//! as f32). A matrix stacked from tensors of different types (llama.cpp's
+//! `_M` mixes put `attn_v` in a wider type than `attn_q`) is dequantized to
+//! f32, exactly but at 4 bytes a value: per-part formats, so that q, k and v
+//! each keep their type, are not built yet. `LoadOptions::dtype` overrides
+//! the choice for every matrix.
+
+use anyhow::{bail, Context, Result};
+use serde_json::Value;
+use std::collections::HashMap;
+use std::path::Path;
+
+use crate::config::ModelConfig;
+use crate::gguf::GgufFile;
+use crate::gpu::Gpu;
+use crate::shaders::WeightFormat;
+use crate::weights::{GpuMatrix, WeightSource};
+
+/// An opened, checked GGUF model.
+pub struct GgufModel {
+    pub file: GgufFile,
+    pub config: ModelConfig,
+    /// The JSON documents a converted folder would hold, by file name.
+    documents: crate::convert::Documents,
+    /// Hugging Face tensor name -> (index into `file.tensors`, heads whose
+    /// q/k rows llama.cpp permuted).
+    tensors: HashMap<String, (usize, Option<usize>)>,
+}
+
+/// Whether `path` names a GGUF file (rather than a model folder).
+pub fn is_gguf(path: &Path) -> bool {
+    path.is_file()
+}
+
+impl GgufModel {
+    pub fn open(path: &Path) -> Result<Self> {
+        let file = GgufFile::open(path)?;
+        let (tensors, documents) = crate::convert::plan_for_loading(&file)?;
+        let config = ModelConfig::from_json(&documents[0].1, path)
+            .with_context(|| format!("{}: the configuration its metadata gives", path.display()))?;
+        Ok(GgufModel {
+            file,
+            config,
+            documents,
+            tensors,
+        })
+    }
+
+    /// The document a converted folder would hold as `name`
+    /// (`tokenizer.json`, `tokenizer_config.json`, ...).
+    pub fn document(&self, name: &str) -> Option<&Value> {
+        self.documents
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, v)| v)
+    }
+
+    /// The tensor behind a Hugging Face name, checked to hold `shape`.
+    fn tensor(
+        &self,
+        name: &str,
+        shape: &[usize],
+    ) -> Result<(&crate::gguf::GgufTensorInfo, Option<usize>)> {
+        let &(i, heads) = self
+            .tensors
+            .get(name)
+            .with_context(|| format!("{}: no tensor for {name}", self.file.path.display()))?;
+        let t = &self.file.tensors[i];
+        let have: Vec<u64> = t.shape();
+        if have.iter().map(|&d| d as usize).ne(shape.iter().copied()) {
+            bail!(
+                "{}: tensor `{}` has shape {have:?}; the model needs {shape:?}",
+                self.file.path.display(),
+                t.name
+            );
+        }
+        Ok((t, heads))
+    }
+
+    /// The tensor's values as f32, rows in Hugging Face order, every value finite.
+    fn values(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
+        let (t, heads) = self.tensor(name, shape)?;
+        let values = self.file.dequantize(t)?;
+        if let Some(i) = values.iter().position(|v| !v.is_finite()) {
+            bail!(
+                "{}: tensor `{}` holds {} at flat index {i}; weights must be finite",
+                self.file.path.display(),
+                t.name,
+                values[i]
+            );
+        }
+        Ok(unpermute_rows(&values, shape[0], heads))
+    }
+}
+
+/// Rows in Hugging Face order: llama.cpp permuted the q/k rows of each of
+/// `heads` heads (see `convert::hf_source_row`).
+fn unpermute_rows<T: Copy>(data: &[T], rows: usize, heads: Option<usize>) -> Vec<T> {
+    let Some(heads) = heads else {
+        return data.to_vec();
+    };
+    let row_len = data.len() / rows;
+    (0..rows)
+        .flat_map(|r| {
+            let src = crate::convert::hf_source_row(r, rows / heads);
+            data[src * row_len..(src + 1) * row_len].iter().copied()
+        })
+        .collect()
+}
+
+impl WeightSource for GgufModel {
+    fn fill_rows(
+        &self,
+        gpu: &Gpu,
+        m: &GpuMatrix,
+        row0: usize,
+        rows: usize,
+        name: &str,
+    ) -> Result<()> {
+        let shape = [rows, m.cols];
+        let (t, heads) = self.tensor(name, &shape)?;
+        if m.format.block().map(|b| b.ggml) == Some(t.ggml_type) {
+            // Blocks go to the GPU as they are, repacked (rows hold whole blocks).
+            let data = self.file.tensor_data(t)?;
+            let blocks = unpermute_rows(data, rows, heads);
+            return m.write_blocks(gpu, row0, &blocks, &t.name);
+        }
+        m.write_rows(gpu, row0, &self.values(name, &shape)?, &t.name)
+    }
+
+    fn vector(&self, name: &str, len: usize) -> Result<Vec<f32>> {
+        self.values(name, &[len])
+    }
+
+    fn contains(&self, name: &str) -> bool {
+        self.tensors.contains_key(name)
+    }
+
+    fn stored_format(&self, names: &[&str]) -> Option<WeightFormat> {
+        let types: Vec<_> = names
+            .iter()
+            .map(|n| {
+                self.tensors
+                    .get(*n)
+                    .map(|&(i, _)| self.file.tensors[i].ggml_type)
+            })
+            .collect::<Option<_>>()?;
+        let first = *types.first()?;
+        if types.iter().any(|&t| t != first) {
+            // Exact (f16 would round the dequantized values: 1e-2 on the
+            // logits of the golden Q4_K_M file), at 4 bytes a value.
+            return Some(WeightFormat::F32);
+        }
+        Some(WeightFormat::of_ggml(first).unwrap_or(WeightFormat::F16))
+    }
+}

@@ -179,7 +179,8 @@ fn chunked_prefill_and_split_bindings() {
 fn weight_bytes_before_loading_match_the_loaded_model() {
     for name in ["tiny-qwen2", "tiny-llama-gqa"] {
         let model = load(name, GpuOptions::default());
-        let predicted = sieve::model::weight_bytes(&model.config, WeightFormat::F16);
+        let format = model.weight_formats()[0].0;
+        let predicted = sieve::model::weight_bytes(&model.config, format);
         assert_eq!(predicted, model.weight_bytes as u128, "{name}");
     }
 }

@@ -155,17 +155,35 @@ timeout 120 "$bin" bench --synthetic "$shape" --kv-dtype "$kv_dtype" --kernels c
     --prefill "${speed_args[1]}" --depths 0 --decode-steps 4 --refresh-sizes 0 --json "$json" |
     grep -E '^\||^kernels' | tee "$out/$shape-speed-cpu-kernels.md"
 [ -f "$json" ] && runs+=("$json")
-# Side by side with llama.cpp's Vulkan backend on an H200 (F16 weights, flash
-# attention on; prefill 512, decode at depth 0 and 4096; from the issue).
+# Quantized weights (issue #13): the largest shape with random blocks made on
+# the GPU in each format; decode against the read bound of its own bytes.
+if [ "$small" = 1 ]; then
+    quant_formats=(q8_0 q4_0)
+    quant_args=("${speed_args[@]}")
+else
+    quant_formats=(q8_0 q4_0 q4_k)
+    quant_args=(--prefill 512 --depths 0,4096 --decode-steps 8)
+fi
+for dtype in "${quant_formats[@]}"; do
+    json="$out/$shape-speed-$dtype.json"
+    echo "== $shape (speed, --dtype $dtype)"
+    timeout 90 "$bin" bench --synthetic "$shape" --kv-dtype "$kv_dtype" --dtype "$dtype" \
+        "${quant_args[@]}" --refresh-sizes 0 --json "$json" |
+        grep -E '^\||^kernels|^sieve bench' | tee "$out/$shape-speed-$dtype.md"
+    [ -f "$json" ] && runs+=("$json")
+done
+# Side by side with llama.cpp's Vulkan backend on an H200 (flash attention
+# on; prefill 512, decode at depth 0 and 4096; from the issue and the brief).
 if command -v python3 >/dev/null; then
     python3 - "$out" "${runs[@]}" <<'PY' | tee "$out/vs-llama-cpp.md"
 import json, sys
-ref = {"llama-3.1-8b": (2587, 180.4, 163.5), "llama-3.2-1b": (5988, 526, 609)}
+ref = {("llama-3.1-8b", "f16"): (2587, 180.4, 163.5), ("llama-3.2-1b", "f16"): (5988, 526, 609),
+       ("llama-3.1-8b", "q8_0"): (2481, 209, 186), ("llama-3.1-8b", "q4_0"): (2552, 251, 224)}
 print("| shape | kernels | prefill 512 tok/s (llama.cpp) | decode d0 (llama.cpp) | decode d4096 (llama.cpp) | decode d16384 |")
 print("|---|---|---|---|---|---|")
 for path in sys.argv[2:]:
     r = json.load(open(path))
-    shape = next((s for s in ref if s in r["model"]), None)
+    shape = next(((s, f) for s, f in ref if s in r["model"] and r["weights"].startswith(f + " ")), None)
     pre = {p["tokens"]: p["tokens_per_second"] for p in r["prefill"]}
     dec = {d["depth"]: d["tokens_per_second"] for d in r["decode"]}
     lp, l0, l4 = ref.get(shape, (None, None, None))
@@ -173,7 +191,7 @@ for path in sys.argv[2:]:
         if v is None:
             return "-"
         return f"{v:,.0f}" + (f" ({l:,.0f}, x{v / l:.2f})" if l else "")
-    print(f"| {r['model']} | {r['kernels'].split()[0]} | {cell(pre.get(512), lp)} | {cell(dec.get(0), l0)} | {cell(dec.get(4096), l4)} | {cell(dec.get(16384), None)} |")
+    print(f"| {r['model']} {r['weights'].split()[0]} | {r['kernels'].split()[0]} | {cell(pre.get(512), lp)} | {cell(dec.get(0), l0)} | {cell(dec.get(4096), l4)} | {cell(dec.get(16384), None)} |")
 PY
 fi
 

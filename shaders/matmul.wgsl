@@ -13,7 +13,7 @@
 // Entry points and dispatch:
 //   matmul: 4 rows x 4 tokens per invocation, for prefill.
 //           Dispatch (ceil(ceil(rows/4) / 64), ceil(n/4), 1).
-//   matvec: 4 rows x 1 token per invocation, 16 invocations per workgroup,
+//   matvec: 8 rows x 1 token per invocation, 8 invocations per workgroup,
 //           for decode (n = 1). Dispatch (ceil(rows / 64), n, 1).
 // flags: bit 0 adds into y (residual connection fused), bit 1 adds the bias.
 
@@ -65,33 +65,48 @@ fn matmul(@builtin(global_invocation_id) gid: vec3<u32>) {
     }
 }
 
-// Small workgroups: decode matrices have few rows (576 for SmolLM2), and
-// lavapipe runs whole workgroups per thread, so 16 lanes balance the threads.
-@compute @workgroup_size(16)
+// Eight rows per invocation share each load of x (on lavapipe every load is
+// a per-lane scalar load, so loads, not bytes, bound this kernel), and a step
+// covers 32 values through the prelude's `dot32`: quantized weights are read
+// a whole quant word at a time with one scale per block. Workgroups of 8
+// lanes: decode matrices have few rows (576 for SmolLM2), and lavapipe runs
+// whole workgroups per thread, so small ones balance the threads.
+@compute @workgroup_size(8)
 fn matvec(@builtin(global_invocation_id) gid: vec3<u32>) {
-    let r0 = gid.x * 4u;
+    let r0 = gid.x * 8u;
     let t = gid.y;
     if (r0 >= p.rows || t >= step_rows(step, p.count_sel)) {
         return;
     }
-    // Four rows per invocation share each load of x (on lavapipe every load is
-    // a per-lane scalar load, so loads, not bytes, bound this kernel).
-    let w0 = r0 * p.k4;
-    let w1 = min(r0 + 1u, p.rows - 1u) * p.k4;
-    let w2 = min(r0 + 2u, p.rows - 1u) * p.k4;
-    let w3 = min(r0 + 3u, p.rows - 1u) * p.k4;
-    let xb = t * p.k4;
-    var a = vec4<f32>(0.0);
-    for (var k = 0u; k < p.k4; k++) {
-        let xv = x[xb + k];
-        a += vec4<f32>(
-            dot(weight4(w0 + k), xv),
-            dot(weight4(w1 + k), xv),
-            dot(weight4(w2 + k), xv),
-            dot(weight4(w3 + k), xv),
-        );
+    var wr: array<u32, 8>;
+    for (var i = 0u; i < 8u; i++) {
+        wr[i] = min(r0 + i, p.rows - 1u) * p.k4;
     }
-    for (var ri = 0u; ri < 4u; ri++) {
+    let xb = t * p.k4;
+    var a = array<f32, 8>();
+    var xs: array<vec4<f32>, 8>;
+    let k_whole = p.k4 & ~7u;
+    for (var k = 0u; k < k_whole; k += 8u) {
+        for (var i = 0u; i < 8u; i++) {
+            xs[i] = x[xb + k + i];
+        }
+        let one = vec4<f32>(1.0);
+        let sx = vec2<f32>(
+            dot(xs[0] + xs[1] + xs[2] + xs[3], one),
+            dot(xs[4] + xs[5] + xs[6] + xs[7], one),
+        );
+        for (var i = 0u; i < 8u; i++) {
+            a[i] += dot32(wr[i] + k, xs, sx);
+        }
+    }
+    // The float formats' K need not be a multiple of 32.
+    for (var k = k_whole; k < p.k4; k++) {
+        let xv = x[xb + k];
+        for (var i = 0u; i < 8u; i++) {
+            a[i] += dot(weight4(wr[i] + k), xv);
+        }
+    }
+    for (var ri = 0u; ri < 8u; ri++) {
         if (r0 + ri < p.rows) {
             store(t, r0 + ri, a[ri]);
         }

@@ -1,12 +1,17 @@
 // random_fill.wgsl: fills words word0 .. word0 + n_words of a buffer with
 // seeded uniform random values offset + scale * u, u in [-1, 1): one f32 per
-// word (format 0) or two packed f16 (format 1, element 2w in the low half).
+// word (format 0) or two packed f16 (format 1, element 2w in the low half);
+// or quantized blocks of p.block_words words (format 2): the block's first
+// word holds the f16 pair (scale, offset), its scale (and offset or minimum
+// scale), and every other word random bits (quants, and the K-quants'
+// sub-block scales).
 // Element e's u comes from a hash of (seed, e), so any range of a buffer can be
 // filled independently and the CPU reference reproduces it. Used for synthetic
 // models: weights generated on the GPU, no file and no host copy.
 //
 // Bindings (group 0):
-//   0 p    uniform FillParams  (word0, n_words, format, seed, scale, offset)
+//   0 p    uniform FillParams  (word0, n_words, format, seed, scale, offset,
+//                               block_words)
 //   1 dst  storage rw  [>= word0 + n_words] u32
 // Dispatch: (min(G, 65535), ceil(G / 65535), 1) with G = ceil(n_words / 256).
 struct FillParams {
@@ -16,7 +21,7 @@ struct FillParams {
     seed: u32,
     scale: f32,
     offset: f32,
-    _p0: u32,
+    block_words: u32,
     _p1: u32,
 }
 
@@ -48,6 +53,12 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let w = p.word0 + i;
     if p.format == 0u {
         dst[w] = bitcast<u32>(value(w));
+    } else if p.format == 2u {
+        if w % p.block_words == 0u {
+            dst[w] = pack2x16float(vec2<f32>(p.scale, p.offset));
+        } else {
+            dst[w] = hash(w ^ hash(p.seed));
+        }
     } else {
         dst[w] = pack2x16float(vec2<f32>(value(2u * w), value(2u * w + 1u)));
     }

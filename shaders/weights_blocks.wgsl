@@ -28,3 +28,30 @@ fn k_scale_min(base: u32, j: u32) -> vec2<f32> {
     }
     return dm * vec2<f32>(f32(sc), f32(m));
 }
+
+// The signed bytes of q, from byte 0.
+fn signed_bytes(q: u32) -> vec4<f32> {
+    // Shift each byte to the top, then shift it down arithmetically.
+    return vec4<f32>(bitcast<vec4<i32>>(vec4<u32>(q) << vec4<u32>(24u, 16u, 8u, 0u)) >> vec4<u32>(24u));
+}
+
+// Sum over the eight 4-bit fields of q (value n in nibble n) of field * x,
+// where a holds x for fields 0..3 and b for fields 4..7; `high` holds a fifth
+// bit per field (bit n for field n; 0 for formats without one).
+fn nibbles_dot(q: u32, high: u32, a: vec4<f32>, b: vec4<f32>) -> f32 {
+    let lo = fields4(q, 4u) | (fields4(high, 1u) << vec4<u32>(4u));
+    let hi = fields4(q >> 16u, 4u) | (fields4(high >> 4u, 1u) << vec4<u32>(4u));
+    return dot(vec4<f32>(lo), a) + dot(vec4<f32>(hi), b);
+}
+
+// Sum over the 32 values of one block of 4-bit quants in words first ..
+// first + 3 (value 8i + n in nibble n of word first + i) of quant * x, with
+// the fifth bits in `high` (bit v for value v; 0 for formats without one).
+fn nibble_block_dot(first: u32, high: u32, xs: array<vec4<f32>, 8>) -> f32 {
+    var xv = xs;
+    var s = 0.0;
+    for (var i = 0u; i < 4u; i++) {
+        s += nibbles_dot(w[first + i], high >> (8u * i), xv[2u * i], xv[2u * i + 1u]);
+    }
+    return s;
+}

@@ -10,3 +10,9 @@ fn weight4(g: u32) -> vec4<f32> {
     let q = w[base + 1u + ((g >> 1u) & 3u)] >> ((g & 1u) * 16u);
     return d * (vec4<f32>(fields4(q, 4u)) - 8.0);
 }
+
+fn dot32(g: u32, xs: array<vec4<f32>, 8>, sx: vec2<f32>) -> f32 {
+    let base = (g >> 3u) * 5u;
+    let s = nibble_block_dot(base + 1u, 0u, xs);
+    return unpack2x16float(w[base]).x * (s - 8.0 * (sx.x + sx.y));
+}

@@ -11,3 +11,10 @@ fn weight4(g: u32) -> vec4<f32> {
     let q = w[base + 1u + ((g >> 1u) & 3u)] >> ((g & 1u) * 16u);
     return vec4<f32>(fields4(q, 4u)) * dm.x + dm.y;
 }
+
+fn dot32(g: u32, xs: array<vec4<f32>, 8>, sx: vec2<f32>) -> f32 {
+    let base = (g >> 3u) * 5u;
+    let s = nibble_block_dot(base + 1u, 0u, xs);
+    let dm = unpack2x16float(w[base]);
+    return dm.x * s + dm.y * (sx.x + sx.y);
+}

@@ -15,3 +15,11 @@ fn weight4(g: u32) -> vec4<f32> {
     let q = fields4(lo, 4u);
     return vec4<f32>(q) * sm.x - sm.y;
 }
+
+fn dot32(g: u32, xs: array<vec4<f32>, 8>, sx: vec2<f32>) -> f32 {
+    let base = (g >> 6u) * 36u;
+    let j = (g >> 3u) & 7u;
+    let s = nibble_block_dot(base + 4u + 4u * j, 0u, xs);
+    let sm = k_scale_min(base, j);
+    return sm.x * s - sm.y * (sx.x + sx.y);
+}

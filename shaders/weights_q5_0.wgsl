@@ -14,3 +14,10 @@ fn weight4(g: u32) -> vec4<f32> {
     let h = fields4(hi, 1u) << vec4<u32>(4u);
     return d * (vec4<f32>(q | h) - 16.0);
 }
+
+fn dot32(g: u32, xs: array<vec4<f32>, 8>, sx: vec2<f32>) -> f32 {
+    let base = (g >> 3u) * 6u;
+    let high = w[base + 1u];
+    let s = nibble_block_dot(base + 2u, high, xs);
+    return unpack2x16float(w[base]).x * (s - 16.0 * (sx.x + sx.y));
+}

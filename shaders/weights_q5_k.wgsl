@@ -16,3 +16,12 @@ fn weight4(g: u32) -> vec4<f32> {
     let h = fields4(hi, 1u) << vec4<u32>(4u);
     return vec4<f32>(q | h) * sm.x - sm.y;
 }
+
+fn dot32(g: u32, xs: array<vec4<f32>, 8>, sx: vec2<f32>) -> f32 {
+    let base = (g >> 6u) * 44u;
+    let j = (g >> 3u) & 7u;
+    let high = w[base + 4u + j];
+    let s = nibble_block_dot(base + 12u + 4u * j, high, xs);
+    let sm = k_scale_min(base, j);
+    return sm.x * s - sm.y * (sx.x + sx.y);
+}

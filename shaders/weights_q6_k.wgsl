@@ -19,3 +19,20 @@ fn weight4(g: u32) -> vec4<f32> {
     let h = fields4(hi, 2u) << vec4<u32>(4u);
     return d * f32(sc) * (vec4<f32>(q | h) - 32.0);
 }
+
+fn dot32(g: u32, xs: array<vec4<f32>, 8>, sx: vec2<f32>) -> f32 {
+    let base = (g >> 6u) * 53u;
+    let j = (g >> 3u) & 7u;
+    // Chunk j is groups 2j and 2j + 1 of 16 values, one scale each.
+    let scales = signed_bytes(w[base + 1u + (j >> 1u)]);
+    var xv = xs;
+    var s = vec2<f32>(0.0);
+    for (var m = 0u; m < 8u; m++) {
+        let lo = w[base + 5u + 4u * j + (m >> 1u)] >> ((m & 1u) * 16u);
+        let hi = w[base + 37u + 2u * j + (m >> 2u)] >> ((m & 3u) * 8u);
+        let q = fields4(lo, 4u) | (fields4(hi, 2u) << vec4<u32>(4u));
+        s[m >> 2u] += dot(vec4<f32>(q), xv[m]);
+    }
+    let sc = select(scales.xy, scales.zw, (j & 1u) == 1u);
+    return unpack2x16float(w[base]).x * dot(sc, s - 32.0 * sx);
+}

@@ -8,8 +8,15 @@
 fn weight4(g: u32) -> vec4<f32> {
     let base = (g >> 3u) * 9u;
     let d = unpack2x16float(w[base]).x;
-    // Sign-extend each byte: shift it to the top, then arithmetic shift down.
-    let q = w[base + 1u + (g & 7u)];
-    let v = bitcast<vec4<i32>>(vec4<u32>(q) << vec4<u32>(24u, 16u, 8u, 0u)) >> vec4<u32>(24u);
-    return d * vec4<f32>(v);
+    return d * signed_bytes(w[base + 1u + (g & 7u)]);
+}
+
+fn dot32(g: u32, xs: array<vec4<f32>, 8>, sx: vec2<f32>) -> f32 {
+    let base = (g >> 3u) * 9u;
+    var xv = xs;
+    var s = 0.0;
+    for (var i = 0u; i < 8u; i++) {
+        s += dot(signed_bytes(w[base + 1u + i]), xv[i]);
+    }
+    return unpack2x16float(w[base]).x * s;
 }

@@ -113,13 +113,23 @@ pub fn has_coop_f16_16x16(props: &[wgpu::CooperativeMatrixProperties]) -> bool {
 /// Mat-vec (decode, one token) variants.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum MatvecVariant {
-    /// `matmul.wgsl` `matvec`: four rows per invocation, 16 lanes a workgroup.
-    Rows4,
+    /// `matmul.wgsl` `matvec`: eight rows per invocation, 8 lanes a
+    /// workgroup, 32 values a step through the format's `dot32` (whole quant
+    /// words, one scale per block).
+    Rows8,
     /// `matvec_workgroup.wgsl`: a workgroup of 128 lanes per 2 rows, coalesced
     /// loads along K, reduced in workgroup memory.
     WorkgroupReduce,
     /// `matvec_subgroup.wgsl`: the same, reduced with subgroup sums.
     SubgroupReduce,
+}
+
+impl MatvecVariant {
+    /// Whether the variant can fold the kernel that writes its input (RMSNorm,
+    /// SwiGLU) into itself; the `cpu` ones cannot.
+    pub fn fuses_input(self) -> bool {
+        self != MatvecVariant::Rows8
+    }
 }
 
 /// Mat-mul (prefill, several tokens) variants.
@@ -135,6 +145,29 @@ pub enum MatmulVariant {
     /// weights, rows a multiple of 64 (per row part) and K a multiple of 64;
     /// other shapes use `Tiled`.
     Coop,
+}
+
+impl MatmulVariant {
+    /// The variant for one row part of a weight matrix (`rows` rows of
+    /// `cols` values in `format`): `Coop` falls back to `Tiled` for parts it
+    /// does not take.
+    pub fn for_part(
+        self,
+        format: crate::shaders::WeightFormat,
+        rows: usize,
+        cols: usize,
+    ) -> MatmulVariant {
+        match self {
+            MatmulVariant::Coop
+                if !(format == crate::shaders::WeightFormat::F16
+                    && cols.is_multiple_of(64)
+                    && rows.is_multiple_of(64)) =>
+            {
+                MatmulVariant::Tiled
+            }
+            v => v,
+        }
+    }
 }
 
 /// Decode attention (one query) variants; prefill and the merge have one.
@@ -181,7 +214,7 @@ impl KernelVariants {
         match set {
             KernelSet::Cpu | KernelSet::Auto => KernelVariants {
                 set: KernelSet::Cpu,
-                matvec: MatvecVariant::Rows4,
+                matvec: MatvecVariant::Rows8,
                 matmul: MatmulVariant::Blocked4x4,
                 attn_decode: AttnDecodeVariant::Serial,
                 attn_prefill: AttnPrefillVariant::RowPerLane,
@@ -206,26 +239,6 @@ impl KernelVariants {
                 attn_decode: AttnDecodeVariant::Parallel,
                 attn_prefill: AttnPrefillVariant::Tiled,
             },
-        }
-    }
-
-    /// The mat-mul variant for one weight matrix: `Coop` falls back to `Tiled`
-    /// for shapes it does not take.
-    pub fn matmul_for(
-        &self,
-        format: crate::shaders::WeightFormat,
-        part_rows: &[usize],
-        cols: usize,
-    ) -> MatmulVariant {
-        match self.matmul {
-            MatmulVariant::Coop
-                if !(format == crate::shaders::WeightFormat::F16
-                    && cols.is_multiple_of(64)
-                    && part_rows.iter().all(|r| r.is_multiple_of(64))) =>
-            {
-                MatmulVariant::Tiled
-            }
-            v => v,
         }
     }
 
@@ -270,7 +283,7 @@ mod tests {
     fn auto_picks_by_device_kind_and_features() {
         let v = KernelVariants::select(&profile(true, true, false), KernelSet::Auto);
         assert_eq!(v.set, KernelSet::Cpu);
-        assert_eq!(v.matvec, MatvecVariant::Rows4);
+        assert_eq!(v.matvec, MatvecVariant::Rows8);
         let v = KernelVariants::select(&profile(false, true, true), KernelSet::Auto);
         assert_eq!(
             (v.set, v.matvec, v.matmul),
@@ -294,23 +307,24 @@ mod tests {
 
     #[test]
     fn coop_falls_back_on_shapes_it_does_not_take() {
-        let v = KernelVariants::select(&profile(false, true, true), KernelSet::Gpu);
+        let v = KernelVariants::select(&profile(false, true, true), KernelSet::Gpu).matmul;
+        assert_eq!(v, MatmulVariant::Coop);
+        assert_eq!(v.for_part(WeightFormat::F16, 128, 576), MatmulVariant::Coop);
         assert_eq!(
-            v.matmul_for(WeightFormat::F16, &[128, 64], 576),
-            MatmulVariant::Coop
-        );
-        assert_eq!(
-            v.matmul_for(WeightFormat::F32, &[128], 576),
+            v.for_part(WeightFormat::F32, 128, 576),
             MatmulVariant::Tiled
         );
         assert_eq!(
-            v.matmul_for(WeightFormat::F16, &[128, 36], 576),
+            v.for_part(WeightFormat::Q4_0, 128, 576),
             MatmulVariant::Tiled
         );
+        assert_eq!(v.for_part(WeightFormat::F16, 36, 576), MatmulVariant::Tiled);
         assert_eq!(
-            v.matmul_for(WeightFormat::F16, &[128], 100),
+            v.for_part(WeightFormat::F16, 128, 100),
             MatmulVariant::Tiled
         );
+        let cpu = MatmulVariant::Blocked4x4;
+        assert_eq!(cpu.for_part(WeightFormat::F16, 36, 100), cpu);
     }
 
     #[test]

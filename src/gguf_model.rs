@@ -124,7 +124,8 @@ impl WeightSource for GgufModel {
     ) -> Result<()> {
         let shape = [rows, m.cols];
         let (t, heads) = self.tensor(name, &shape)?;
-        if m.format.block().map(|b| b.ggml) == Some(t.ggml_type) {
+        let format = m.format_at(row0).and_then(|f| f.block());
+        if format.map(|b| b.ggml) == Some(t.ggml_type) {
             // Blocks go to the GPU as they are, repacked (rows hold whole blocks).
             let data = self.file.tensor_data(t)?;
             let blocks = unpermute_rows(data, rows, heads);
@@ -141,21 +142,8 @@ impl WeightSource for GgufModel {
         self.tensors.contains_key(name)
     }
 
-    fn stored_format(&self, names: &[&str]) -> Option<WeightFormat> {
-        let types: Vec<_> = names
-            .iter()
-            .map(|n| {
-                self.tensors
-                    .get(*n)
-                    .map(|&(i, _)| self.file.tensors[i].ggml_type)
-            })
-            .collect::<Option<_>>()?;
-        let first = *types.first()?;
-        if types.iter().any(|&t| t != first) {
-            // Exact (f16 would round the dequantized values: 1e-2 on the
-            // logits of the golden Q4_K_M file), at 4 bytes a value.
-            return Some(WeightFormat::F32);
-        }
-        Some(WeightFormat::of_ggml(first).unwrap_or(WeightFormat::F16))
+    fn stored_format(&self, name: &str) -> Option<WeightFormat> {
+        let &(i, _) = self.tensors.get(name)?;
+        Some(WeightFormat::of_ggml(self.file.tensors[i].ggml_type).unwrap_or(WeightFormat::F16))
     }
 }

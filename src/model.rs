@@ -120,26 +120,32 @@ impl Model {
         if let Some(kv) = opts.kv_dtype.filter(|f| !f.is_float()) {
             bail!("the KV cache is stored as f16 or f32, not {}", kv.name());
         }
-        // Each matrix in the format asked for, else as its file stores it
-        // (GGUF), else f16.
-        let format_of = |sources: &[(String, usize)]| {
-            let names: Vec<&str> = sources.iter().map(|(n, _)| n.as_str()).collect();
-            opts.dtype
-                .or_else(|| store.stored_format(&names))
-                .unwrap_or(WeightFormat::F16)
+        // Each tensor in the format asked for, else as its file stores it
+        // (GGUF), else f16; a stacked matrix keeps each tensor's format.
+        let blocks_of = |sources: &[(String, usize)]| -> Vec<(usize, WeightFormat)> {
+            let format_of = |name: &str| {
+                opts.dtype
+                    .or_else(|| store.stored_format(name))
+                    .unwrap_or(WeightFormat::F16)
+            };
+            sources.iter().map(|(n, r)| (*r, format_of(n))).collect()
         };
         let plan = matrix_plan(c);
         // Weights no device of this kind can hold are refused before the
         // first buffer is created (sizes in u128: no overflow).
         let bytes: u128 = plan
             .iter()
-            .map(|m| m.rows as u128 * format_of(&m.sources).row_bytes(m.cols) as u128)
+            .flat_map(|m| blocks_of(&m.sources).into_iter().map(|b| (b, m.cols)))
+            .map(|((rows, f), cols)| rows as u128 * f.row_bytes(cols) as u128)
             .sum();
         let ceiling = gpu.memory_ceiling();
         if bytes > ceiling as u128 {
             let gib = |b: u128| b as f64 / (1u64 << 30) as f64;
-            let formats: std::collections::BTreeSet<&str> =
-                plan.iter().map(|m| format_of(&m.sources).name()).collect();
+            let formats: std::collections::BTreeSet<&str> = plan
+                .iter()
+                .flat_map(|m| blocks_of(&m.sources))
+                .map(|(_, f)| f.name())
+                .collect();
             bail!(
                 "{}: the weights need {:.1} GiB as {}, more than this device can hold ({:.1} GiB at most)",
                 dir.display(),
@@ -163,8 +169,7 @@ impl Model {
         // The next matrix of the plan, uploaded (they come in plan order).
         let mut next_matrix = |gpu: &Gpu| -> Result<GpuMatrix> {
             let m = plan.next().expect("the plan lists every matrix");
-            let format = format_of(&m.sources);
-            let matrix = GpuMatrix::new(gpu, &m.label, m.rows, m.cols, format)?;
+            let matrix = GpuMatrix::stacked(gpu, &m.label, m.cols, &blocks_of(&m.sources))?;
             let mut row = 0;
             for (name, rows) in &m.sources {
                 store.fill_rows(gpu, &matrix, row, *rows, name)?;
@@ -255,10 +260,10 @@ impl Model {
     /// Bytes of weight matrices per storage format, largest share first.
     pub fn weight_formats(&self) -> Vec<(WeightFormat, u64)> {
         let mut out: Vec<(WeightFormat, u64)> = vec![];
-        for m in self.matrices() {
-            match out.iter_mut().find(|(f, _)| *f == m.format) {
-                Some((_, b)) => *b += m.bytes(),
-                None => out.push((m.format, m.bytes())),
+        for (format, bytes) in self.matrices().flat_map(|m| m.format_bytes()) {
+            match out.iter_mut().find(|(f, _)| *f == format) {
+                Some((_, b)) => *b += bytes,
+                None => out.push((format, bytes)),
             }
         }
         out.sort_by_key(|&(_, b)| std::cmp::Reverse(b));

@@ -10,7 +10,10 @@
 //! layout puts value `8i + n` in nibble `n` of quant word `i`, so that four
 //! consecutive values are one shift away). The WGSL side of each layout is
 //! `shaders/weights_<format>.wgsl`: it declares the weights binding and
-//! `weight4(g)`, the four values of flat group `g`. The CPU reference of
+//! `weight4(g)`, the four values of flat group `g`, and `dot32`, the dot
+//! product of 32 values (one block, or one sub-block of a K-quant) with x,
+//! which the `cpu` mat-vec uses: whole quant words, the scale applied once,
+//! and an offset such as Q4_1's `m` applied once to the sum of x. The CPU reference of
 //! every layout is llama.cpp's dequantization in src/gguf.rs (checked against
 //! gguf-py), applied to the GGUF block before repacking.
 //!

@@ -109,11 +109,21 @@ macro_rules! quantized {
     };
 }
 
+macro_rules! float {
+    ($name:literal) => {
+        concat!(
+            include_str!(concat!("../shaders/weights_", $name, ".wgsl")),
+            include_str!("../shaders/weights_floats.wgsl")
+        )
+    };
+}
+
 /// The weight-format preludes, one per [`WeightFormat`] (same order as `ALL`);
-/// the quantized ones end with their shared helpers.
+/// each ends with its family's shared code (`dot32` for the floats, the block
+/// helpers for the quantized ones).
 const WEIGHTS: [&str; 9] = [
-    include_str!("../shaders/weights_f16.wgsl"),
-    include_str!("../shaders/weights_f32.wgsl"),
+    float!("f16"),
+    float!("f32"),
     quantized!("q8_0"),
     quantized!("q4_0"),
     quantized!("q4_1"),

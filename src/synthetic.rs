@@ -13,6 +13,7 @@ use crate::config::ModelConfig;
 use crate::gpu::Gpu;
 use crate::kernels::random_fill::{reference_value, Distribution, RandomFill};
 use crate::model::{LoadOptions, Model};
+use crate::shaders::WeightFormat;
 use crate::weights::{GpuMatrix, WeightSource};
 
 /// The built-in shapes: (name, config.json of the model it copies).
@@ -89,6 +90,25 @@ fn tensor_seed(seed: u64, name: &str) -> u32 {
     (h ^ (h >> 32)) as u32
 }
 
+/// About how large |quant level x sub-block scale| is in random blocks of
+/// `format` (quants spread over their range, for the signed ones around
+/// their middle), so that a block scale of `scale / typical_level` gives
+/// weights of about `scale`; 1 for the float formats.
+fn typical_level(format: WeightFormat) -> f32 {
+    match format {
+        WeightFormat::F16 | WeightFormat::F32 => 1.0,
+        WeightFormat::Q8_0 => 64.0,
+        WeightFormat::Q4_0 => 4.0,
+        WeightFormat::Q4_1 => 8.0,
+        WeightFormat::Q5_0 => 8.0,
+        // 6-bit sub-block scales (about 32) times 4- or 5-bit quants.
+        WeightFormat::Q4_K => 32.0 * 8.0,
+        WeightFormat::Q5_K => 32.0 * 16.0,
+        // Signed 8-bit group scales (about 64) times quants centred on 32.
+        WeightFormat::Q6_K => 64.0 * 16.0,
+    }
+}
+
 /// Random weights generated on the GPU.
 pub struct RandomWeights {
     fill: RandomFill,
@@ -104,13 +124,14 @@ impl WeightSource for RandomWeights {
         rows: usize,
         name: &str,
     ) -> Result<()> {
-        let d = Distribution {
-            seed: tensor_seed(self.seed, name),
-            scale: 1.0 / (m.cols as f32).sqrt(),
-            offset: 0.0,
-        };
-        let row_bytes = m.format.row_bytes(m.cols);
+        let scale = 1.0 / (m.cols as f32).sqrt();
         for part in &m.parts {
+            let d = Distribution {
+                seed: tensor_seed(self.seed, name),
+                scale: scale / typical_level(part.format),
+                offset: 0.0,
+            };
+            let row_bytes = part.format.row_bytes(m.cols);
             let lo = row0.max(part.row0);
             let hi = (row0 + rows).min(part.row0 + part.rows);
             if lo >= hi {
@@ -122,7 +143,7 @@ impl WeightSource for RandomWeights {
             let b1 = (hi - part.row0) as u64 * row_bytes;
             let (w0, w1) = (b0 / 4, b1.div_ceil(4));
             self.fill
-                .fill(gpu, &part.buffer, w0, w1 - w0, m.format, d)?;
+                .fill(gpu, &part.buffer, w0, w1 - w0, part.format, d)?;
             // One tensor at a time, as for files: bounded driver-side queues.
             gpu.queue.submit([]);
         }
@@ -199,36 +220,48 @@ mod tests {
         assert!(err.contains("llama-3.1-8b"), "{err}");
     }
 
-    /// The smallest shape builds on the GPU and gives finite, seed-dependent logits.
+    /// The smallest shape builds on the GPU and gives finite, seed-dependent
+    /// logits, with float weights and with quantized blocks generated in place.
     #[test]
     fn smallest_shape_runs() {
-        let logits = |seed| {
-            let m = synthetic_model("smollm2-135m", &LoadOptions::default(), seed).unwrap();
-            assert_eq!(m.weight_bytes, 2 * 134_515_008 - 2 * (2 * 576 * 30 + 576));
-            let mut e = Engine::new(
-                m.clone(),
-                EngineOptions {
-                    max_slots: 16,
-                    max_tokens: 8,
-                    max_logit_rows: 1,
+        // The matrices' values (the norms are vectors, not generated on the GPU).
+        let values = 134_515_008u64 - (2 * 576 * 30 + 576);
+        for (format, bytes) in [
+            (WeightFormat::F16, 2 * values),
+            (WeightFormat::Q4_0, values / 32 * 20),
+        ] {
+            let logits = |seed| {
+                let opts = LoadOptions {
+                    dtype: Some(format),
                     ..Default::default()
-                },
-            )
-            .unwrap();
-            let ids: Vec<u32> = (0..8).map(|i| i * 1000 + 7).collect();
-            let pos: Vec<u32> = (0..8).collect();
-            e.step(&ids, &pos, StepOutput::last(8)).unwrap();
-            e.read_logits(1).unwrap()
-        };
-        let a = logits(1);
-        assert_eq!(a.len(), 49152);
-        assert!(a.iter().all(|x| x.is_finite()));
-        let sd = (a.iter().map(|x| x * x).sum::<f32>() / a.len() as f32).sqrt();
-        assert!(sd > 1e-3 && sd < 100.0, "logit rms {sd}");
-        let b = logits(2);
-        assert!(
-            a.iter().zip(&b).any(|(x, y)| x != y),
-            "the seed changes the weights"
-        );
+                };
+                let m = synthetic_model("smollm2-135m", &opts, seed).unwrap();
+                assert_eq!(m.weight_bytes, bytes, "{format:?}");
+                let mut e = Engine::new(
+                    m.clone(),
+                    EngineOptions {
+                        max_slots: 16,
+                        max_tokens: 8,
+                        max_logit_rows: 1,
+                        ..Default::default()
+                    },
+                )
+                .unwrap();
+                let ids: Vec<u32> = (0..8).map(|i| i * 1000 + 7).collect();
+                let pos: Vec<u32> = (0..8).collect();
+                e.step(&ids, &pos, StepOutput::last(8)).unwrap();
+                e.read_logits(1).unwrap()
+            };
+            let a = logits(1);
+            assert_eq!(a.len(), 49152);
+            assert!(a.iter().all(|x| x.is_finite()), "{format:?}");
+            let sd = (a.iter().map(|x| x * x).sum::<f32>() / a.len() as f32).sqrt();
+            assert!(sd > 1e-3 && sd < 100.0, "{format:?}: logit rms {sd}");
+            let b = logits(2);
+            assert!(
+                a.iter().zip(&b).any(|(x, y)| x != y),
+                "{format:?}: the seed changes the weights"
+            );
+        }
     }
 }

@@ -173,10 +173,9 @@ pub trait WeightSource {
     fn vector(&self, name: &str, len: usize) -> Result<Vec<f32>>;
     /// Whether the tensor exists (an untied LM head).
     fn contains(&self, name: &str) -> bool;
-    /// The format that keeps the tensors `names` (stacked into one matrix)
-    /// as they are stored, when there is one (a GGUF file's quantized
-    /// tensors); None lets the loader choose.
-    fn stored_format(&self, _names: &[&str]) -> Option<WeightFormat> {
+    /// The format that keeps the tensor `name` as it is stored, when there
+    /// is one (a GGUF file's quantized tensors); None lets the loader choose.
+    fn stored_format(&self, _name: &str) -> Option<WeightFormat> {
         None
     }
 }
@@ -229,23 +228,26 @@ pub fn encode(values: &[f32], format: WeightFormat, what: &str) -> Result<Vec<u8
     }
 }
 
-/// One row part of a matrix on the GPU.
+/// One row part of a matrix on the GPU, in one storage format.
 pub struct MatrixPart {
     pub buffer: wgpu::Buffer,
     pub row0: usize,
     pub rows: usize,
+    pub format: WeightFormat,
 }
 
 /// A `[rows, cols]` weight matrix (nn.Linear layout), split into row parts that
-/// each fit one storage binding.
+/// each fit one storage binding. A stacked matrix (q|k|v, gate|up) may hold
+/// its tensors in different formats (a Q4_K_M file's q and k in Q4_K, v in
+/// Q6_K): each part has one, and a part never spans two.
 pub struct GpuMatrix {
     pub rows: usize,
     pub cols: usize,
-    pub format: WeightFormat,
     pub parts: Vec<MatrixPart>,
 }
 
 impl GpuMatrix {
+    /// A matrix in one format.
     pub fn new(
         gpu: &Gpu,
         label: &str,
@@ -253,51 +255,105 @@ impl GpuMatrix {
         cols: usize,
         format: WeightFormat,
     ) -> Result<Self> {
-        format.check_cols(cols, label)?;
-        let row_bytes = format.row_bytes(cols);
-        // Parts hold a multiple of 4 rows: the matmul kernel works in 4-row blocks.
-        let rows_per_part = ((gpu.max_binding / row_bytes) as usize / 4) * 4;
-        if rows_per_part == 0 {
-            bail!(
-                "{label}: one row of {row_bytes} bytes exceeds the device's {}-byte storage binding",
-                gpu.max_binding
-            );
-        }
+        Self::stacked(gpu, label, cols, &[(rows, format)])
+    }
+
+    /// A matrix of row blocks `(rows, format)` stacked in order.
+    pub fn stacked(
+        gpu: &Gpu,
+        label: &str,
+        cols: usize,
+        blocks: &[(usize, WeightFormat)],
+    ) -> Result<Self> {
         let mut parts = Vec::new();
         let mut row0 = 0;
-        while row0 < rows {
-            let n = rows_per_part.min(rows - row0);
-            let buffer = gpu.storage(&format!("{label}[{row0}..]"), n as u64 * row_bytes);
-            parts.push(MatrixPart {
-                buffer,
-                row0,
-                rows: n,
-            });
-            row0 += n;
+        // Neighbours in one format share their parts.
+        let mut merged: Vec<(usize, WeightFormat)> = vec![];
+        for &(rows, format) in blocks {
+            match merged.last_mut() {
+                Some((r, f)) if *f == format => *r += rows,
+                _ => merged.push((rows, format)),
+            }
+        }
+        for (rows, format) in merged {
+            format.check_cols(cols, label)?;
+            let row_bytes = format.row_bytes(cols);
+            // Parts hold a multiple of 4 rows: the matmul kernel works in
+            // 4-row blocks.
+            let rows_per_part = ((gpu.max_binding / row_bytes) as usize / 4) * 4;
+            if rows_per_part == 0 {
+                bail!(
+                    "{label}: one row of {row_bytes} bytes exceeds the device's {}-byte storage binding",
+                    gpu.max_binding
+                );
+            }
+            let end = row0 + rows;
+            while row0 < end {
+                let n = rows_per_part.min(end - row0);
+                let buffer = gpu.storage(&format!("{label}[{row0}..]"), n as u64 * row_bytes);
+                parts.push(MatrixPart {
+                    buffer,
+                    row0,
+                    rows: n,
+                    format,
+                });
+                row0 += n;
+            }
         }
         Ok(GpuMatrix {
-            rows,
+            rows: row0,
             cols,
-            format,
             parts,
         })
     }
 
+    /// The format of row `row` (None past the last row).
+    pub fn format_at(&self, row: usize) -> Option<WeightFormat> {
+        self.parts
+            .iter()
+            .find(|p| (p.row0..p.row0 + p.rows).contains(&row))
+            .map(|p| p.format)
+    }
+
+    /// The one format of a matrix whose parts all share it (an embedding
+    /// table, an LM head); an error for a mixed stack.
+    pub fn single_format(&self, what: &str) -> Result<WeightFormat> {
+        let first = self.parts.first().map(|p| p.format);
+        match first {
+            Some(f) if self.parts.iter().all(|p| p.format == f) => Ok(f),
+            _ => bail!("{what}: the matrix mixes weight formats, which this kernel cannot read"),
+        }
+    }
+
+    /// Each format with the bytes the matrix holds in it.
+    pub fn format_bytes(&self) -> Vec<(WeightFormat, u64)> {
+        let mut out: Vec<(WeightFormat, u64)> = vec![];
+        for p in &self.parts {
+            let b = p.rows as u64 * p.format.row_bytes(self.cols);
+            match out.iter_mut().find(|(f, _)| *f == p.format) {
+                Some((_, bytes)) => *bytes += b,
+                None => out.push((p.format, b)),
+            }
+        }
+        out
+    }
+
     /// Writes `values` (whole rows, f32) starting at row `row0`, encoded in
-    /// the matrix's format.
+    /// the format of the parts they land in.
     pub fn write_rows(&self, gpu: &Gpu, row0: usize, values: &[f32], what: &str) -> Result<()> {
-        self.write_encoded(gpu, row0, values.len(), what, |lo, hi| {
-            encode(&values[lo * self.cols..hi * self.cols], self.format, what)
+        self.write_encoded(gpu, row0, values.len(), what, |lo, hi, format| {
+            encode(&values[lo * self.cols..hi * self.cols], format, what)
         })
     }
 
-    /// Writes rows starting at `row0` from llama.cpp blocks of the matrix's
-    /// (quantized) format, whole rows, repacked into the GPU layout.
+    /// Writes rows starting at `row0` from llama.cpp blocks of the (quantized)
+    /// format of the parts they land in, whole rows, repacked into the GPU
+    /// layout.
     pub fn write_blocks(&self, gpu: &Gpu, row0: usize, blocks: &[u8], what: &str) -> Result<()> {
-        let b = self
-            .format
+        let format = self.format_at(row0).unwrap_or(WeightFormat::F32);
+        let b = format
             .block()
-            .with_context(|| format!("{what}: {} is not a block format", self.format.name()))?;
+            .with_context(|| format!("{what}: {} is not a block format", format.name()))?;
         let row_in = self.cols / b.values * b.ggml.block_bytes() as usize;
         if !blocks.len().is_multiple_of(row_in) {
             bail!(
@@ -307,22 +363,30 @@ impl GpuMatrix {
             );
         }
         let values = blocks.len() / row_in * self.cols;
-        self.write_encoded(gpu, row0, values, what, |lo, hi| {
+        self.write_encoded(gpu, row0, values, what, |lo, hi, part_format| {
+            if part_format != format {
+                bail!(
+                    "{what}: {} blocks cannot fill rows stored as {}",
+                    format.name(),
+                    part_format.name()
+                );
+            }
             let mut words = Vec::new();
-            crate::quant::repack(self.format, &blocks[lo * row_in..hi * row_in], &mut words);
+            crate::quant::repack(format, &blocks[lo * row_in..hi * row_in], &mut words);
             Ok(bytemuck::cast_slice(&words).to_vec())
         })
     }
 
     /// Writes `n_values` values (whole rows) from row `row0`, part by part;
-    /// `encode(lo, hi)` gives the bytes of rows `row0 + lo .. row0 + hi`.
+    /// `encode(lo, hi, format)` gives the bytes of rows `row0 + lo .. row0 + hi`
+    /// in the format of their part.
     fn write_encoded(
         &self,
         gpu: &Gpu,
         row0: usize,
         n_values: usize,
         what: &str,
-        encode: impl Fn(usize, usize) -> Result<Vec<u8>>,
+        encode: impl Fn(usize, usize, WeightFormat) -> Result<Vec<u8>>,
     ) -> Result<()> {
         if !n_values.is_multiple_of(self.cols) || row0 + n_values / self.cols > self.rows {
             bail!(
@@ -332,20 +396,20 @@ impl GpuMatrix {
             );
         }
         let n_rows = n_values / self.cols;
-        let row_bytes = self.format.row_bytes(self.cols);
         for part in &self.parts {
             let lo = row0.max(part.row0);
             let hi = (row0 + n_rows).min(part.row0 + part.rows);
             if lo >= hi {
                 continue;
             }
-            let bytes = encode(lo - row0, hi - row0)?;
+            let bytes = encode(lo - row0, hi - row0, part.format)?;
+            let row_bytes = part.format.row_bytes(self.cols);
             gpu.write(&part.buffer, (lo - part.row0) as u64 * row_bytes, &bytes);
         }
         Ok(())
     }
 
     pub fn bytes(&self) -> u64 {
-        self.rows as u64 * self.format.row_bytes(self.cols)
+        self.format_bytes().iter().map(|(_, b)| b).sum()
     }
 }

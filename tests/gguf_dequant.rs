@@ -4,7 +4,7 @@
 //! squares of the whole tensor (../shared/golden/quant/README.md).
 
 mod common;
-use common::{converted_quant_gguf, golden_dir, Npz};
+use common::{converted_quant_gguf, golden_dir, weight_bytes_over_gguf, Npz};
 use sieve::gguf::GgufFile;
 
 #[test]
@@ -166,6 +166,15 @@ fn every_format_loaded_directly_matches_its_reference_logits() {
                 t => WeightFormat::parse(t).unwrap(),
             };
             assert_eq!(main, want, "{tag}: {}", model.formats_summary());
+            // Every tensor in its own type, stacks included (Q4_K_M's q|k|v
+            // mixes Q4_K and Q6_K): the GPU holds about the file's bytes
+            // (repacking into words adds at most Q4_0's 2 bytes per 18).
+            let ratio = weight_bytes_over_gguf(&model, &file);
+            assert!(
+                (1.0..1.12).contains(&ratio),
+                "{tag}: weights take {ratio:.3}x the GGUF's bytes ({})",
+                model.formats_summary()
+            );
             let d = reference_logits_gap(model, tag);
             eprintln!("{tag} ({kernels:?}): logits max |d| {d:.2e}");
             assert!(d <= 1e-3, "{tag} ({kernels:?}): logits max |d| {d}");

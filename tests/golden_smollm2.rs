@@ -400,14 +400,7 @@ fn quantized_gguf_loaded_directly_matches() {
         let m = Model::load(&gguf, &opts).unwrap();
         let formats: Vec<WeightFormat> = m.weight_formats().iter().map(|f| f.0).collect();
         assert_eq!(formats, [WeightFormat::Q4_1, WeightFormat::Q8_0]);
-        let file = sieve::gguf::GgufFile::open(&gguf).unwrap();
-        let matrices: u64 = file
-            .tensors
-            .iter()
-            .filter(|t| t.dims.len() == 2)
-            .map(|t| t.n_bytes())
-            .sum();
-        let ratio = m.weight_bytes as f64 / matrices as f64;
+        let ratio = weight_bytes_over_gguf(&m, &gguf);
         assert!(
             (1.0..1.1).contains(&ratio),
             "weights take {ratio:.3}x the GGUF's bytes"

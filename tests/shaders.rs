@@ -123,6 +123,7 @@ fn shader_list_covers_the_folder() {
         "shaders/weights_q5_k.wgsl",
         "shaders/weights_q6_k.wgsl",
         "shaders/weights_blocks.wgsl",
+        "shaders/weights_floats.wgsl",
         "shaders/kv_f16.wgsl",
         "shaders/kv_f32.wgsl",
         "shaders/matmul_io.wgsl",

@@ -1,9 +1,13 @@
-//! `sieve info`: the adapter, backend, driver, features and limits.
+//! `sieve info`: the adapter, backend, driver, features and limits; with
+//! `--model`, also the model's shape and its weight formats as loaded.
 
 use anyhow::Result;
 use clap::Args;
+use std::path::PathBuf;
 
 use sieve::gpu::{Gpu, GpuOptions};
+use sieve::model::{LoadOptions, Model};
+use sieve::shaders::WeightFormat;
 
 #[derive(Args, Debug)]
 pub struct InfoArgs {
@@ -16,6 +20,13 @@ pub struct InfoArgs {
     /// Kernel set: auto, cpu or gpu (also $SIEVE_KERNELS).
     #[arg(long, value_parser = ["auto", "cpu", "gpu"])]
     pub kernels: Option<String>,
+    /// Also load this model (directory or GGUF file) and print its shape,
+    /// weight formats and bytes read per decoded token.
+    #[arg(long)]
+    pub model: Option<PathBuf>,
+    /// Weight format with --model, as for `sieve run`.
+    #[arg(long, value_parser = ["auto", "f16", "f32", "q8_0", "q4_0", "q4_1", "q5_0", "q4_k", "q5_k", "q6_k"], default_value = "auto")]
+    pub dtype: String,
 }
 
 /// `println!` that stops quietly at a closed pipe.
@@ -24,12 +35,29 @@ macro_rules! out {
 }
 
 pub fn main(a: InfoArgs) -> Result<()> {
-    let gpu = Gpu::new(&GpuOptions {
+    let gpu_options = GpuOptions {
         backend: a.backend,
         adapter: a.adapter,
         max_binding_override: None,
         kernels: super::kernel_set(&a.kernels)?,
-    })?;
+    };
+    // The model is loaded before anything is printed, so a bad file is one
+    // clear error.
+    let model = match &a.model {
+        Some(path) => Some(Model::load(
+            path,
+            &LoadOptions {
+                dtype: WeightFormat::parse(&a.dtype),
+                gpu: gpu_options.clone(),
+                ..Default::default()
+            },
+        )?),
+        None => None,
+    };
+    let gpu = match &model {
+        Some(m) => m.gpu.clone(),
+        None => Gpu::new(&gpu_options)?,
+    };
     let i = &gpu.info;
     out!("adapter:      {}", i.name);
     out!("backend:      {:?}", i.backend);
@@ -65,5 +93,29 @@ pub fn main(a: InfoArgs) -> Result<()> {
         "max storage buffers/stage: {}",
         l.max_storage_buffers_per_shader_stage
     );
+    if let (Some(m), Some(path)) = (&model, &a.model) {
+        let c = &m.config;
+        out!("model:        {}", path.display());
+        out!(
+            "shape:        {} {} layers, hidden {}, {} query / {} KV heads of {}, MLP {}, vocabulary {}",
+            c.architecture,
+            c.num_layers,
+            c.hidden_size,
+            c.num_heads,
+            c.num_kv_heads,
+            c.head_dim,
+            c.intermediate_size,
+            c.vocab_size
+        );
+        out!(
+            "weights:      {:.1} MB on the GPU: {}",
+            m.weight_bytes as f64 / 1e6,
+            m.formats_summary()
+        );
+        out!(
+            "read per decoded token: {:.1} MB of weights (layer matrices and LM head)",
+            m.decode_weight_bytes() as f64 / 1e6
+        );
+    }
     Ok(())
 }

@@ -32,8 +32,9 @@ pub struct ModelArgs {
     pub model: Option<PathBuf>,
     /// Storage format of weight matrices on the GPU: auto (a GGUF file's
     /// own types where sieve has a GPU layout for them, else f16), f16, f32,
-    /// or q8_0/q4_0 (quantized at load time).
-    #[arg(long, value_parser = ["auto", "f16", "f32", "q8_0", "q4_0"], default_value = "auto")]
+    /// q8_0/q4_0 (quantized at load time), or another block format (for a
+    /// GGUF's tensors of that type, and random blocks with --synthetic).
+    #[arg(long, value_parser = ["auto", "f16", "f32", "q8_0", "q4_0", "q4_1", "q5_0", "q4_k", "q5_k", "q6_k"], default_value = "auto")]
     pub dtype: String,
     /// Storage format of the KV cache (f16 halves its memory and bandwidth).
     #[arg(long, value_parser = ["f16", "f32"], default_value = "f32")]

@@ -23,7 +23,8 @@ impl Embed {
         ids: &wgpu::Buffer,
         x: &wgpu::Buffer,
     ) -> Result<Self> {
-        let pipeline = gpu.pipeline(&shaders::EMBED, Some(table.format), "main", &[])?;
+        let format = table.single_format("the embedding table")?;
+        let pipeline = gpu.pipeline(&shaders::EMBED, Some(format), "main", &[])?;
         let hidden4 = (table.cols / 4) as u32;
         let groups = table_part_groups(gpu, &pipeline, step, table, &[ids, x]);
         Ok(Embed {

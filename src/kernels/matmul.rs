@@ -62,18 +62,17 @@ pub enum FusedInput<'a> {
     SwiGlu { gate_up: &'a wgpu::Buffer },
 }
 
+/// One row part with its pipelines (a part's format picks its kernels).
 struct Part {
     rows: u32,
-    matvec: wgpu::BindGroup,
-    matmul: wgpu::BindGroup,
+    matvec: (Arc<wgpu::ComputePipeline>, wgpu::BindGroup),
+    matmul: (Arc<wgpu::ComputePipeline>, wgpu::BindGroup),
+    matmul_variant: MatmulVariant,
 }
 
 /// One weight matrix bound to its input and output buffers.
 pub struct Matmul {
-    matvec: Arc<wgpu::ComputePipeline>,
-    matmul: Arc<wgpu::ComputePipeline>,
     pub matvec_variant: MatvecVariant,
-    pub matmul_variant: MatmulVariant,
     /// The mat-vec computes its input itself ([`FusedInput`]): skip the
     /// kernel that writes x when n = 1.
     pub fuses_input: bool,
@@ -82,7 +81,7 @@ pub struct Matmul {
 
 fn matvec_kernel(v: MatvecVariant) -> (&'static Shader, &'static str) {
     match v {
-        MatvecVariant::Rows4 => (&shaders::MATMUL, "matvec"),
+        MatvecVariant::Rows8 => (&shaders::MATMUL, "matvec"),
         MatvecVariant::WorkgroupReduce => (&shaders::MATVEC_WORKGROUP, "matvec"),
         MatvecVariant::SubgroupReduce => (&shaders::MATVEC_SUBGROUP, "matvec"),
     }
@@ -124,14 +123,13 @@ impl Matmul {
         opts: MatmulOptions,
         fused: Option<FusedInput>,
     ) -> Result<Self> {
-        let part_rows: Vec<usize> = w.parts.iter().map(|p| p.rows).collect();
-        let matmul = gpu.kernels.matmul_for(w.format, &part_rows, w.cols);
-        let variants = (gpu.kernels.matvec, matmul);
+        let variants = (gpu.kernels.matvec, gpu.kernels.matmul);
         Self::with_variants(gpu, step, w, bias, x, y, opts, variants, fused)
     }
 
     /// As [`Matmul::new`] with the given variants (tests run every variant on
-    /// any device; the cooperative one needs its features).
+    /// any device; the cooperative one needs its features, and falls back
+    /// per part as [`MatmulVariant::for_part`] says).
     #[allow(clippy::too_many_arguments)]
     pub fn with_variants(
         gpu: &Gpu,
@@ -144,16 +142,21 @@ impl Matmul {
         (matvec_variant, matmul_variant): (MatvecVariant, MatmulVariant),
         fused: Option<FusedInput>,
     ) -> Result<Self> {
-        let fused = fused.filter(|_| matvec_variant != MatvecVariant::Rows4);
-        let fmt = Some(w.format);
-        let (shader, entry) = matvec_kernel(matvec_variant);
-        let matvec = gpu.pipeline(shader, fmt, entry, &[])?;
-        let (shader, entry) = matmul_kernel(matmul_variant);
-        let matmul = if matmul_variant == MatmulVariant::Coop {
-            let lanes = gpu.profile.subgroup_max as f64;
-            gpu.pipeline(shader, fmt, entry, &[("SUBGROUP_SIZE", lanes)])?
-        } else {
-            gpu.pipeline(shader, fmt, entry, &[])?
+        let fused = fused.filter(|_| matvec_variant.fuses_input());
+        // The pipelines of one part's format and mat-mul variant (cached by
+        // the device, so parts in one format share them).
+        let pipelines = |format, matmul_variant| -> Result<_> {
+            let fmt = Some(format);
+            let (shader, entry) = matvec_kernel(matvec_variant);
+            let matvec = gpu.pipeline(shader, fmt, entry, &[])?;
+            let (shader, entry) = matmul_kernel(matmul_variant);
+            let matmul = if matmul_variant == MatmulVariant::Coop {
+                let lanes = gpu.profile.subgroup_max as f64;
+                gpu.pipeline(shader, fmt, entry, &[("SUBGROUP_SIZE", lanes)])?
+            } else {
+                gpu.pipeline(shader, fmt, entry, &[])?
+            };
+            Ok((matvec, matmul))
         };
         let dummy;
         let bias_buf = match bias {
@@ -168,7 +171,9 @@ impl Matmul {
         let parts = w
             .parts
             .iter()
-            .map(|part| {
+            .map(|part| -> Result<Part> {
+                let part_variant = matmul_variant.for_part(part.format, part.rows, w.cols);
+                let (matvec, matmul) = pipelines(part.format, part_variant)?;
                 let params = |flags: u32, eps: f64| Params {
                     rows: part.rows as u32,
                     k4: (w.cols / 4) as u32,
@@ -181,7 +186,7 @@ impl Matmul {
                 };
                 let plain = gpu.uniform("matmul-params", &params(flags, 0.0));
                 let bufs = [step, &plain, &part.buffer, bias_buf, x, y, &no_norm];
-                let matvec = match fused {
+                let matvec_group = match fused {
                     Some(FusedInput::RmsNorm {
                         residual,
                         weights,
@@ -198,21 +203,26 @@ impl Matmul {
                     }
                     None => gpu.bind_group(&matvec, &bufs),
                 };
-                Part {
+                let matmul_group = gpu.bind_group(&matmul, &bufs);
+                Ok(Part {
                     rows: part.rows as u32,
-                    matvec,
-                    matmul: gpu.bind_group(&matmul, &bufs),
-                }
+                    matvec: (matvec.clone(), matvec_group),
+                    matmul: (matmul, matmul_group),
+                    matmul_variant: part_variant,
+                })
             })
-            .collect();
+            .collect::<Result<_>>()?;
         Ok(Matmul {
-            matvec,
-            matmul,
             matvec_variant,
-            matmul_variant,
             fuses_input: fused.is_some(),
             parts,
         })
+    }
+
+    /// The mat-mul variant of each row part (they differ where `Coop` falls
+    /// back for a part).
+    pub fn matmul_variants(&self) -> Vec<MatmulVariant> {
+        self.parts.iter().map(|p| p.matmul_variant).collect()
     }
 
     /// Encodes the product for `n` rows of x (n must match the step's row count).
@@ -221,22 +231,22 @@ impl Matmul {
             let rows = part.rows;
             if n == 1 {
                 let groups = match self.matvec_variant {
-                    MatvecVariant::Rows4 => (ceil_div(rows, 64), 1, 1),
+                    MatvecVariant::Rows8 => (ceil_div(rows, 64), 1, 1),
                     MatvecVariant::WorkgroupReduce | MatvecVariant::SubgroupReduce => {
                         let g = ceil_div(rows, 2);
                         (g.min(32768), ceil_div(g, 32768), 1)
                     }
                 };
-                dispatch(pass, &self.matvec, &part.matvec, groups);
+                dispatch(pass, &part.matvec.0, &part.matvec.1, groups);
             } else {
-                let groups = match self.matmul_variant {
+                let groups = match part.matmul_variant {
                     MatmulVariant::Blocked4x4 => {
                         (ceil_div(ceil_div(rows, 4), 64), ceil_div(n, 4), 1)
                     }
                     MatmulVariant::Tiled => (ceil_div(rows, 64), ceil_div(n, 64), 1),
                     MatmulVariant::Coop => (rows / 64, ceil_div(n, 32), 1),
                 };
-                dispatch(pass, &self.matmul, &part.matmul, groups);
+                dispatch(pass, &part.matmul.0, &part.matmul.1, groups);
             }
         }
     }
@@ -290,7 +300,7 @@ pub fn check_variant(gpu: &Gpu, variant: MatmulVariant) -> Result<()> {
         &xb,
         &yb,
         opts,
-        (MatvecVariant::Rows4, variant),
+        (MatvecVariant::Rows8, variant),
         None,
     )?;
     let mut enc = gpu.device.create_command_encoder(&Default::default());
@@ -358,19 +368,15 @@ mod tests {
     /// variant, the subgroup and cooperative ones where the device has the
     /// features (the cooperative one only for shapes it takes).
     fn variants(gpu: &Gpu, m: &GpuMatrix) -> Vec<(MatvecVariant, MatmulVariant)> {
-        let mut matvec = vec![MatvecVariant::Rows4, MatvecVariant::WorkgroupReduce];
+        let mut matvec = vec![MatvecVariant::Rows8, MatvecVariant::WorkgroupReduce];
         if gpu.profile.subgroups {
             matvec.push(MatvecVariant::SubgroupReduce);
         }
         let mut matmul = vec![MatmulVariant::Blocked4x4, MatmulVariant::Tiled];
-        let rows: Vec<usize> = m.parts.iter().map(|p| p.rows).collect();
-        let coop = crate::device::KernelVariants {
-            matmul: MatmulVariant::Coop,
-            ..gpu.kernels
+        let coop_takes = |p: &crate::weights::MatrixPart| {
+            MatmulVariant::Coop.for_part(p.format, p.rows, m.cols) == MatmulVariant::Coop
         };
-        if gpu.profile.coop_f16_16x16
-            && coop.matmul_for(m.format, &rows, m.cols) == MatmulVariant::Coop
-        {
+        if gpu.profile.coop_f16_16x16 && m.parts.iter().all(coop_takes) {
             matmul.push(MatmulVariant::Coop);
         }
         // Pair them so that each variant runs at least once.
@@ -394,14 +400,30 @@ mod tests {
         bias: bool,
         accumulate: bool,
     ) -> Vec<MatmulVariant> {
-        let m = GpuMatrix::new(gpu, "w", rows, cols, format).unwrap();
+        check_stack(gpu, &[(rows, format)], cols, n, bias, accumulate)
+    }
+
+    /// As `check`, for a stack of row blocks `(rows, format)`.
+    fn check_stack(
+        gpu: &Gpu,
+        blocks: &[(usize, WeightFormat)],
+        cols: usize,
+        n: usize,
+        bias: bool,
+        accumulate: bool,
+    ) -> Vec<MatmulVariant> {
+        let m = GpuMatrix::stacked(gpu, "w", cols, blocks).unwrap();
+        let rows = m.rows;
         let w = fill_test_weights(gpu, &m, 1 + rows as u64);
         // Quantized weights reach about 20: the tolerance scales with them.
         let w_max = w.iter().fold(1f32, |a, v| a.max(v.abs()));
         let b = rand_vec(rows, 7, 1.0);
         let x = rand_vec(n * cols, 3 + n as u64, 1.0);
         let y0 = rand_vec(n * rows, 11, 1.0);
-        assert_eq!(m.parts.len(), m.rows.div_ceil(m.parts[0].rows));
+        if let [(_, format)] = blocks {
+            assert_eq!(m.parts.len(), m.rows.div_ceil(m.parts[0].rows));
+            assert!(m.parts.iter().all(|p| p.format == *format));
+        }
         let step = step_buffer(
             gpu,
             Step {
@@ -458,9 +480,9 @@ mod tests {
             };
             assert!(
                 err < tol,
-                "{which}: rows {rows} cols {cols} n {n} {format:?}: max err {err}"
+                "{which}: {blocks:?} cols {cols} n {n}: max err {err}"
             );
-            ran.push(pair.1);
+            ran.extend(mm.matmul_variants());
         }
         ran
     }
@@ -516,6 +538,39 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// A stacked matrix whose tensors keep different formats (a Q4_K_M
+    /// file's q|k|v: Q4_K, Q4_K, Q6_K), with a float block too: every
+    /// variant, one token and several, each part through its own kernels.
+    #[test]
+    fn mixed_format_stacks_match_reference() {
+        let gpu = gpu();
+        let blocks = [
+            (13, WeightFormat::Q4_K),
+            (5, WeightFormat::Q4_K),
+            (7, WeightFormat::Q6_K),
+            (9, WeightFormat::F16),
+        ];
+        for n in [1, 6] {
+            check_stack(&gpu, &blocks, 512, n, n == 1, true);
+        }
+        let m = GpuMatrix::stacked(&gpu, "w", 512, &blocks).unwrap();
+        let formats: Vec<_> = m.parts.iter().map(|p| (p.row0, p.rows, p.format)).collect();
+        assert_eq!(
+            formats,
+            [
+                (0, 18, WeightFormat::Q4_K),
+                (18, 7, WeightFormat::Q6_K),
+                (25, 9, WeightFormat::F16)
+            ]
+        );
+        assert_eq!(m.format_at(20), Some(WeightFormat::Q6_K));
+        assert!(m.single_format("w").is_err());
+        // Blocks of one format cannot run on into rows stored in another.
+        let q4 = crate::quant::tests::random_blocks(WeightFormat::Q4_K, 2 * 20, 1);
+        let err = m.write_blocks(&gpu, 0, &q4, "w").unwrap_err();
+        assert!(err.to_string().contains("stored as q6_k"), "{err}");
     }
 
     /// Shapes the cooperative GEMM takes (rows and K multiples of 64; tokens
@@ -600,7 +655,7 @@ mod tests {
         let bb = gpu.storage_from("b", &b);
         // The input buffer holds garbage: the fused path must not read it.
         let garbage = gpu.storage_from("x", &vec![1e3f32; cols]);
-        let mut matvecs = vec![MatvecVariant::Rows4, MatvecVariant::WorkgroupReduce];
+        let mut matvecs = vec![MatvecVariant::Rows8, MatvecVariant::WorkgroupReduce];
         if gpu.profile.subgroups {
             matvecs.push(MatvecVariant::SubgroupReduce);
         }
@@ -623,7 +678,7 @@ mod tests {
                 Some(fused),
             )
             .unwrap();
-            assert_eq!(mm.fuses_input, v != MatvecVariant::Rows4, "{v:?}");
+            assert_eq!(mm.fuses_input, v.fuses_input(), "{v:?}");
             if !mm.fuses_input {
                 continue;
             }

@@ -286,28 +286,40 @@ pub(crate) mod testutil {
         }
     }
 
-    /// Fills `m` with test weights in its format and returns the values the
-    /// kernels should see: random values rounded through f16 or f32, or
-    /// random llama.cpp blocks of a quantized format, dequantized.
+    /// Fills `m` with test weights, part by part in each part's format, and
+    /// returns the values the kernels should see: random values rounded
+    /// through f16 or f32, or random llama.cpp blocks of a quantized format,
+    /// dequantized.
     pub fn fill_test_weights(gpu: &Gpu, m: &crate::weights::GpuMatrix, seed: u64) -> Vec<f32> {
-        let n = m.rows * m.cols;
-        let w = match m.format.block() {
-            Some(b) => {
-                let blocks = crate::quant::tests::random_blocks(m.format, n / b.values, seed);
-                let mut w = vec![0f32; n];
-                crate::gguf::dequantize_blocks(b.ggml, &blocks, &mut w).unwrap();
-                m.write_blocks(gpu, 0, &blocks, "w").unwrap();
-                return w;
-            }
-            None => rand_vec(n, seed, 0.5),
-        };
-        // Rounded through the storage format so the reference sees the same values.
-        let w: Vec<f32> = match m.format {
-            WeightFormat::F16 => w.iter().map(|&v| half::f16::from_f32(v).to_f32()).collect(),
-            _ => w,
-        };
-        m.write_rows(gpu, 0, &w, "w").unwrap();
-        w
+        let mut all = Vec::with_capacity(m.rows * m.cols);
+        for (i, part) in m.parts.iter().enumerate() {
+            let (n, seed) = (part.rows * m.cols, seed + i as u64);
+            let w = match part.format.block() {
+                Some(b) => {
+                    let blocks =
+                        crate::quant::tests::random_blocks(part.format, n / b.values, seed);
+                    let mut w = vec![0f32; n];
+                    crate::gguf::dequantize_blocks(b.ggml, &blocks, &mut w).unwrap();
+                    m.write_blocks(gpu, part.row0, &blocks, "w").unwrap();
+                    w
+                }
+                None => {
+                    // Rounded through the storage format so the reference
+                    // sees the same values.
+                    let w: Vec<f32> = rand_vec(n, seed, 0.5)
+                        .into_iter()
+                        .map(|v| match part.format {
+                            WeightFormat::F16 => half::f16::from_f32(v).to_f32(),
+                            _ => v,
+                        })
+                        .collect();
+                    m.write_rows(gpu, part.row0, &w, "w").unwrap();
+                    w
+                }
+            };
+            all.extend(w);
+        }
+        all
     }
 
     pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {

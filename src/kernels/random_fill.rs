@@ -18,13 +18,14 @@ struct Params {
     seed: u32,
     scale: f32,
     offset: f32,
-    _p: [u32; 2],
+    block_words: u32,
+    _p: u32,
 }
 
 /// How `Params` mirrors `FillParams` (checked against naga in tests/shaders.rs).
 pub(crate) fn uniform_layout() -> super::UniformLayout {
     super::uniform_layout!(Params as "FillParams" in [shaders::RANDOM_FILL] {
-        word0, n_words, format, seed, scale, offset, _p
+        word0, n_words, format, seed, scale, offset, block_words, _p
     })
 }
 
@@ -32,7 +33,10 @@ pub struct RandomFill {
     pipeline: Arc<wgpu::ComputePipeline>,
 }
 
-/// Values `offset + scale * u`, u uniform in [-1, 1).
+/// Values `offset + scale * u`, u uniform in [-1, 1). For a quantized format,
+/// blocks whose scale is `scale` (and whose offset or minimum scale is
+/// `offset`: Q4_1's m, the K-quants' dmin) and whose other words (quants,
+/// sub-block scales) are random bits.
 #[derive(Clone, Copy, Debug)]
 pub struct Distribution {
     pub seed: u32,
@@ -65,23 +69,27 @@ impl RandomFill {
         if n_words == 0 {
             return Ok(());
         }
+        let (code, block_words) = match (format, format.block()) {
+            (_, Some(b)) => (2, b.words as u32),
+            (WeightFormat::F32, None) => (0, 0),
+            (_, None) => (1, 0),
+        };
+        anyhow::ensure!(
+            block_words == 0 || word0.is_multiple_of(block_words as u64),
+            "random {} blocks must start at a block boundary (word {word0})",
+            format.name()
+        );
         let params = gpu.uniform(
             "random-fill",
             &Params {
                 word0: word0 as u32,
                 n_words: n_words as u32,
-                format: match format {
-                    WeightFormat::F32 => 0,
-                    WeightFormat::F16 => 1,
-                    q => anyhow::bail!(
-                        "random weights are generated as f16 or f32 only, not {}",
-                        q.name()
-                    ),
-                },
+                format: code,
                 seed: d.seed,
                 scale: d.scale,
                 offset: d.offset,
-                _p: [0; 2],
+                block_words,
+                _p: 0,
             },
         );
         let group = gpu.bind_group(&self.pipeline, &[&params, buffer]);
@@ -168,6 +176,30 @@ mod tests {
                     assert!((0.75..=1.25).contains(v), "{v}");
                 }
             }
+        }
+        // Quantized blocks: the first word of each the (scale, offset) pair,
+        // the others the hash bits; a fill must start at a block boundary.
+        for format in [WeightFormat::Q4_0, WeightFormat::Q6_K] {
+            let bw = format.block().unwrap().words as u64;
+            let (word0, n) = (3 * bw, 40 * bw + 1);
+            let buf = gpu.storage_from("fill", &vec![0u32; words as usize]);
+            fill.fill(&gpu, &buf, word0, n, format, d).unwrap();
+            let got: Vec<u32> = gpu.read(&buf, 0, words as usize).unwrap();
+            let pair = half::f16::from_f32(d.scale).to_bits() as u32
+                | (half::f16::from_f32(d.offset).to_bits() as u32) << 16;
+            for (w, &g) in got.iter().enumerate() {
+                let w = w as u64;
+                let want = if !(word0..word0 + n).contains(&w) {
+                    0
+                } else if w.is_multiple_of(bw) {
+                    pair
+                } else {
+                    hash(w as u32 ^ hash(d.seed))
+                };
+                assert_eq!(g, want, "{format:?} word {w}");
+            }
+            let err = fill.fill(&gpu, &buf, bw + 1, n, format, d).unwrap_err();
+            assert!(err.to_string().contains("block boundary"), "{err}");
         }
         // Uniform on [-1, 1): mean near 0, spread near 1/sqrt(3).
         let d0 = Distribution {

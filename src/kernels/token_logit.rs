@@ -23,7 +23,8 @@ impl TokenLogit {
         x: &wgpu::Buffer,
         out: &wgpu::Buffer,
     ) -> Result<Self> {
-        let pipeline = gpu.pipeline(&shaders::TOKEN_LOGIT, Some(head.format), "main", &[])?;
+        let format = head.single_format("the LM head")?;
+        let pipeline = gpu.pipeline(&shaders::TOKEN_LOGIT, Some(format), "main", &[])?;
         let groups = table_part_groups(gpu, &pipeline, step, head, &[ids, x, out]);
         Ok(TokenLogit { pipeline, groups })
     }

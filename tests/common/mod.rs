@@ -82,6 +82,19 @@ impl Npz {
     }
 }
 
+/// How many times the bytes of a GGUF file's matrices (2-D tensors) `model`
+/// holds on the GPU.
+pub fn weight_bytes_over_gguf(model: &sieve::model::Model, gguf: &std::path::Path) -> f64 {
+    let file = sieve::gguf::GgufFile::open(gguf).unwrap();
+    let matrices: u64 = file
+        .tensors
+        .iter()
+        .filter(|t| t.dims.len() == 2)
+        .map(|t| t.n_bytes())
+        .sum();
+    model.weight_bytes as f64 / matrices as f64
+}
+
 pub fn argmax(v: &[f32]) -> usize {
     (0..v.len()).fold(0, |b, i| if v[i] > v[b] { i } else { b })
 }

@@ -108,7 +108,8 @@ pub struct CacheArgs {
     /// Newest entries that are never evicted.
     #[arg(long, default_value_t = 64)]
     pub recent: usize,
-    /// Eviction policy: full, window, random, h2o, tova, epikv, ccs, ccs-full.
+    /// Eviction policy: full, window, random, h2o, tova, epikv, ccs, ccs-full
+    /// (SPEC.md), or a variant: epikv-robust (docs/POLICIES.md).
     /// Default: window with --budget, else full.
     #[arg(long)]
     pub policy: Option<String>,

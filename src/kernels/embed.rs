@@ -120,7 +120,7 @@ mod tests {
             },
         );
         let idb = gpu.storage_from("ids", &ids);
-        for format in crate::quant::tests::ALL {
+        for format in crate::quant::tests::quantized() {
             let m = GpuMatrix::new(&gpu, "emb", vocab, hidden, format).unwrap();
             assert!(m.parts.len() > 1, "{format:?}");
             let table = fill_test_weights(&gpu, &m, 3);

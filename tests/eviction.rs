@@ -146,6 +146,42 @@ fn check_against_reference_with(policy: Policy, file: &str, score_tol: f64, mate
     }
 }
 
+/// `epikv-robust` (docs/POLICIES.md) has no independent reference: through
+/// the engine on both tiny models it keeps SPEC EpiKV's schedule, protected
+/// entries and cache size, scores every unprotected entry with a finite
+/// value, and ranks differently from SPEC EpiKV somewhere (the statistics
+/// change, not only the name).
+#[test]
+fn epikv_robust_runs_the_spec_schedule_with_its_own_scores() {
+    for name in ["tiny-llama-gqa", "tiny-qwen2"] {
+        let s = settings(name);
+        let model = load(name);
+        let ids = input_ids(&s);
+        let (_, spec) = run(&model, &ids, golden_opts(&s, Policy::Epikv), 64);
+        let (_, robust) = run(&model, &ids, golden_opts(&s, Policy::EpikvRobust), 64);
+        assert_eq!(spec.trace.len(), robust.trace.len(), "{name}");
+        let mut scores_differ = false;
+        for (a, b) in spec.trace.iter().zip(&robust.trace) {
+            assert_eq!(a.before_position, b.before_position, "{name}");
+            assert_eq!(
+                a.present, b.present,
+                "{name}: the same entries before refresh"
+            );
+            assert_eq!(a.protected, b.protected, "{name}");
+            assert_eq!(a.kept.len(), b.kept.len(), "{name}");
+            assert_eq!(b.scores.len(), b.unprotected.len(), "{name}");
+            assert!(b.scores.iter().all(|x| x.is_finite()), "{name}");
+            scores_differ |= a.scores != b.scores;
+            if a.kept != b.kept {
+                // Different kept sets lead to different caches afterwards.
+                break;
+            }
+        }
+        assert!(scores_differ, "{name}: robust scores equal SPEC EpiKV's");
+        assert_eq!(robust.slots.len(), spec.slots.len(), "{name}");
+    }
+}
+
 #[test]
 fn window_matches_the_reference() {
     check_against_reference(Policy::Window, "window", 0.0);

@@ -82,21 +82,25 @@ mod tests {
         assert!(m.parts.len() > 1);
         m.write_rows(&gpu, 0, &table, "emb").unwrap();
         for ids in [vec![0u32], vec![36, 0, 8, 7, 9, 16, 35]] {
-            let n = ids.len();
-            let step = step_buffer(
-                &gpu,
-                Step {
-                    n_tokens: n as u32,
-                    ..Default::default()
-                },
-            );
-            let idb = gpu.storage_from("ids", &ids);
-            let x = gpu.storage("x", (n * hidden * 4) as u64);
-            let e = Embed::new(&gpu, &step, &m, &idb, &x).unwrap();
-            run_pass(&gpu, |pass| e.encode(pass, n as u32));
-            let got: Vec<f32> = gpu.read(&x, 0, n * hidden).unwrap();
-            assert_eq!(got, reference(&table, hidden, &ids));
+            assert_eq!(gather(&gpu, &m, &ids), reference(&table, hidden, &ids));
         }
+    }
+
+    /// The rows of `ids` gathered from `m` by the kernel.
+    fn gather(gpu: &Gpu, m: &GpuMatrix, ids: &[u32]) -> Vec<f32> {
+        let n = ids.len();
+        let step = step_buffer(
+            gpu,
+            Step {
+                n_tokens: n as u32,
+                ..Default::default()
+            },
+        );
+        let idb = gpu.storage_from("ids", ids);
+        let x = gpu.storage("x", (n * m.cols * 4) as u64);
+        let e = Embed::new(gpu, &step, m, &idb, &x).unwrap();
+        run_pass(gpu, |pass| e.encode(pass, n as u32));
+        gpu.read(&x, 0, n * m.cols).unwrap()
     }
 
     /// Every quantized format gathers the dequantized rows (a 256-value
@@ -111,23 +115,11 @@ mod tests {
         .unwrap();
         let (vocab, hidden) = (37, 256);
         let ids = vec![36u32, 0, 8, 7, 9, 16, 35];
-        let n = ids.len();
-        let step = step_buffer(
-            &gpu,
-            Step {
-                n_tokens: n as u32,
-                ..Default::default()
-            },
-        );
-        let idb = gpu.storage_from("ids", &ids);
         for format in crate::quant::tests::quantized() {
             let m = GpuMatrix::new(&gpu, "emb", vocab, hidden, format).unwrap();
             assert!(m.parts.len() > 1, "{format:?}");
             let table = fill_test_weights(&gpu, &m, 3);
-            let x = gpu.storage("x", (n * hidden * 4) as u64);
-            let e = Embed::new(&gpu, &step, &m, &idb, &x).unwrap();
-            run_pass(&gpu, |pass| e.encode(pass, n as u32));
-            let got: Vec<f32> = gpu.read(&x, 0, n * hidden).unwrap();
+            let got = gather(&gpu, &m, &ids);
             let want = reference(&table, hidden, &ids);
             assert!(max_abs_diff(&got, &want) < 1e-5, "{format:?}");
         }

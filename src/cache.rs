@@ -158,6 +158,20 @@ impl BoundedCache {
         })
     }
 
+    /// A cache ranking with `scorer` instead of the policy's own (the oracles,
+    /// whose scorer holds the document's future).
+    pub fn with_scorer(opts: CacheOptions, scorer: Box<dyn Scorer>) -> Result<Self> {
+        opts.validate()?;
+        Ok(BoundedCache {
+            opts,
+            scorer: Some(scorer),
+            slots: vec![],
+            trace: vec![],
+            record: false,
+            refreshes: 0,
+        })
+    }
+
     /// Entries the engine must hold: C for an evicting policy, None for `full`.
     pub fn capacity(&self) -> Option<usize> {
         self.scorer.as_ref().map(|_| self.opts.capacity())

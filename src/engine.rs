@@ -60,6 +60,18 @@ pub enum CcsMode {
     Fast,
     /// From the token embeddings, through every layer.
     Full,
+    /// As `Fast`, but the entry's own residual stream is not added back
+    /// after the attention: r_i = W_o(attn) (the `ccs-context` variant,
+    /// docs/POLICIES.md), so the logit reads what the later entries say.
+    FastContext,
+}
+
+impl CcsMode {
+    /// Whether the pass starts from the stored residual stream entering the
+    /// last layer (and runs that layer only).
+    pub fn from_last_layer(self) -> bool {
+        self != CcsMode::Full
+    }
 }
 
 /// Buffers and kernels of the counter-causal pass.
@@ -70,6 +82,9 @@ struct CounterCausal {
     /// Fast mode: `[max_slots, hidden]` residual stream entering the last layer,
     /// per slot (compacted with K and V), and its gather into `x`.
     hidden: Option<(wgpu::Buffer, Gather)>,
+    /// FastContext: the last layer's output projection writing x instead of
+    /// adding to it (drops the entry's own residual path).
+    o_without_residual: Option<Matmul>,
     token_logit: TokenLogit,
     out: wgpu::Buffer,
 }
@@ -98,7 +113,12 @@ enum LayerAttention<'a> {
     },
     /// The counter-causal pass: k/v go to scratch (`rope`), never to the
     /// cache, and each query attends the entries after it among `n_present`.
-    AntiCausal { rope: &'a RopeKv, n_present: u32 },
+    /// `o`: an output projection to use instead of the layer's own.
+    AntiCausal {
+        rope: &'a RopeKv,
+        n_present: u32,
+        o: Option<&'a Matmul>,
+    },
 }
 
 impl LayerKernels {
@@ -121,6 +141,7 @@ impl LayerKernels {
         }
         self.qkv.encode(p, n);
         mark(p, "qkv matmul");
+        let mut o = &self.o;
         match attention {
             LayerAttention::Causal { start, weights } => {
                 self.rope.encode(p, n, start);
@@ -132,14 +153,19 @@ impl LayerKernels {
                     mark(p, "attention weights (h2o/tova)");
                 }
             }
-            LayerAttention::AntiCausal { rope, n_present } => {
+            LayerAttention::AntiCausal {
+                rope,
+                n_present,
+                o: own_o,
+            } => {
                 rope.encode(p, n, n_present - n);
                 mark(p, "rope + kv write");
                 self.attn.encode_anticausal(p, n, n_present);
                 mark(p, "attention");
+                o = own_o.unwrap_or(o);
             }
         }
-        self.o.encode(p, n);
+        o.encode(p, n);
         mark(p, "o matmul");
         if !(n == 1 && self.gate_up.fuses_input) {
             self.mlp_norm.encode(p, n);
@@ -476,10 +502,10 @@ impl Engine {
         let ccs = match opts.counter_causal {
             None => None,
             Some(mode) => {
-                let first = if mode == CcsMode::Full {
-                    0
-                } else {
+                let first = if mode.from_last_layer() {
                     c.num_layers - 1
+                } else {
+                    0
                 };
                 let rope = (first..c.num_layers)
                     .map(|_| {
@@ -497,7 +523,7 @@ impl Engine {
                         )
                     })
                     .collect::<Result<Vec<_>>>()?;
-                let hidden = if mode == CcsMode::Fast {
+                let hidden = if mode.from_last_layer() {
                     let row = h as u64 * 4;
                     gpu.check_binding(
                         "stored last-layer inputs (slots x hidden)",
@@ -511,11 +537,18 @@ impl Engine {
                 } else {
                     None
                 };
+                let o_without_residual = if mode == CcsMode::FastContext {
+                    let last = model.layers.last().context("a model without layers")?;
+                    Some(Matmul::new(&gpu, &step, &last.o, None, &attn_out, &x, set)?)
+                } else {
+                    None
+                };
                 let out = gpu.storage("counter-causal logits", t * 4);
                 let token_logit = TokenLogit::new(&gpu, &step, model.head(), &ids, &xn, &out)?;
                 Some(CounterCausal {
                     rope,
                     hidden,
+                    o_without_residual,
                     token_logit,
                     out,
                 })
@@ -899,7 +932,11 @@ impl Engine {
                     }
                 };
                 for (k, rope) in self.layers[first..].iter().zip(&cc.rope) {
-                    let attention = LayerAttention::AntiCausal { rope, n_present };
+                    let attention = LayerAttention::AntiCausal {
+                        rope,
+                        n_present,
+                        o: cc.o_without_residual.as_ref(),
+                    };
                     k.encode(&mut p, m, attention, &mut |_, _| {});
                 }
                 self.final_norm.encode(&mut p, m);

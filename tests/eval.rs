@@ -17,6 +17,29 @@ fn read_json(p: &Path) -> Value {
     serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
 }
 
+/// One tiny model of ../shared/golden/eviction: its settings, its input
+/// ids, and the model (f32 weights).
+fn golden_eviction_case(name: &str) -> (Value, Vec<u32>, std::sync::Arc<Model>) {
+    let s = read_json(
+        &golden_dir()
+            .join("eviction")
+            .join(name)
+            .join("settings.json"),
+    );
+    let ids = s["input_ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap() as u32)
+        .collect();
+    let opts = LoadOptions {
+        dtype: Some(WeightFormat::F32),
+        ..Default::default()
+    };
+    let model = Model::load(&golden_dir().join(name), &opts).unwrap();
+    (s, ids, model)
+}
+
 /// Top-1 agreement may differ by one position (near-ties of the argmax under
 /// a logit noise of ~1e-4 on other devices); KL and NLL increase are means
 /// over 236 positions and agree within 1e-4 (measured on lavapipe: 4e-6 at
@@ -25,24 +48,8 @@ fn read_json(p: &Path) -> Value {
 fn fidelity_matches_the_reference_metrics() {
     let metrics = read_json(&golden_dir().join("eviction/metrics.json"));
     for name in ["tiny-llama-gqa", "tiny-qwen2"] {
-        let s = read_json(
-            &golden_dir()
-                .join("eviction")
-                .join(name)
-                .join("settings.json"),
-        );
+        let (s, ids, model) = golden_eviction_case(name);
         let u = |k: &str| s[k].as_u64().unwrap() as usize;
-        let ids: Vec<u32> = s["input_ids"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|v| v.as_u64().unwrap() as u32)
-            .collect();
-        let opts = LoadOptions {
-            dtype: Some(WeightFormat::F32),
-            ..Default::default()
-        };
-        let model = Model::load(&golden_dir().join(name), &opts).unwrap();
         let base = CacheOptions {
             sinks: u("sinks"),
             recent: u("recent"),
@@ -379,4 +386,81 @@ fn eval_commands_end_to_end_on_a_tiny_model() {
     assert!(n_tokens > 100, "{n_tokens}");
     assert!(html.contains("evicted at refresh 0") && html.contains("kept to the end"));
     let _ = std::fs::remove_dir_all(&work);
+}
+
+/// The oracles' first pass against ../shared/golden/eviction: before the
+/// first refresh no entry was evicted, so the attention each position has
+/// received from the queries 0..C in the full run is exactly the reference's
+/// H2O score at refresh 0 (an independent implementation). Every step's
+/// queries give out one unit of attention each (averaged over layers and
+/// heads), so each step's row grows by its number of queries. Then the
+/// oracles run through fidelity: one extra pass, finite metrics.
+#[test]
+fn oracle_records_the_full_runs_attention() {
+    for name in ["tiny-llama-gqa", "tiny-qwen2"] {
+        let (s, ids, model) = golden_eviction_case(name);
+        let dir = golden_dir().join("eviction").join(name);
+        let u = |k: &str| s[k].as_u64().unwrap() as usize;
+        let (j, h) = (u("J"), u("h"));
+        let future = sieve::eval::fidelity::record_future_attention(&model, &ids, h).unwrap();
+        assert_eq!(future.cumulative.len(), ids.len().div_ceil(h) + 1);
+        for (k, pair) in future.cumulative.windows(2).enumerate() {
+            let queries = (ids.len() - k * h).min(h) as f64;
+            let grown: f64 = pair[1]
+                .iter()
+                .zip(&pair[0])
+                .map(|(b, a)| (b - a) as f64)
+                .sum();
+            assert!(
+                (grown - queries).abs() < 1e-3,
+                "{name} step {k}: {grown} vs {queries}"
+            );
+        }
+        let h2o = read_json(&dir.join("h2o.scores.json"));
+        let first = &h2o[0];
+        assert_eq!(first["before_position"].as_u64(), Some((j + h) as u64));
+        let positions: Vec<u32> = first["unprotected"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_u64().unwrap() as u32)
+            .collect();
+        let got = future.received(&positions, 0, j + h).unwrap();
+        for (p, (g, want)) in positions
+            .iter()
+            .zip(got.iter().zip(first["scores"].as_array().unwrap()))
+        {
+            let want = want.as_f64().unwrap();
+            assert!(
+                (g - want).abs() < 1e-4 * want.abs().max(1.0),
+                "{name} position {p}: {g} vs {want}"
+            );
+        }
+        let base = CacheOptions {
+            sinks: u("sinks"),
+            recent: u("recent"),
+            ..CacheOptions::new(Policy::Full, 0, h)
+        };
+        let configs: Vec<RunConfig> = ["oracle", "oracle-rest", "window"]
+            .iter()
+            .map(|p| RunConfig {
+                policy: Policy::parse(p).unwrap(),
+                budget: j,
+            })
+            .collect();
+        let mut fed = 0;
+        let sums = fidelity_document(&model, &ids, &base, &configs, |n| fed += n).unwrap();
+        assert_eq!(fed, ids.len() * (2 + configs.len()));
+        for (c, m) in configs.iter().zip(&sums) {
+            assert!(m.positions > 0 && m.mean_kl().is_finite(), "{name} {c:?}");
+        }
+        // Only fidelity knows the future: a generator refuses the oracle.
+        let err = sieve::cache::BoundedCache::new(configs[0].cache_options(&base), 2)
+            .err()
+            .unwrap();
+        assert!(
+            err.to_string().contains("only `sieve eval fidelity`"),
+            "{err}"
+        );
+    }
 }

@@ -335,3 +335,228 @@ fn long_generation_stays_within_the_budget() {
         (after.weights, after.buffers)
     );
 }
+
+/// y = W x (+ b) for a `[rows, cols]` row-major W.
+fn cpu_matvec(w: &[f32], b: Option<&[f32]>, x: &[f32]) -> Vec<f32> {
+    let cols = x.len();
+    w.chunks(cols)
+        .enumerate()
+        .map(|(r, row)| {
+            let dot: f64 = row.iter().zip(x).map(|(a, b)| *a as f64 * *b as f64).sum();
+            dot as f32 + b.map_or(0.0, |b| b[r])
+        })
+        .collect()
+}
+
+fn cpu_rmsnorm(x: &[f32], w: &[f32], eps: f64) -> Vec<f32> {
+    let ms = x.iter().map(|v| (*v as f64).powi(2)).sum::<f64>() / x.len() as f64;
+    let inv = 1.0 / (ms + eps).sqrt();
+    x.iter()
+        .zip(w)
+        .map(|(v, w)| (*v as f64 * inv) as f32 * w)
+        .collect()
+}
+
+/// RoPE of one head (Hugging Face's rotate-half layout) at `pos`.
+fn cpu_rope(x: &mut [f32], pos: u32, theta: f64) {
+    let d = x.len();
+    for i in 0..d / 2 {
+        let angle = pos as f64 * theta.powf(-2.0 * i as f64 / d as f64);
+        let (s, c) = angle.sin_cos();
+        let (a, b) = (x[i] as f64, x[i + d / 2] as f64);
+        x[i] = (a * c - b * s) as f32;
+        x[i + d / 2] = (b * c + a * s) as f32;
+    }
+}
+
+/// The fast counter-causal logit of entry `i` (SPEC.md 4.2) on the host,
+/// from `hidden` (`[n, hidden]`, the residual stream entering the last
+/// layer at positions 0..n, all cached): with `own_residual` false, the
+/// `ccs-context` variant (docs/POLICIES.md), r_i = W_o(attn) alone.
+fn cpu_counter_causal_logit(
+    store: &sieve::weights::TensorStore,
+    c: &sieve::config::ModelConfig,
+    hidden: &[f32],
+    ids: &[u32],
+    i: usize,
+    own_residual: bool,
+) -> f32 {
+    let hs = c.hidden_size;
+    let d = c.head_dim;
+    let t = |name: &str| store.read(name).unwrap().data;
+    let layer = format!("model.layers.{}", c.num_layers - 1);
+    let w = |part: &str| t(&format!("{layer}.{part}.weight"));
+    let bias = |part: &str| c.qkv_bias.then(|| t(&format!("{layer}.{part}.bias")));
+    let eps = c.rms_norm_eps;
+    let row = |p: usize| &hidden[p * hs..(p + 1) * hs];
+    let attn_norm = w("input_layernorm");
+    let (wq, wk, wv) = (
+        w("self_attn.q_proj"),
+        w("self_attn.k_proj"),
+        w("self_attn.v_proj"),
+    );
+    let (bq, bk, bv) = (
+        bias("self_attn.q_proj"),
+        bias("self_attn.k_proj"),
+        bias("self_attn.v_proj"),
+    );
+    let n = hidden.len() / hs;
+    let xn = |p: usize| cpu_rmsnorm(row(p), &attn_norm, eps);
+    let mut q = cpu_matvec(&wq, bq.as_deref(), &xn(i));
+    for h in q.chunks_mut(d) {
+        cpu_rope(h, i as u32, c.rope_theta);
+    }
+    // Keys and values of the entries after i.
+    let later: Vec<(Vec<f32>, Vec<f32>)> = (i + 1..n)
+        .map(|j| {
+            let mut k = cpu_matvec(&wk, bk.as_deref(), &xn(j));
+            for h in k.chunks_mut(d) {
+                cpu_rope(h, j as u32, c.rope_theta);
+            }
+            (k, cpu_matvec(&wv, bv.as_deref(), &xn(j)))
+        })
+        .collect();
+    let group = c.num_heads / c.num_kv_heads;
+    let mut attn = vec![0f32; c.num_heads * d];
+    for h in 0..c.num_heads {
+        let kv = h / group;
+        let qh = &q[h * d..(h + 1) * d];
+        let logits: Vec<f64> = later
+            .iter()
+            .map(|(k, _)| {
+                let dot: f64 = qh
+                    .iter()
+                    .zip(&k[kv * d..(kv + 1) * d])
+                    .map(|(a, b)| *a as f64 * *b as f64)
+                    .sum();
+                dot / (d as f64).sqrt()
+            })
+            .collect();
+        let m = logits.iter().cloned().fold(f64::MIN, f64::max);
+        let z: f64 = logits.iter().map(|l| (l - m).exp()).sum();
+        for ((_, v), l) in later.iter().zip(&logits) {
+            let p = (l - m).exp() / z;
+            for e in 0..d {
+                attn[h * d + e] += (p * v[kv * d + e] as f64) as f32;
+            }
+        }
+    }
+    let o = cpu_matvec(&w("self_attn.o_proj"), None, &attn);
+    let mut r: Vec<f32> = if own_residual {
+        row(i).iter().zip(&o).map(|(a, b)| a + b).collect()
+    } else {
+        o
+    };
+    let m = cpu_rmsnorm(&r, &w("post_attention_layernorm"), eps);
+    let gate = cpu_matvec(&w("mlp.gate_proj"), None, &m);
+    let up = cpu_matvec(&w("mlp.up_proj"), None, &m);
+    let act: Vec<f32> = gate
+        .iter()
+        .zip(&up)
+        .map(|(g, u)| g / (1.0 + (-g).exp()) * u)
+        .collect();
+    for (r, dn) in r
+        .iter_mut()
+        .zip(cpu_matvec(&w("mlp.down_proj"), None, &act))
+    {
+        *r += dn;
+    }
+    let f = cpu_rmsnorm(&r, &t("model.norm.weight"), eps);
+    let head = if c.tie_word_embeddings {
+        t("model.embed_tokens.weight")
+    } else {
+        t("lm_head.weight")
+    };
+    let e = &head[ids[i] as usize * hs..(ids[i] as usize + 1) * hs];
+    f.iter().zip(e).map(|(a, b)| a * b).sum()
+}
+
+/// `ccs` and `ccs-context` through the engine against the host reference,
+/// on both tiny models (GQA, and Qwen2's q/k/v biases), for entries early,
+/// in the middle and next to last (one later entry): the reference takes the
+/// engine's own residual stream entering the last layer, so the check is of
+/// the counter-causal pass alone. The two modes must differ (the residual
+/// path is dropped in one) and each must match its own reference.
+#[test]
+fn ccs_context_matches_a_cpu_reference() {
+    use sieve::engine::CcsMode;
+    for name in ["tiny-qwen2", "tiny-llama-gqa"] {
+        let model = load(name);
+        let store = sieve::weights::TensorStore::open(&golden_dir().join(name)).unwrap();
+        let c = &model.config;
+        let ids = &input_ids(&settings(name))[..40];
+        let n = ids.len();
+        let mut got = vec![];
+        for mode in [CcsMode::Fast, CcsMode::FastContext] {
+            let opts = sieve::engine::EngineOptions {
+                max_slots: n,
+                max_tokens: n,
+                max_logit_rows: 1,
+                counter_causal: Some(mode),
+                ..Default::default()
+            };
+            let mut e = Engine::new(model.clone(), opts).unwrap();
+            e.set_capture(true);
+            let mut cache =
+                BoundedCache::new(CacheOptions::new(Policy::Full, 0, n), c.num_layers).unwrap();
+            cache
+                .feed(&mut e, ids, 0, FeedOutput::None, |_, _| Ok(()))
+                .unwrap();
+            let hidden = e.read_hidden(c.num_layers - 1, n).unwrap();
+            let entries: Vec<(u32, u32, u32)> = [0usize, 5, 17, n - 2]
+                .iter()
+                .map(|&i| (i as u32, i as u32, ids[i]))
+                .collect();
+            let logits = e.counter_causal_logits(&entries).unwrap();
+            for (&(i, _, _), &l) in entries.iter().zip(&logits) {
+                let own_residual = mode == CcsMode::Fast;
+                let want =
+                    cpu_counter_causal_logit(&store, c, &hidden, ids, i as usize, own_residual);
+                assert!(
+                    (l - want).abs() <= 1e-3 * want.abs().max(1.0),
+                    "{name} {mode:?} entry {i}: engine {l}, host {want}"
+                );
+            }
+            got.push(logits);
+        }
+        assert!(
+            max_abs_diff(&got[0], &got[1]) > 1e-2,
+            "{name}: ccs and ccs-context agree: {got:?}"
+        );
+    }
+}
+
+/// The hybrids at their first refresh, where every run holds the same
+/// entries: each score is the mean of its parts' rank fractions (ties share
+/// a rank), the parts' scores taken from their own runs' traces.
+#[test]
+fn hybrids_are_rank_means_of_their_parts() {
+    use sieve::eviction::hybrid::rank_fractions;
+    for name in ["tiny-llama-gqa", "tiny-qwen2"] {
+        let model = load(name);
+        let s = settings(name);
+        let ids = input_ids(&s);
+        let first_scores = |p: Policy| -> (Vec<u32>, Vec<f64>) {
+            let (_, cache) = run(&model, &ids, golden_opts(&s, p), 16);
+            let r = &cache.trace[0];
+            (r.unprotected.clone(), r.scores.clone())
+        };
+        let (positions, robust) = first_scores(Policy::EpikvRobust);
+        let (_, tova) = first_scores(Policy::Tova);
+        let recency: Vec<f64> = positions.iter().map(|&p| p as f64).collect();
+        for (hybrid, other) in [(Policy::EpikvRecency, &recency), (Policy::EpikvTova, &tova)] {
+            let (got_positions, got) = first_scores(hybrid);
+            assert_eq!(got_positions, positions, "{name} {hybrid:?}");
+            let (a, b) = (rank_fractions(&robust), rank_fractions(other));
+            for (k, g) in got.iter().enumerate() {
+                let want = (a[k] + b[k]) / 2.0;
+                assert!(
+                    (g - want).abs() < 1e-12,
+                    "{name} {hybrid:?} entry {k}: {g} vs {want}"
+                );
+            }
+            // Not just one part's ranking.
+            assert!(got.iter().zip(&a).any(|(g, a)| (g - a).abs() > 1e-6));
+        }
+    }
+}

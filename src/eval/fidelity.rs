@@ -12,7 +12,9 @@ use std::sync::Arc;
 use super::metrics::{argmax, log_softmax, FidelitySums};
 use crate::cache::{BoundedCache, CacheOptions, FeedOutput};
 use crate::engine::Engine;
+use crate::eviction::oracle::{FutureAttention, Horizon, Oracle};
 use crate::eviction::Policy;
+use crate::kernels::attn_weights::WeightMode;
 use crate::model::Model;
 
 /// One configuration under test.
@@ -34,10 +36,54 @@ impl RunConfig {
     }
 }
 
+fn gcd(a: usize, b: usize) -> usize {
+    if b == 0 {
+        a
+    } else {
+        gcd(b, a % b)
+    }
+}
+
+/// The first pass of the oracles: `tokens` through the full cache, `step`
+/// tokens at a time, with H2O's accumulated attention weights (averaged over
+/// layers and heads) read after every step.
+pub fn record_future_attention(
+    model: &Arc<Model>,
+    tokens: &[u32],
+    step: usize,
+) -> Result<FutureAttention> {
+    if step == 0 {
+        bail!("the oracle's record step must be at least 1");
+    }
+    let layers = model.config.num_layers;
+    let mut cache = BoundedCache::new(CacheOptions::new(Policy::Full, 0, step), layers)?;
+    let mut opts = cache.engine_options(tokens.len(), step, 1);
+    opts.attention_weights = Some(WeightMode::Cumulative);
+    let mut engine = Engine::new(model.clone(), opts)?;
+    let mut cumulative = vec![vec![0f32; tokens.len()]];
+    for (k, piece) in tokens.chunks(step).enumerate() {
+        cache.feed(
+            &mut engine,
+            piece,
+            (k * step) as u32,
+            FeedOutput::None,
+            |_, _| Ok(()),
+        )?;
+        let mut row = engine.read_slot_attention(k * step + piece.len())?;
+        row.resize(tokens.len(), 0.0);
+        cumulative.push(row);
+    }
+    Ok(FutureAttention {
+        step,
+        len: tokens.len(),
+        cumulative,
+    })
+}
+
 /// Runs `tokens` through the full cache and every config; returns the sums of
 /// the metrics over the positions t >= C = J + h of each config (none when the
 /// document is not longer than C). `progress` gets the number of tokens fed
-/// (over all runs) after every chunk.
+/// (over all runs, and the oracles' first pass) after every chunk.
 pub fn fidelity_document(
     model: &Arc<Model>,
     tokens: &[u32],
@@ -53,11 +99,38 @@ pub fn fidelity_document(
     let layers = model.config.num_layers;
     let mut full_cache = BoundedCache::new(CacheOptions::new(Policy::Full, 0, h), layers)?;
     let mut full = Engine::new(model.clone(), full_cache.engine_options(tokens.len(), h, h))?;
+    // The oracles' first pass, with a row at every refresh of every budget
+    // (refreshes fall at J + h + k h, so every gcd(h, J) positions).
+    let oracle_budgets: Vec<usize> = configs
+        .iter()
+        .filter(|c| c.policy.needs_future())
+        .map(|c| c.budget)
+        .collect();
+    let future = match oracle_budgets.iter().fold(0, |g, &j| gcd(g, j)) {
+        0 => None,
+        g => Some(Arc::new(record_future_attention(model, tokens, gcd(g, h))?)),
+    };
+    if future.is_some() {
+        progress(tokens.len());
+    }
     let mut runs = vec![];
     for c in configs {
         let opts = c.cache_options(base);
         opts.validate()?;
-        let cache = BoundedCache::new(opts, layers)?;
+        let cache = match (c.policy, &future) {
+            (Policy::Oracle | Policy::OracleRest, Some(future)) => {
+                let horizon = match c.policy {
+                    Policy::Oracle => Horizon::Next(h),
+                    _ => Horizon::Rest,
+                };
+                let oracle = Oracle {
+                    future: future.clone(),
+                    horizon,
+                };
+                BoundedCache::with_scorer(opts, Box::new(oracle))?
+            }
+            _ => BoundedCache::new(opts, layers)?,
+        };
         let engine = Engine::new(model.clone(), cache.engine_options(tokens.len(), h, h))?;
         runs.push((cache, engine, FidelitySums::default()));
     }

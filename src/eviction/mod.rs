@@ -6,6 +6,8 @@
 mod attention;
 mod ccs;
 pub mod epikv;
+pub mod hybrid;
+pub mod oracle;
 mod random;
 mod window;
 
@@ -71,10 +73,20 @@ pub enum Policy {
     CcsFull,
     /// EpiKV with the sinks out of the rolling window and median/MAD z.
     EpikvRobust,
+    /// Fast CCS without the entry's own residual stream in its readout.
+    CcsContext,
+    /// Rank mean of `epikv-robust` and recency (the window's score).
+    EpikvRecency,
+    /// Rank mean of `epikv-robust` and TOVA's last-query weight.
+    EpikvTova,
+    /// The next h queries' full-cache attention (fidelity only).
+    Oracle,
+    /// Every remaining query's full-cache attention (fidelity only).
+    OracleRest,
 }
 
 impl Policy {
-    pub const ALL: [(&'static str, Policy); 9] = [
+    pub const ALL: [(&'static str, Policy); 14] = [
         ("full", Policy::Full),
         ("window", Policy::Window),
         ("random", Policy::Random),
@@ -84,6 +96,11 @@ impl Policy {
         ("ccs", Policy::Ccs),
         ("ccs-full", Policy::CcsFull),
         ("epikv-robust", Policy::EpikvRobust),
+        ("ccs-context", Policy::CcsContext),
+        ("epikv-recency", Policy::EpikvRecency),
+        ("epikv-tova", Policy::EpikvTova),
+        ("oracle", Policy::Oracle),
+        ("oracle-rest", Policy::OracleRest),
     ];
 
     pub fn name(self) -> &'static str {
@@ -104,9 +121,34 @@ impl Policy {
         }
     }
 
+    /// Whether the policy is one of SPEC.md's eight (the rest are the
+    /// variants and oracles of docs/POLICIES.md).
+    pub fn is_spec(self) -> bool {
+        Policy::ALL[..8].iter().any(|(_, p)| *p == self)
+    }
+
+    /// Whether the policy reads the document's future (the oracles): only
+    /// teacher-forced fidelity can run it.
+    pub fn needs_future(self) -> bool {
+        matches!(self, Policy::Oracle | Policy::OracleRest)
+    }
+
     /// The scorer of this policy for a model of `num_layers` layers.
     pub fn scorer(self, opts: &CacheOptions, num_layers: usize) -> Result<Box<dyn Scorer>> {
         Ok(match self {
+            Policy::CcsContext => Box::new(ccs::CounterCausalSurprise(CcsMode::FastContext)),
+            Policy::EpikvRecency => Box::new(hybrid::RankMean(vec![
+                Policy::EpikvRobust.scorer(opts, num_layers)?,
+                Box::new(window::Window),
+            ])),
+            Policy::EpikvTova => Box::new(hybrid::RankMean(vec![
+                Policy::EpikvRobust.scorer(opts, num_layers)?,
+                Policy::Tova.scorer(opts, num_layers)?,
+            ])),
+            Policy::Oracle | Policy::OracleRest => bail!(
+                "policy '{}' reads the document's future: only `sieve eval fidelity` runs it",
+                self.name()
+            ),
             Policy::Window => Box::new(window::Window),
             Policy::Random => Box::new(random::Random { seed: opts.seed }),
             Policy::H2o => Box::new(attention::AttentionWeights(WeightMode::Cumulative)),

@@ -27,6 +27,10 @@ pub struct FidelityArgs {
     /// Most documents to evaluate (in the dataset's order).
     #[arg(long, default_value_t = usize::MAX)]
     pub docs: usize,
+    /// Leave out the first N documents (issue #14's development split is the
+    /// first 5 reasoning traces: `--skip-docs 5` evaluates the held-out rest).
+    #[arg(long, default_value_t = 0)]
+    pub skip_docs: usize,
     /// Tokens per document (longer ones are cut; prose is split into pieces this long).
     #[arg(long, default_value_t = 1024)]
     pub doc_tokens: usize,
@@ -44,7 +48,13 @@ pub fn main(a: FidelityArgs) -> Result<()> {
     let mut store = ResultStore::open(&s.out, &settings, &[])?;
     let llm = Llm::load(&s.model.dir()?, &s.model.load_options()?)?;
     let data = data_dir(s.data.as_deref())?;
-    let docs = source.documents(&llm.tokenizer, &data, a.docs, a.doc_tokens)?;
+    let mut docs = source.documents(
+        &llm.tokenizer,
+        &data,
+        a.docs.saturating_add(a.skip_docs),
+        a.doc_tokens,
+    )?;
+    docs.drain(..a.skip_docs.min(docs.len()));
     let pending = |store: &ResultStore, doc: &str| -> Vec<_> {
         configs
             .iter()
@@ -54,9 +64,14 @@ pub fn main(a: FidelityArgs) -> Result<()> {
     };
     let total: usize = docs
         .iter()
-        .map(|d| match pending(&store, &d.id).len() {
-            0 => 0,
-            n => d.tokens.len() * (1 + n),
+        .map(|d| {
+            let todo = pending(&store, &d.id);
+            // The full cache, each config, and the oracles' first pass.
+            let passes = match todo.len() {
+                0 => 0,
+                n => 1 + n + todo.iter().any(|c| c.policy.needs_future()) as usize,
+            };
+            d.tokens.len() * passes
         })
         .sum();
     eprintln!(

@@ -380,11 +380,29 @@ fn eval_commands_end_to_end_on_a_tiny_model() {
         text.to_str().unwrap(),
         "--out",
         &page,
+        "--diagnostics",
+        &w("diagnosis.json"),
+        "--trace",
+        &w("explain-trace.json"),
     ]);
     let html = std::fs::read_to_string(&page).unwrap();
     let n_tokens = html.matches("title=\"position ").count();
     assert!(n_tokens > 100, "{n_tokens}");
     assert!(html.contains("evicted at refresh 0") && html.contains("kept to the end"));
+    assert!(html.contains("attention later"));
+    // The diagnosis: per refresh, an overlap with the oracle in [0, 1] and
+    // never less evicted future attention than the oracle's choice.
+    let d = read_json(Path::new(&w("diagnosis.json")));
+    let refreshes = d["refreshes"].as_array().unwrap();
+    assert!(!refreshes.is_empty());
+    for r in refreshes {
+        let f = |k: &str| r[k].as_f64().unwrap();
+        assert!((0.0..=1.0).contains(&f("overlap_next")), "{r}");
+        assert!(f("lost_rest") >= f("oracle_lost_rest") - 1e-6, "{r}");
+    }
+    assert!(d["categories"]["class: word"]["evicted"].as_u64().unwrap() > 0);
+    let trace = read_json(Path::new(&w("explain-trace.json")));
+    assert_eq!(trace[0]["diagnosis"]["refresh"], 0);
     let _ = std::fs::remove_dir_all(&work);
 }
 

@@ -1,8 +1,16 @@
 //! `sieve eval explain`: a self-contained HTML page of a text in which every
 //! token is shaded by its fate under a policy: kept to the end, or evicted at
-//! which refresh, with its last score in a tooltip.
+//! which refresh, with its last score in a tooltip; and the diagnosis of the
+//! policy's refreshes against the oracles (docs/POLICIES.md): how many of its
+//! kept entries the oracle would keep too, and how much of the full run's
+//! future attention the entries it evicted would have received.
+
+use anyhow::Result;
+use serde::Serialize;
+use std::collections::BTreeMap;
 
 use crate::cache::RefreshRecord;
+use crate::eviction::oracle::FutureAttention;
 
 /// What happened to one position.
 #[derive(Clone, Debug, PartialEq)]
@@ -13,6 +21,9 @@ pub struct Fate {
     pub score: Option<f64>,
     /// Whether it was protected (sink or recent) at its last refresh.
     pub protected: bool,
+    /// Evicted ones: the attention it would have received from every later
+    /// query of the full-cache run (None: not known or not evicted).
+    pub lost_attention: Option<f64>,
 }
 
 /// The fate of each of `n` positions from the refresh records of a run.
@@ -22,6 +33,7 @@ pub fn fates(n: usize, trace: &[RefreshRecord]) -> Vec<Fate> {
             evicted_at: None,
             score: None,
             protected: false,
+            lost_attention: None,
         };
         n
     ];
@@ -46,6 +58,194 @@ pub fn fates(n: usize, trace: &[RefreshRecord]) -> Vec<Fate> {
         }
     }
     out
+}
+
+/// Sets each evicted position's `lost_attention`: what it would have received
+/// from every query after the refresh that evicted it.
+pub fn add_lost_attention(
+    fates: &mut [Fate],
+    trace: &[RefreshRecord],
+    future: &FutureAttention,
+) -> Result<()> {
+    for r in trace {
+        let evicted: Vec<u32> = r
+            .present
+            .iter()
+            .copied()
+            .filter(|p| r.kept.binary_search(p).is_err())
+            .collect();
+        let mass = future.received(&evicted, r.before_position as usize, future.len)?;
+        for (p, m) in evicted.iter().zip(mass) {
+            if let Some(f) = fates.get_mut(*p as usize) {
+                f.lost_attention = Some(m);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// One refresh against the oracles: among the entries the policy ranked,
+/// the share of the ones it kept that the oracle (the same number of the
+/// highest future attention) would keep too, and the future attention
+/// (full-cache run, summed over queries, averaged over layers and heads)
+/// of the ones it evicted, next to the least any choice could evict.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct RefreshDiagnosis {
+    pub refresh: usize,
+    pub before_position: u32,
+    pub ranked: usize,
+    pub evicted: usize,
+    /// Horizon: the next h queries.
+    pub overlap_next: f64,
+    pub lost_next: f64,
+    pub oracle_lost_next: f64,
+    /// Horizon: every remaining query of the document.
+    pub overlap_rest: f64,
+    pub lost_rest: f64,
+    pub oracle_lost_rest: f64,
+}
+
+/// The `keep` highest of `mass` (ties: the later entry, as the cache ranks).
+fn oracle_keeps(mass: &[f64], keep: usize) -> Vec<bool> {
+    let mut order: Vec<usize> = (0..mass.len()).collect();
+    order.sort_by(|&a, &b| mass[b].total_cmp(&mass[a]).then(b.cmp(&a)));
+    let mut kept = vec![false; mass.len()];
+    for &i in order.iter().take(keep) {
+        kept[i] = true;
+    }
+    kept
+}
+
+/// Overlap with the oracle's choice and the evicted mass of the policy and
+/// of the oracle, for one horizon.
+fn against_oracle(mass: &[f64], kept: &[bool]) -> (f64, f64, f64) {
+    let keep = kept.iter().filter(|k| **k).count();
+    let oracle = oracle_keeps(mass, keep);
+    let both = kept.iter().zip(&oracle).filter(|(a, b)| **a && **b).count();
+    let lost = |k: &[bool]| -> f64 {
+        mass.iter()
+            .zip(k)
+            .filter(|(_, k)| !**k)
+            .map(|(m, _)| m)
+            .sum()
+    };
+    let overlap = if keep == 0 {
+        1.0
+    } else {
+        both as f64 / keep as f64
+    };
+    (overlap, lost(kept), lost(&oracle))
+}
+
+/// The diagnosis of every refresh of `trace` (chunk `h`) against `future`.
+pub fn diagnose(
+    trace: &[RefreshRecord],
+    future: &FutureAttention,
+    h: usize,
+) -> Result<Vec<RefreshDiagnosis>> {
+    trace
+        .iter()
+        .map(|r| {
+            let p = r.before_position as usize;
+            let kept: Vec<bool> = r
+                .unprotected
+                .iter()
+                .map(|x| r.kept.binary_search(x).is_ok())
+                .collect();
+            let next = future.received(&r.unprotected, p, p + h)?;
+            let rest = future.received(&r.unprotected, p, future.len)?;
+            let (overlap_next, lost_next, oracle_lost_next) = against_oracle(&next, &kept);
+            let (overlap_rest, lost_rest, oracle_lost_rest) = against_oracle(&rest, &kept);
+            Ok(RefreshDiagnosis {
+                refresh: r.refresh,
+                before_position: r.before_position,
+                ranked: kept.len(),
+                evicted: kept.iter().filter(|k| !**k).count(),
+                overlap_next,
+                lost_next,
+                oracle_lost_next,
+                overlap_rest,
+                lost_rest,
+                oracle_lost_rest,
+            })
+        })
+        .collect()
+}
+
+/// What kind of text a token is, for the breakdown of lost attention.
+pub fn token_class(piece: &str) -> &'static str {
+    let t = piece.trim();
+    if t.is_empty() {
+        "space or newline"
+    } else if t.chars().any(|c| c.is_ascii_digit()) {
+        "number"
+    } else if t.chars().all(|c| !c.is_alphanumeric()) {
+        "punctuation or symbol"
+    } else {
+        "word"
+    }
+}
+
+/// Evictions of one category: how many, and their future attention (every
+/// remaining query), for the policy and for the oracle at the same refreshes.
+#[derive(Clone, Debug, Default, Serialize, PartialEq)]
+pub struct CategoryLoss {
+    pub evicted: usize,
+    pub lost_rest: f64,
+    pub oracle_evicted: usize,
+    pub oracle_lost_rest: f64,
+}
+
+/// Where the evicted attention goes, by category: the token's class
+/// ([`token_class`]), whether its position is inside the first `window`
+/// positions (EpiKV's first rolling window, whose statistics the sinks
+/// dominate), and its age at the refresh (under `window` positions, or older).
+pub fn loss_by_category(
+    trace: &[RefreshRecord],
+    future: &FutureAttention,
+    pieces: &[String],
+    window: u32,
+) -> Result<BTreeMap<String, CategoryLoss>> {
+    let mut out: BTreeMap<String, CategoryLoss> = BTreeMap::new();
+    for r in trace {
+        let p = r.before_position;
+        let kept: Vec<bool> = r
+            .unprotected
+            .iter()
+            .map(|x| r.kept.binary_search(x).is_ok())
+            .collect();
+        let rest = future.received(&r.unprotected, p as usize, future.len)?;
+        let oracle = oracle_keeps(&rest, kept.iter().filter(|k| **k).count());
+        for (k, &pos) in r.unprotected.iter().enumerate() {
+            let class = pieces.get(pos as usize).map_or("?", |s| token_class(s));
+            let place = if pos < window {
+                format!("early (< {window})")
+            } else {
+                format!("later (>= {window})")
+            };
+            let age = if p - pos < window {
+                format!("young (< {window})")
+            } else {
+                format!("old (>= {window})")
+            };
+            for key in [
+                format!("class: {class}"),
+                format!("position: {place}"),
+                format!("age: {age}"),
+            ] {
+                let e = out.entry(key).or_default();
+                if !kept[k] {
+                    e.evicted += 1;
+                    e.lost_rest += rest[k];
+                }
+                if !oracle[k] {
+                    e.oracle_evicted += 1;
+                    e.oracle_lost_rest += rest[k];
+                }
+            }
+        }
+    }
+    Ok(out)
 }
 
 fn escape(s: &str) -> String {
@@ -78,8 +278,11 @@ pub fn html(title: &str, pieces: &[String], fates: &[Fate], refreshes: usize) ->
                 format!("score {s:.4}")
             });
         let prot = if f.protected { ", protected" } else { "" };
+        let lost = f.lost_attention.map_or(String::new(), |m| {
+            format!("; would have received {m:.3} attention later")
+        });
         body.push_str(&format!(
-            "<span class=\"{class}\"{style} title=\"position {i}: {what}; {score}{prot}\">{}</span>",
+            "<span class=\"{class}\"{style} title=\"position {i}: {what}; {score}{prot}{lost}\">{}</span>",
             escape(piece).replace('\n', "<br>\n")
         ));
     }
@@ -137,7 +340,8 @@ mod tests {
             Fate {
                 evicted_at: None,
                 score: None,
-                protected: false
+                protected: false,
+                lost_attention: None
             }
         );
         let page = html(
@@ -157,5 +361,62 @@ mod tests {
         assert!(page.contains("&lt;b&gt;") && page.contains("a &lt;test&gt;"));
         assert!(page.contains("position 2: evicted at refresh 1; score 0.2000"));
         assert_eq!(page.matches("class=\"kept\"").count(), 1 + 5); // legend + 0, 3, 4, 5, 6
+    }
+
+    #[test]
+    fn diagnosis_against_the_oracle_by_hand() {
+        // 8 positions, rows every 2 queries. One refresh before position 6
+        // (h = 2): 1..=4 ranked, the policy keeps 2 and 4.
+        let mut cumulative = vec![vec![0f32; 8]; 5];
+        cumulative[4] = vec![9.0, 0.4, 0.1, 0.3, 0.2, 1.0, 0.5, 0.0];
+        let future = FutureAttention {
+            step: 2,
+            len: 8,
+            cumulative,
+        };
+        let trace = vec![RefreshRecord {
+            refresh: 0,
+            before_position: 6,
+            present: vec![0, 1, 2, 3, 4, 5],
+            protected: vec![0, 5],
+            unprotected: vec![1, 2, 3, 4],
+            scores: vec![0.0, 1.0, 0.0, 1.0],
+            kept: vec![0, 2, 4, 5],
+        }];
+        let d = diagnose(&trace, &future, 2).unwrap();
+        // The oracle keeps 1 (0.4) and 3 (0.3): no overlap; the policy evicts
+        // 0.4 + 0.3, the oracle 0.1 + 0.2.
+        let close = |a: f64, b: f64| assert!((a - b).abs() < 1e-6, "{a} vs {b}");
+        assert_eq!((d[0].ranked, d[0].evicted), (4, 2));
+        close(d[0].overlap_next, 0.0);
+        close(d[0].lost_next, 0.7);
+        close(d[0].oracle_lost_next, 0.3);
+        close(d[0].lost_rest, 0.7);
+        let pieces: Vec<String> = ["a", ",", "12", " \n", "x", "b", "c", "d"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        let c = loss_by_category(&trace, &future, &pieces, 4).unwrap();
+        let punct = &c["class: punctuation or symbol"];
+        assert_eq!((punct.evicted, punct.oracle_evicted), (1, 0));
+        close(punct.lost_rest, 0.4);
+        let number = &c["class: number"];
+        assert_eq!((number.evicted, number.oracle_evicted), (0, 1));
+        close(number.oracle_lost_rest, 0.1);
+        assert_eq!(c["class: space or newline"].evicted, 1);
+        assert_eq!(c["class: word"].oracle_evicted, 1);
+        // Positions 1..3 are inside the first window of 4; at the refresh
+        // (position 6) 1 and 2 are 4 or more positions old.
+        let early = &c["position: early (< 4)"];
+        assert_eq!((early.evicted, early.oracle_evicted), (2, 1));
+        let old = &c["age: old (>= 4)"];
+        assert_eq!((old.evicted, old.oracle_evicted), (1, 1));
+        close(old.lost_rest, 0.4);
+        let mut f = fates(8, &trace);
+        add_lost_attention(&mut f, &trace, &future).unwrap();
+        assert_eq!(f[1].lost_attention.map(|m| (m * 10.0).round()), Some(4.0));
+        assert_eq!(f[2].lost_attention, None);
+        let page = html("t", &pieces, &f, 1);
+        assert!(page.contains("would have received 0.300 attention later"));
     }
 }

@@ -44,6 +44,16 @@ fn gcd(a: usize, b: usize) -> usize {
     }
 }
 
+/// The step of the oracles' record that puts a row at every refresh of
+/// chunk `h` and each of `budgets` (refreshes fall at J + h + k h, so every
+/// gcd(h, J) positions); 0 for no budgets.
+pub fn refresh_step(budgets: &[usize], h: usize) -> usize {
+    match budgets.iter().fold(0, |g, &j| gcd(g, j)) {
+        0 => 0,
+        g => gcd(g, h),
+    }
+}
+
 /// The first pass of the oracles: `tokens` through the full cache, `step`
 /// tokens at a time, with H2O's accumulated attention weights (averaged over
 /// layers and heads) read after every step.
@@ -99,16 +109,15 @@ pub fn fidelity_document(
     let layers = model.config.num_layers;
     let mut full_cache = BoundedCache::new(CacheOptions::new(Policy::Full, 0, h), layers)?;
     let mut full = Engine::new(model.clone(), full_cache.engine_options(tokens.len(), h, h))?;
-    // The oracles' first pass, with a row at every refresh of every budget
-    // (refreshes fall at J + h + k h, so every gcd(h, J) positions).
+    // The oracles' first pass, with a row at every refresh of every budget.
     let oracle_budgets: Vec<usize> = configs
         .iter()
         .filter(|c| c.policy.needs_future())
         .map(|c| c.budget)
         .collect();
-    let future = match oracle_budgets.iter().fold(0, |g, &j| gcd(g, j)) {
+    let future = match refresh_step(&oracle_budgets, h) {
         0 => None,
-        g => Some(Arc::new(record_future_attention(model, tokens, gcd(g, h))?)),
+        step => Some(Arc::new(record_future_attention(model, tokens, step)?)),
     };
     if future.is_some() {
         progress(tokens.len());

@@ -1,15 +1,19 @@
 //! `sieve eval explain`: runs a text through one policy and writes an HTML
 //! page with every token shaded by whether it survived, when it was evicted,
-//! and its score.
+//! and its score; and diagnoses the policy's refreshes against the oracles
+//! (the full-cache run's future attention, recorded in a first pass).
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use clap::Args;
+use serde_json::json;
 use std::path::PathBuf;
 
 use super::super::{CacheArgs, ModelArgs};
 use sieve::cache::{BoundedCache, FeedOutput};
 use sieve::engine::Engine;
-use sieve::eval::explain::{fates, html};
+use sieve::eval::datasets::{data_dir, DocumentSource};
+use sieve::eval::explain::{add_lost_attention, diagnose, fates, html, loss_by_category};
+use sieve::eval::fidelity::{record_future_attention, refresh_step};
 use sieve::eval::store::write_atomic;
 use sieve::session::Llm;
 use sieve::tokenizer::StreamDecoder;
@@ -22,13 +26,26 @@ pub struct ExplainArgs {
     pub cache: CacheArgs,
     /// The text to run.
     #[arg(long)]
-    pub text: PathBuf,
+    pub text: Option<PathBuf>,
+    /// Or a document of a built-in dataset (reasoning_traces or prose), with --doc.
+    #[arg(long)]
+    pub dataset: Option<String>,
+    /// With --dataset: the document's index in the dataset's order (from 0).
+    #[arg(long, default_value_t = 0)]
+    pub doc: usize,
+    /// Folder of the evaluation data (default: $SIEVE_DATA, else the repository's data/).
+    #[arg(long)]
+    pub data: Option<PathBuf>,
     /// Only the first N tokens of the text.
     #[arg(long)]
     pub max_tokens: Option<usize>,
     /// The HTML page to write.
     #[arg(long)]
     pub out: PathBuf,
+    /// Also write the diagnosis against the oracles here (JSON): per refresh,
+    /// and where the evicted attention goes by kind of token, position and age.
+    #[arg(long)]
+    pub diagnostics: Option<PathBuf>,
 }
 
 pub fn main(a: ExplainArgs) -> Result<()> {
@@ -36,27 +53,69 @@ pub fn main(a: ExplainArgs) -> Result<()> {
         .cache
         .options()?
         .context("explain needs an evicting policy: give --policy and --budget")?;
-    let llm = Llm::load(&a.model.dir()?, &a.model.load_options()?)?;
-    let text = std::fs::read_to_string(&a.text)
-        .with_context(|| format!("reading --text {}", a.text.display()))?;
-    let mut ids = llm.tokenizer.encode(&text)?;
-    if let Some(n) = a.max_tokens {
-        ids.truncate(n);
+    if opts.policy.needs_future() {
+        bail!(
+            "--policy {}: explain diagnoses a policy against the oracles; give another policy",
+            opts.policy.name()
+        );
     }
+    let llm = Llm::load(&a.model.dir()?, &a.model.load_options()?)?;
+    let limit = a.max_tokens.unwrap_or(usize::MAX);
+    let (name, ids) = match (&a.text, &a.dataset) {
+        (Some(_), Some(_)) => bail!("give --text or --dataset, not both"),
+        (Some(path), None) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("reading --text {}", path.display()))?;
+            let mut ids = llm.tokenizer.encode(&text)?;
+            ids.truncate(limit);
+            let name = path.file_name().unwrap_or_default().to_string_lossy();
+            (name.to_string(), ids)
+        }
+        (None, dataset) => {
+            let source = DocumentSource::parse(dataset.as_deref(), None)?;
+            let data = data_dir(a.data.as_deref())?;
+            let docs = source.documents(&llm.tokenizer, &data, a.doc.saturating_add(1), limit)?;
+            match docs.into_iter().nth(a.doc) {
+                Some(d) => (d.id, d.tokens),
+                None => bail!("--doc {}: {} has fewer documents", a.doc, source.name()),
+            }
+        }
+    };
     let mut cache = BoundedCache::new(opts, llm.model.config.num_layers)?;
     cache.record = true;
     let mut engine = Engine::new(llm.model.clone(), cache.engine_options(ids.len(), 256, 1))?;
     cache.feed(&mut engine, &ids, 0, FeedOutput::None, |_, _| Ok(()))?;
     engine.sync()?;
+    drop(engine);
+    // The full-cache run's attention, with a row at every refresh.
+    let step = refresh_step(&[opts.budget], opts.chunk);
+    let future = record_future_attention(&llm.model, &ids, step)?;
     let mut decoder = StreamDecoder::new();
     let pieces = ids
         .iter()
         .map(|&id| decoder.push(&llm.tokenizer, id))
         .collect::<Result<Vec<_>>>()?;
-    let f = fates(ids.len(), &cache.trace);
+    let mut f = fates(ids.len(), &cache.trace);
+    add_lost_attention(&mut f, &cache.trace, &future)?;
+    let refreshes = diagnose(&cache.trace, &future, opts.chunk)?;
+    let n = refreshes.len().max(1) as f64;
+    let mean = |g: fn(&sieve::eval::explain::RefreshDiagnosis) -> f64| {
+        refreshes.iter().map(g).sum::<f64>() / n
+    };
+    let total = |g: fn(&sieve::eval::explain::RefreshDiagnosis) -> f64| {
+        refreshes.iter().map(g).sum::<f64>()
+    };
+    let summary = json!({
+        "refreshes": refreshes.len(),
+        "mean_overlap_next": mean(|r| r.overlap_next),
+        "mean_overlap_rest": mean(|r| r.overlap_rest),
+        "lost_next": total(|r| r.lost_next),
+        "oracle_lost_next": total(|r| r.oracle_lost_next),
+        "lost_rest": total(|r| r.lost_rest),
+        "oracle_lost_rest": total(|r| r.oracle_lost_rest),
+    });
     let title = format!(
-        "{}: {} at budget {} (chunk {}, sinks {}, recent {})",
-        a.text.file_name().unwrap_or_default().to_string_lossy(),
+        "{name}: {} at budget {} (chunk {}, sinks {}, recent {})",
         opts.policy.name(),
         opts.budget,
         opts.chunk,
@@ -68,14 +127,36 @@ pub fn main(a: ExplainArgs) -> Result<()> {
         html(&title, &pieces, &f, cache.trace.len()).as_bytes(),
     )?;
     if let Some(path) = &a.cache.trace {
-        cache.write_trace(path)?;
+        // The refresh records, each with its diagnosis.
+        let mut records = serde_json::to_value(&cache.trace)?;
+        if let Some(list) = records.as_array_mut() {
+            for (r, d) in list.iter_mut().zip(&refreshes) {
+                r["diagnosis"] = serde_json::to_value(d)?;
+            }
+        }
+        write_atomic(path, serde_json::to_string(&records)?.as_bytes())?;
+    }
+    if let Some(path) = &a.diagnostics {
+        let categories =
+            loss_by_category(&cache.trace, &future, &pieces, opts.epikv_window as u32)?;
+        let report = json!({
+            "document": name, "tokens": ids.len(), "policy": opts.policy.name(),
+            "budget": opts.budget, "chunk": opts.chunk, "sinks": opts.sinks, "recent": opts.recent,
+            "summary": summary, "categories": categories, "refreshes": refreshes,
+        });
+        write_atomic(path, serde_json::to_string_pretty(&report)?.as_bytes())?;
     }
     eprintln!(
-        "{}: {} tokens, {} refreshes, {} kept at the end",
+        "{}: {} tokens, {} refreshes, {} kept at the end; overlap with the oracle {:.3} (next {} queries) / {:.3} (rest); future attention evicted {:.2} (the oracle: {:.2})",
         a.out.display(),
         ids.len(),
         cache.trace.len(),
-        f.iter().filter(|x| x.evicted_at.is_none()).count()
+        f.iter().filter(|x| x.evicted_at.is_none()).count(),
+        summary["mean_overlap_next"].as_f64().unwrap_or(0.0),
+        opts.chunk,
+        summary["mean_overlap_rest"].as_f64().unwrap_or(0.0),
+        summary["lost_rest"].as_f64().unwrap_or(0.0),
+        summary["oracle_lost_rest"].as_f64().unwrap_or(0.0),
     );
     Ok(())
 }

@@ -244,8 +244,19 @@ fn eval_commands_end_to_end_on_a_tiny_model() {
     assert!(table.contains("| window | 72 | 2 |"), "{table}");
     assert_eq!(lines(&work.join("fidelity/results.jsonl")), 12);
     let report: Value = read_json(&work.join("fidelity/report.json"));
-    assert_eq!(report.as_array().unwrap().len(), 6);
-    for r in report.as_array().unwrap() {
+    assert_eq!(report["rows"].as_array().unwrap().len(), 6);
+    // epikv and ccs paired with the window at both budgets, on both documents.
+    let paired = report["paired"].as_array().unwrap();
+    assert_eq!(paired.len(), 4);
+    assert!(
+        paired.iter().all(|p| p["difference"]["n"] == 2),
+        "{paired:?}"
+    );
+    assert!(
+        table.contains("### fidelity, paired with window"),
+        "{table}"
+    );
+    for r in report["rows"].as_array().unwrap() {
         let kl = r["metrics"]["mean KL(full ‖ policy)"]["mean"]
             .as_f64()
             .unwrap();

@@ -333,8 +333,96 @@ pub fn plot_svg(rows: &[Row], title: &str, metrics: &[&str]) -> Result<String> {
     Ok(svg)
 }
 
-/// Writes `<dir>/report.json`, `report.csv`, one `<kind>.svg` per kind present
-/// and `report.md`; returns the markdown (also printed by the CLI).
+/// One policy at one budget against another policy at the same budget, on
+/// the documents both have: the mean of the per-document differences of a
+/// metric (policy - other) with its 95% interval (so the interval is about
+/// the difference, not the level), and on how many documents it was lower.
+#[derive(Clone, Debug, Serialize)]
+pub struct Paired {
+    pub policy: String,
+    pub budget: u64,
+    pub against: String,
+    pub difference: MeanCi,
+    pub lower: usize,
+}
+
+/// The paired comparison of every policy with `against`, on fidelity's
+/// `field` (in the order policies first appear, then budget).
+pub fn paired(records: &[Value], field: &str, against: &str) -> Vec<Paired> {
+    let mut order: Vec<String> = vec![];
+    // (policy, budget) -> document -> value
+    let mut values: BTreeMap<(String, u64), BTreeMap<String, f64>> = BTreeMap::new();
+    for r in records
+        .iter()
+        .filter(|r| r["kind"] == "fidelity" && r["skipped"] != true)
+    {
+        let (Some(policy), Some(budget), Some(doc), Some(v)) = (
+            r["policy"].as_str(),
+            r["budget"].as_u64(),
+            r["doc"].as_str(),
+            number(&r[field]),
+        ) else {
+            continue;
+        };
+        if !order.iter().any(|p| p == policy) {
+            order.push(policy.to_string());
+        }
+        values
+            .entry((policy.to_string(), budget))
+            .or_default()
+            .insert(doc.to_string(), v);
+    }
+    let mut out = vec![];
+    for policy in order.iter().filter(|p| *p != against) {
+        for ((p, budget), docs) in values.range((policy.clone(), 0)..=(policy.clone(), u64::MAX)) {
+            let Some(base) = values.get(&(against.to_string(), *budget)) else {
+                continue;
+            };
+            let diffs: Vec<f64> = docs
+                .iter()
+                .filter_map(|(d, v)| base.get(d).map(|b| v - b))
+                .collect();
+            if diffs.is_empty() {
+                continue;
+            }
+            out.push(Paired {
+                policy: p.clone(),
+                budget: *budget,
+                against: against.to_string(),
+                difference: mean_ci(&diffs),
+                lower: diffs.iter().filter(|d| **d < 0.0).count(),
+            });
+        }
+    }
+    out
+}
+
+/// A markdown table of paired comparisons with one policy.
+pub fn paired_table(rows: &[Paired], metric: &str) -> String {
+    let Some(first) = rows.first() else {
+        return "(no results)\n".into();
+    };
+    let mut s = format!(
+        "| policy | budget | n | {metric}: policy - {a} (95% interval) | documents where lower than {a} |\n|---|---|---|---|---|\n",
+        a = first.against
+    );
+    for r in rows {
+        let d = &r.difference;
+        let cell = match d.ci95 {
+            Some(ci) => format!("{:+.4} ± {:.4}", d.mean, ci),
+            None => format!("{:+.4}", d.mean),
+        };
+        s.push_str(&format!(
+            "| {} | {} | {} | {cell} | {} of {} |\n",
+            r.policy, r.budget, d.n, r.lower, d.n
+        ));
+    }
+    s
+}
+
+/// Writes `<dir>/report.json` (`rows`: every row; `paired`: fidelity's
+/// paired comparisons), `report.csv`, one `<kind>.svg` per kind present and
+/// `report.md`; returns the markdown (also printed by the CLI).
 pub fn write_report(dir: &Path, records: &[Value]) -> Result<String> {
     let mut all_rows = vec![];
     let mut md = String::new();
@@ -354,9 +442,24 @@ pub fn write_report(dir: &Path, records: &[Value]) -> Result<String> {
         write_atomic(&dir.join(format!("{kind}.svg")), svg.as_bytes())?;
         all_rows.extend(rows);
     }
+    // Fidelity, paired per document: against the window (the baseline to
+    // beat) and against the oracle (how far each policy is from it).
+    let mut all_paired = vec![];
+    for against in ["window", "oracle"] {
+        let rows = paired(records, "mean_kl", against);
+        if rows.is_empty() {
+            continue;
+        }
+        md.push_str(&format!(
+            "### fidelity, paired with {against}\n\n{}\n",
+            paired_table(&rows, "mean KL")
+        ));
+        all_paired.extend(rows);
+    }
+    let json = serde_json::json!({"rows": all_rows, "paired": all_paired});
     write_atomic(
         &dir.join("report.json"),
-        serde_json::to_string_pretty(&all_rows)?.as_bytes(),
+        serde_json::to_string_pretty(&json)?.as_bytes(),
     )?;
     write_atomic(&dir.join("report.csv"), csv(&all_rows).as_bytes())?;
     write_atomic(&dir.join("report.md"), md.as_bytes())?;
@@ -392,5 +495,36 @@ mod tests {
         let svg = plot_svg(&rows, "t", &["mean KL(full ‖ policy)", "top-1 agreement"]).unwrap();
         assert!(svg.starts_with("<svg") && svg.contains("epikv") && svg.contains("<circle"));
         assert!(csv(&rows).lines().count() == 1 + 6);
+    }
+
+    #[test]
+    fn paired_differences_by_document() {
+        let rec = |doc: &str, policy: &str, budget: u64, kl: f64| json!({"kind": "fidelity", "doc": doc, "policy": policy, "budget": budget, "mean_kl": kl});
+        let recs = vec![
+            rec("a", "window", 128, 1.0),
+            rec("b", "window", 128, 2.0),
+            rec("c", "window", 128, 3.0),
+            rec("a", "epikv", 128, 1.5),
+            rec("b", "epikv", 128, 1.5),
+            rec("c", "epikv", 128, 4.0),
+            // No window at 256, no window for document d: left out.
+            rec("a", "epikv", 256, 9.0),
+            rec("d", "epikv", 128, 0.0),
+            json!({"kind": "fidelity", "doc": "e", "policy": "window", "budget": 128, "skipped": true}),
+        ];
+        let p = paired(&recs, "mean_kl", "window");
+        assert_eq!(p.len(), 1);
+        // differences +0.5, -0.5, +1.0: mean 1/3, sd 0.7638, t(2) = 4.303
+        let d = &p[0].difference;
+        assert_eq!(
+            (p[0].policy.as_str(), p[0].budget, d.n, p[0].lower),
+            ("epikv", 128, 3, 1)
+        );
+        assert!((d.mean - 1.0 / 3.0).abs() < 1e-12);
+        let sd = ((1.0f64 / 36.0 + 25.0 / 36.0 + 4.0 / 9.0) / 2.0).sqrt();
+        assert!((d.ci95.unwrap() - 4.303 * sd / 3f64.sqrt()).abs() < 1e-9);
+        let table = paired_table(&p, "mean KL");
+        assert!(table.contains("| epikv | 128 | 3 | +0.3333 ± "), "{table}");
+        assert!(table.contains("| 1 of 3 |"), "{table}");
     }
 }

@@ -393,6 +393,8 @@ fn eval_commands_end_to_end_on_a_tiny_model() {
         &page,
         "--diagnostics",
         &w("diagnosis.json"),
+        "--also-diagnose",
+        "window,tova",
         "--trace",
         &w("explain-trace.json"),
     ]);
@@ -404,14 +406,27 @@ fn eval_commands_end_to_end_on_a_tiny_model() {
     // The diagnosis: per refresh, an overlap with the oracle in [0, 1] and
     // never less evicted future attention than the oracle's choice.
     let d = read_json(Path::new(&w("diagnosis.json")));
-    let refreshes = d["refreshes"].as_array().unwrap();
-    assert!(!refreshes.is_empty());
-    for r in refreshes {
-        let f = |k: &str| r[k].as_f64().unwrap();
-        assert!((0.0..=1.0).contains(&f("overlap_next")), "{r}");
-        assert!(f("lost_rest") >= f("oracle_lost_rest") - 1e-6, "{r}");
+    for policy in ["epikv", "window", "tova"] {
+        let p = &d["policies"][policy];
+        let refreshes = p["refreshes"].as_array().unwrap();
+        assert!(!refreshes.is_empty(), "{policy}");
+        for r in refreshes {
+            let f = |k: &str| r[k].as_f64().unwrap();
+            assert!((0.0..=1.0).contains(&f("overlap_next")), "{policy} {r}");
+            assert!(
+                f("lost_rest") >= f("oracle_lost_rest") - 1e-6,
+                "{policy} {r}"
+            );
+        }
+        assert!(p["categories"]["class: word"]["evicted"].as_u64().unwrap() > 0);
     }
-    assert!(d["categories"]["class: word"]["evicted"].as_u64().unwrap() > 0);
+    // Different policies evict differently (not EpiKV and the window here:
+    // on this 2-layer model both EpiKV layers are layer 1, every score is 0,
+    // and ties keep the later position).
+    assert_ne!(
+        d["policies"]["window"]["summary"],
+        d["policies"]["tova"]["summary"]
+    );
     let trace = read_json(Path::new(&w("explain-trace.json")));
     assert_eq!(trace[0]["diagnosis"]["refresh"], 0);
     let _ = std::fs::remove_dir_all(&work);

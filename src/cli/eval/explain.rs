@@ -9,12 +9,16 @@ use serde_json::json;
 use std::path::PathBuf;
 
 use super::super::{CacheArgs, ModelArgs};
-use sieve::cache::{BoundedCache, FeedOutput};
+use sieve::cache::{BoundedCache, CacheOptions, FeedOutput, RefreshRecord};
 use sieve::engine::Engine;
 use sieve::eval::datasets::{data_dir, DocumentSource};
-use sieve::eval::explain::{add_lost_attention, diagnose, fates, html, loss_by_category};
+use sieve::eval::explain::{
+    add_lost_attention, diagnose, fates, html, loss_by_category, RefreshDiagnosis,
+};
 use sieve::eval::fidelity::{record_future_attention, refresh_step};
 use sieve::eval::store::write_atomic;
+use sieve::eviction::oracle::FutureAttention;
+use sieve::eviction::Policy;
 use sieve::session::Llm;
 use sieve::tokenizer::StreamDecoder;
 
@@ -42,10 +46,15 @@ pub struct ExplainArgs {
     /// The HTML page to write.
     #[arg(long)]
     pub out: PathBuf,
-    /// Also write the diagnosis against the oracles here (JSON): per refresh,
-    /// and where the evicted attention goes by kind of token, position and age.
+    /// Also write the diagnosis against the oracles here (JSON): per policy,
+    /// per refresh, and where the evicted attention goes by kind of token,
+    /// position and age.
     #[arg(long)]
     pub diagnostics: Option<PathBuf>,
+    /// More policies to diagnose on the same document and oracle pass (their
+    /// diagnosis goes to --diagnostics; the page is --policy's).
+    #[arg(long, value_delimiter = ',')]
+    pub also_diagnose: Vec<String>,
 }
 
 pub fn main(a: ExplainArgs) -> Result<()> {
@@ -81,12 +90,6 @@ pub fn main(a: ExplainArgs) -> Result<()> {
             }
         }
     };
-    let mut cache = BoundedCache::new(opts, llm.model.config.num_layers)?;
-    cache.record = true;
-    let mut engine = Engine::new(llm.model.clone(), cache.engine_options(ids.len(), 256, 1))?;
-    cache.feed(&mut engine, &ids, 0, FeedOutput::None, |_, _| Ok(()))?;
-    engine.sync()?;
-    drop(engine);
     // The full-cache run's attention, with a row at every refresh.
     let step = refresh_step(&[opts.budget], opts.chunk);
     let future = record_future_attention(&llm.model, &ids, step)?;
@@ -95,25 +98,51 @@ pub fn main(a: ExplainArgs) -> Result<()> {
         .iter()
         .map(|&id| decoder.push(&llm.tokenizer, id))
         .collect::<Result<Vec<_>>>()?;
-    let mut f = fates(ids.len(), &cache.trace);
-    add_lost_attention(&mut f, &cache.trace, &future)?;
-    let refreshes = diagnose(&cache.trace, &future, opts.chunk)?;
-    let n = refreshes.len().max(1) as f64;
-    let mean = |g: fn(&sieve::eval::explain::RefreshDiagnosis) -> f64| {
-        refreshes.iter().map(g).sum::<f64>() / n
-    };
-    let total = |g: fn(&sieve::eval::explain::RefreshDiagnosis) -> f64| {
-        refreshes.iter().map(g).sum::<f64>()
-    };
-    let summary = json!({
-        "refreshes": refreshes.len(),
-        "mean_overlap_next": mean(|r| r.overlap_next),
-        "mean_overlap_rest": mean(|r| r.overlap_rest),
-        "lost_next": total(|r| r.lost_next),
-        "oracle_lost_next": total(|r| r.oracle_lost_next),
-        "lost_rest": total(|r| r.lost_rest),
-        "oracle_lost_rest": total(|r| r.oracle_lost_rest),
-    });
+    let mut policies = vec![opts.policy];
+    for name in &a.also_diagnose {
+        let p = Policy::parse(name)?;
+        if p == Policy::Full || p.needs_future() {
+            bail!("--also-diagnose {name}: give an evicting policy that needs no future");
+        }
+        policies.push(p);
+    }
+    let mut diagnoses = serde_json::Map::new();
+    let mut page = None;
+    for policy in policies {
+        let o = CacheOptions { policy, ..opts };
+        let (trace, refreshes) = run_and_diagnose(&llm, &ids, o, &future)?;
+        let n = refreshes.len().max(1) as f64;
+        let sum = |g: fn(&RefreshDiagnosis) -> f64| refreshes.iter().map(g).sum::<f64>();
+        let summary = json!({
+            "refreshes": refreshes.len(),
+            "mean_overlap_next": sum(|r| r.overlap_next) / n,
+            "mean_overlap_rest": sum(|r| r.overlap_rest) / n,
+            "lost_next": sum(|r| r.lost_next),
+            "oracle_lost_next": sum(|r| r.oracle_lost_next),
+            "lost_rest": sum(|r| r.lost_rest),
+            "oracle_lost_rest": sum(|r| r.oracle_lost_rest),
+        });
+        eprintln!(
+            "{}: overlap with the oracle {:.3} (next {} queries) / {:.3} (rest); future attention evicted {:.2} (the oracle: {:.2})",
+            policy.name(),
+            summary["mean_overlap_next"].as_f64().unwrap_or(0.0),
+            opts.chunk,
+            summary["mean_overlap_rest"].as_f64().unwrap_or(0.0),
+            summary["lost_rest"].as_f64().unwrap_or(0.0),
+            summary["oracle_lost_rest"].as_f64().unwrap_or(0.0),
+        );
+        let categories = loss_by_category(&trace, &future, &pieces, opts.epikv_window as u32)?;
+        diagnoses.insert(
+            policy.name().to_string(),
+            json!({"summary": summary, "categories": categories, "refreshes": refreshes}),
+        );
+        if page.is_none() {
+            page = Some((trace, refreshes));
+        }
+    }
+    let (trace, refreshes) = page.context("no policy run")?;
+    let mut f = fates(ids.len(), &trace);
+    add_lost_attention(&mut f, &trace, &future)?;
     let title = format!(
         "{name}: {} at budget {} (chunk {}, sinks {}, recent {})",
         opts.policy.name(),
@@ -122,13 +151,10 @@ pub fn main(a: ExplainArgs) -> Result<()> {
         opts.sinks,
         opts.recent
     );
-    write_atomic(
-        &a.out,
-        html(&title, &pieces, &f, cache.trace.len()).as_bytes(),
-    )?;
+    write_atomic(&a.out, html(&title, &pieces, &f, trace.len()).as_bytes())?;
     if let Some(path) = &a.cache.trace {
         // The refresh records, each with its diagnosis.
-        let mut records = serde_json::to_value(&cache.trace)?;
+        let mut records = serde_json::to_value(&trace)?;
         if let Some(list) = records.as_array_mut() {
             for (r, d) in list.iter_mut().zip(&refreshes) {
                 r["diagnosis"] = serde_json::to_value(d)?;
@@ -137,26 +163,34 @@ pub fn main(a: ExplainArgs) -> Result<()> {
         write_atomic(path, serde_json::to_string(&records)?.as_bytes())?;
     }
     if let Some(path) = &a.diagnostics {
-        let categories =
-            loss_by_category(&cache.trace, &future, &pieces, opts.epikv_window as u32)?;
         let report = json!({
-            "document": name, "tokens": ids.len(), "policy": opts.policy.name(),
-            "budget": opts.budget, "chunk": opts.chunk, "sinks": opts.sinks, "recent": opts.recent,
-            "summary": summary, "categories": categories, "refreshes": refreshes,
+            "document": name, "tokens": ids.len(), "budget": opts.budget, "chunk": opts.chunk,
+            "sinks": opts.sinks, "recent": opts.recent, "policies": diagnoses,
         });
         write_atomic(path, serde_json::to_string_pretty(&report)?.as_bytes())?;
     }
     eprintln!(
-        "{}: {} tokens, {} refreshes, {} kept at the end; overlap with the oracle {:.3} (next {} queries) / {:.3} (rest); future attention evicted {:.2} (the oracle: {:.2})",
+        "{}: {} tokens, {} refreshes, {} kept at the end",
         a.out.display(),
         ids.len(),
-        cache.trace.len(),
+        trace.len(),
         f.iter().filter(|x| x.evicted_at.is_none()).count(),
-        summary["mean_overlap_next"].as_f64().unwrap_or(0.0),
-        opts.chunk,
-        summary["mean_overlap_rest"].as_f64().unwrap_or(0.0),
-        summary["lost_rest"].as_f64().unwrap_or(0.0),
-        summary["oracle_lost_rest"].as_f64().unwrap_or(0.0),
     );
     Ok(())
+}
+
+/// Runs `ids` through `opts`' policy and diagnoses its refreshes.
+fn run_and_diagnose(
+    llm: &Llm,
+    ids: &[u32],
+    opts: CacheOptions,
+    future: &FutureAttention,
+) -> Result<(Vec<RefreshRecord>, Vec<RefreshDiagnosis>)> {
+    let mut cache = BoundedCache::new(opts, llm.model.config.num_layers)?;
+    cache.record = true;
+    let mut engine = Engine::new(llm.model.clone(), cache.engine_options(ids.len(), 256, 1))?;
+    cache.feed(&mut engine, ids, 0, FeedOutput::None, |_, _| Ok(()))?;
+    engine.sync()?;
+    let refreshes = diagnose(&cache.trace, future, opts.chunk)?;
+    Ok((cache.trace, refreshes))
 }

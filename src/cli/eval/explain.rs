@@ -68,6 +68,15 @@ pub fn main(a: ExplainArgs) -> Result<()> {
             opts.policy.name()
         );
     }
+    // Checked before anything runs: the oracles' pass is the expensive part.
+    let mut policies = vec![opts.policy];
+    for name in &a.also_diagnose {
+        let p = Policy::parse(name)?;
+        if p == Policy::Full || p.needs_future() {
+            bail!("--also-diagnose {name}: give an evicting policy that needs no future");
+        }
+        policies.push(p);
+    }
     let llm = Llm::load(&a.model.dir()?, &a.model.load_options()?)?;
     let limit = a.max_tokens.unwrap_or(usize::MAX);
     let (name, ids) = match (&a.text, &a.dataset) {
@@ -98,14 +107,6 @@ pub fn main(a: ExplainArgs) -> Result<()> {
         .iter()
         .map(|&id| decoder.push(&llm.tokenizer, id))
         .collect::<Result<Vec<_>>>()?;
-    let mut policies = vec![opts.policy];
-    for name in &a.also_diagnose {
-        let p = Policy::parse(name)?;
-        if p == Policy::Full || p.needs_future() {
-            bail!("--also-diagnose {name}: give an evicting policy that needs no future");
-        }
-        policies.push(p);
-    }
     let mut diagnoses = serde_json::Map::new();
     let mut page = None;
     for policy in policies {

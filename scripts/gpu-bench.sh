@@ -37,7 +37,8 @@ while [ $# -gt 0 ]; do
     shift
 done
 
-vulkan_debs=(libvulkan1 libglvnd0 libglx0 libegl1 libgl1 libopengl0 libgles2)
+# shellcheck source=scripts/vulkan-env.sh
+source scripts/vulkan-env.sh
 if [ -n "$pack" ]; then
     set -e
     mkdir -p "$pack/bin" "$pack/golden" "$pack/gl"
@@ -53,12 +54,7 @@ if [ -n "$pack" ]; then
     cp "$(exe test golden_tiny)" "$pack/bin/golden-tiny-tests"
     strip "$pack"/bin/* 2>/dev/null || true
     cp -r ../shared/golden/tiny-qwen2 ../shared/golden/tiny-llama-gqa "$pack/golden/"
-    o='-oAPT::Architecture=amd64 -oAPT::Architectures=amd64 -oDir::State::Lists=/tmp/sieve-apt-amd64'
-    mkdir -p /tmp/sieve-apt-amd64/partial
-    # shellcheck disable=SC2086
-    apt-get $o update -qq
-    # shellcheck disable=SC2086
-    (cd "$pack/gl" && apt-get $o download "${vulkan_debs[@]}")
+    download_vulkan_debs "$pack/gl"
     du -sh "$pack"
     exit 0
 fi
@@ -71,34 +67,7 @@ kv_dtype=${SIEVE_KV_DTYPE:-f16}
 # 1. A Vulkan loader. Offline machines bring Debian packages (--from PACK, or .gl/).
 debs=()
 [ -n "$from" ] && debs+=("$from"/gl/*.deb)
-compgen -G ".gl/*.deb" >/dev/null && debs+=(.gl/*.deb)
-has_libs() { for l in libvulkan.so.1 libGLX.so.0 libEGL.so.1; do ldconfig -p 2>/dev/null | grep -q "$l" || return 1; done; }
-if [ ${#debs[@]} -gt 0 ] && [ -f "${debs[0]}" ] && ! has_libs; then
-    for f in "${debs[@]}"; do dpkg -x "$f" /; done
-    ldconfig
-fi
-if ! ldconfig -p 2>/dev/null | grep -q 'libvulkan\.so\.1'; then
-    if command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
-        apt-get install -y -q libvulkan1 >/dev/null
-    fi
-    if ! ldconfig -p 2>/dev/null | grep -q 'libvulkan\.so\.1'; then
-        echo "gpu-bench: no Vulkan loader (libvulkan.so.1); install libvulkan1" >&2
-        exit 1
-    fi
-fi
-# The NVIDIA driver's Vulkan manifest, where containers put it outside the
-# standard folders.
-if [ -z "${VK_DRIVER_FILES:-}${VK_ICD_FILENAMES:-}" ]; then
-    for icd in /usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json; do
-        if [ -f "$icd" ] && ! ls /usr/share/vulkan/icd.d/nvidia_icd*.json /etc/vulkan/icd.d/nvidia_icd*.json >/dev/null 2>&1; then
-            export VK_DRIVER_FILES="$icd"
-        fi
-    done
-fi
-egl=/usr/local/nvidia/share/glvnd/egl_vendor.d/10_nvidia.json
-if [ -z "${__EGL_VENDOR_LIBRARY_FILENAMES:-}" ] && [ -f "$egl" ]; then
-    export __EGL_VENDOR_LIBRARY_FILENAMES="$egl"
-fi
+setup_vulkan "${debs[@]}" || exit 1
 
 # 2. The release binary (built here when cargo is present).
 if [ -n "$from" ]; then
@@ -113,7 +82,6 @@ if [ ! -x "$bin" ]; then
     echo "gpu-bench: no $bin; install Rust (cargo) or bring a release build" >&2
     exit 1
 fi
-export NODEVICE_SELECT=1
 
 # 3. The adapter, and the kernels each set uses on it.
 "$bin" info | tee "$out/info.txt"

@@ -90,6 +90,15 @@ pub fn record_future_attention(
     })
 }
 
+/// One configuration's cache and engine, its last chunk's logits and its
+/// sums so far.
+struct Run {
+    cache: BoundedCache,
+    engine: Engine,
+    rows: Vec<f32>,
+    sums: FidelitySums,
+}
+
 /// Runs `tokens` through the full cache and every config; returns the sums of
 /// the metrics over the positions t >= C = J + h of each config (none when the
 /// document is not longer than C). `progress` gets the number of tokens fed
@@ -141,7 +150,12 @@ pub fn fidelity_document(
             _ => BoundedCache::new(opts, layers)?,
         };
         let engine = Engine::new(model.clone(), cache.engine_options(tokens.len(), h, h))?;
-        runs.push((cache, engine, FidelitySums::default()));
+        runs.push(Run {
+            cache,
+            engine,
+            rows: vec![0f32; h * vocab],
+            sums: FidelitySums::default(),
+        });
     }
     let mut full_rows = vec![0f32; h * vocab];
     for (piece_index, piece) in tokens.chunks(h).enumerate() {
@@ -157,22 +171,36 @@ pub fn fidelity_document(
                 (log_softmax(row), argmax(row))
             })
             .collect();
-        for (cache, engine, sums) in runs.iter_mut() {
-            let first_compared = cache.opts.capacity();
-            cache.feed(engine, piece, p0 as u32, FeedOutput::All, |first, l| {
-                for (r, row) in l.chunks(vocab).enumerate() {
-                    let i = first + r;
-                    let t = p0 + i;
-                    if t >= first_compared {
-                        let next = tokens.get(t + 1).copied();
-                        let (lp, top) = &reference[i];
-                        sums.add_reference(lp, *top, row, next);
+        // Each run's comparison (two exponentials per vocabulary entry and
+        // position) goes to a thread of its own while the GPU runs the next
+        // configuration: on a GPU it would otherwise take as long as the runs.
+        std::thread::scope(|scope| -> Result<()> {
+            for run in runs.iter_mut() {
+                let Run {
+                    cache,
+                    engine,
+                    rows,
+                    sums,
+                } = run;
+                cache.feed(engine, piece, p0 as u32, FeedOutput::All, |first, l| {
+                    rows[first * vocab..first * vocab + l.len()].copy_from_slice(l);
+                    Ok(())
+                })?;
+                let first_compared = cache.opts.capacity();
+                let (rows, reference) = (&*rows, &reference);
+                scope.spawn(move || {
+                    for (i, (lp, top)) in reference.iter().enumerate() {
+                        let t = p0 + i;
+                        if t >= first_compared {
+                            let row = &rows[i * vocab..(i + 1) * vocab];
+                            sums.add_reference(lp, *top, row, tokens.get(t + 1).copied());
+                        }
                     }
-                }
-                Ok(())
-            })?;
-        }
+                });
+            }
+            Ok(())
+        })?;
         progress(piece.len() * (1 + runs.len()));
     }
-    Ok(runs.into_iter().map(|(_, _, s)| s).collect())
+    Ok(runs.into_iter().map(|r| r.sums).collect())
 }

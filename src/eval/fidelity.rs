@@ -182,11 +182,18 @@ pub fn fidelity_document(
                     rows,
                     sums,
                 } = run;
+                // Before its first refresh a run is the full run: no logits
+                // to compute or read back (the last layer's norm and the LM
+                // head are a fifth of SmolLM2's weights).
+                let first_compared = cache.opts.capacity();
+                if p0 + piece.len() <= first_compared {
+                    cache.feed(engine, piece, p0 as u32, FeedOutput::None, |_, _| Ok(()))?;
+                    continue;
+                }
                 cache.feed(engine, piece, p0 as u32, FeedOutput::All, |first, l| {
                     rows[first * vocab..first * vocab + l.len()].copy_from_slice(l);
                     Ok(())
                 })?;
-                let first_compared = cache.opts.capacity();
                 let (rows, reference) = (&*rows, &reference);
                 scope.spawn(move || {
                     for (i, (lp, top)) in reference.iter().enumerate() {

@@ -118,14 +118,14 @@ if [ "$small" = 1 ]; then
     sizes=(--doc-tokens 96 --chunk 16 --budgets 32,48 --recent 8)
     traces=(--skip-docs 5 --docs 1)
     prose=(--docs 1)
-    policies=window,epikv-tova,oracle
+    policies=window,window-sinks,oracle
     dev_docs=(1)
     diagnose=(--max-tokens 96 --budget 32 --chunk 16 --sinks 4 --recent 8)
 else
     sizes=(--doc-tokens 768 --chunk 32 --budgets 128,256,512)
     traces=(--skip-docs 5 --docs 20)
     prose=(--docs 3)
-    policies=window,random,h2o,tova,epikv,ccs,epikv-robust,ccs-context,epikv-recency,epikv-tova,oracle,oracle-rest
+    policies=window,random,h2o,tova,epikv,ccs,epikv-robust,ccs-context,epikv-recency,epikv-tova,window-sinks,ccs-sinks,oracle,oracle-rest
     dev_docs=(1 2 3 4)
     diagnose=(--max-tokens 768 --budget 128 --chunk 32 --sinks 4 --recent 64)
 fi
@@ -169,7 +169,7 @@ for doc in "${dev_docs[@]}"; do
     echo "== diagnosis of development trace $id"
     timeout "$(left)" "$bin" eval explain --model "$model_dir" --dataset reasoning_traces --doc "$doc" \
         "${diagnose[@]}" --dtype f16 --policy epikv \
-        --also-diagnose window,tova,h2o,ccs,epikv-robust,ccs-context \
+        --also-diagnose window,tova,h2o,ccs,epikv-robust,ccs-context,window-sinks,ccs-sinks \
         --out "$out/diagnosis-dev/$name.html" --diagnostics "$out/diagnosis-dev/$name.json" 2>&1 |
         grep -v XDG_RUNTIME_DIR | tail -8
 done

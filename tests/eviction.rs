@@ -39,7 +39,21 @@ fn run(
     opts: CacheOptions,
     step: usize,
 ) -> (Vec<f32>, BoundedCache) {
-    let mut cache = BoundedCache::new(opts, model.config.num_layers).unwrap();
+    run_cache(
+        model,
+        ids,
+        BoundedCache::new(opts, model.config.num_layers).unwrap(),
+        step,
+    )
+}
+
+/// As [`run`], with a cache made by the caller.
+fn run_cache(
+    model: &Arc<Model>,
+    ids: &[u32],
+    mut cache: BoundedCache,
+    step: usize,
+) -> (Vec<f32>, BoundedCache) {
     cache.record = true;
     let mut e = Engine::new(model.clone(), cache.engine_options(ids.len(), step, step)).unwrap();
     let vocab = model.config.vocab_size;
@@ -229,6 +243,18 @@ fn tova_matches_the_reference() {
 #[test]
 fn ccs_matches_the_reference() {
     check_against_reference(Policy::Ccs, "ccs", 2e-4);
+}
+
+/// The sink guard with its real ratio (2) finds no sink in the tiny models
+/// (random weights: no pair of jumps reaches 1.2 times the median), so
+/// `window-sinks` and `ccs-sinks` must reproduce the reference's window and
+/// CCS runs exactly: the guard passes the inner policy's needs (the
+/// counter-causal pass) and scores through. `window_sinks_matches_a_cpu_reference`
+/// checks what it does when it finds one.
+#[test]
+fn sink_guards_without_sinks_are_their_inner_policy() {
+    check_against_reference(Policy::WindowSinks, "window", 0.0);
+    check_against_reference(Policy::CcsSinks, "ccs", 2e-4);
 }
 
 #[test]
@@ -559,4 +585,97 @@ fn hybrids_are_rank_means_of_their_parts() {
             assert!(got.iter().zip(&a).any(|(g, a)| (g - a).abs() > 1e-6));
         }
     }
+}
+
+/// The sink guard (`window-sinks`, docs/POLICIES.md) against a host
+/// reference built on the independent implementation's g at EpiKV's layer A
+/// (golden epikv.trace.npz, float64 from the reference's hidden states).
+/// Before the first refresh every run is the full-cache run, so there that
+/// g is the guard's own: the host detects the sinks by the guard's rule, and
+/// the first refresh must score them `f64::MAX` and every other entry by its
+/// position, and keep the protected entries plus the best-ranked. Later
+/// refreshes (whose hidden states depend on what was evicted) must score
+/// each entry `f64::MAX` or its position and keep by that ranking. The tiny
+/// models have random weights and no massive activations, so the test takes
+/// the ratio from their own g, in the widest gap among the largest pair
+/// ratios, so that float32 g cannot flip a decision.
+#[test]
+fn window_sinks_matches_a_cpu_reference() {
+    use sieve::eviction::epikv::{bands, median};
+    use sieve::eviction::sinks::SinkGuard;
+    let mut rescued = 0;
+    for name in ["tiny-llama-gqa", "tiny-qwen2"] {
+        let s = settings(name);
+        let model = load(name);
+        let ids = input_ids(&s);
+        let opts = golden_opts(&s, Policy::WindowSinks);
+        let layer = bands(model.config.num_layers, false, None).0[0];
+        let npz = Npz::open(
+            &golden_dir()
+                .join("eviction")
+                .join(name)
+                .join("epikv.trace.npz"),
+        );
+        assert_eq!(npz.ids("layers")[0] as usize, layer, "{name}: layer A");
+        let (shape, g) = npz.f32("g");
+        let g: Vec<f64> = g[..shape[1]].iter().map(|&v| v as f64).collect();
+        // The pair ratio of every position t >= sinks whose g(t + 1) is known
+        // at the first refresh: min(g(t), g(t + 1)) over the median of
+        // g(max(sinks, t + 2 - W) ..= t + 1).
+        let (first, w) = (opts.sinks, opts.epikv_window);
+        let first_refresh = opts.capacity();
+        let ratios: Vec<(u32, f64)> = (first..first_refresh - 1)
+            .map(|t| {
+                let mut window = g[first.max((t + 2).saturating_sub(w))..=t + 1].to_vec();
+                (t as u32, g[t].min(g[t + 1]) / median(&mut window))
+            })
+            .collect();
+        let mut sorted: Vec<f64> = ratios.iter().map(|r| r.1).collect();
+        sorted.sort_by(|a, b| b.total_cmp(a));
+        let gap = |i: usize| sorted[i] / sorted[i + 1];
+        let k = (0..5).max_by(|&i, &j| gap(i).total_cmp(&gap(j))).unwrap();
+        assert!(gap(k) > 1.01, "{name}: no clear gap");
+        let ratio = (sorted[k] * sorted[k + 1]).sqrt();
+        let sinks: Vec<u32> = ratios.iter().filter(|r| r.1 > ratio).map(|r| r.0).collect();
+        eprintln!("{name}: ratio {ratio:.3}, sinks at the first refresh {sinks:?}");
+        let guard = SinkGuard::new(
+            Policy::Window
+                .scorer(&opts, model.config.num_layers)
+                .unwrap(),
+            layer,
+            ratio,
+            first as u32,
+            w,
+        )
+        .unwrap();
+        let cache = BoundedCache::with_scorer(opts, Box::new(guard)).unwrap();
+        let (_, cache) = run_cache(&model, &ids, cache, 16);
+        for r in &cache.trace {
+            let is_sink = |p: u32| match r.refresh {
+                0 => sinks.contains(&p),
+                _ => r.scores[r.unprotected.iter().position(|&q| q == p).unwrap()] == f64::MAX,
+            };
+            let want: Vec<f64> = r
+                .unprotected
+                .iter()
+                .map(|&p| if is_sink(p) { f64::MAX } else { p as f64 })
+                .collect();
+            assert_eq!(r.scores, want, "{name} refresh {}: scores", r.refresh);
+            let mut order = r.unprotected.clone();
+            order.sort_by(|a, b| is_sink(*b).cmp(&is_sink(*a)).then(b.cmp(a)));
+            let n_keep = opts.budget - r.protected.len();
+            let mut kept: Vec<u32> = r.protected.clone();
+            kept.extend(&order[..n_keep.min(order.len())]);
+            kept.sort_unstable();
+            assert_eq!(r.kept, kept, "{name} refresh {}: kept", r.refresh);
+        }
+        assert!(!sinks.is_empty(), "{name}: no sink detected");
+        // The window evicts the oldest unprotected entries at the first refresh.
+        let window_evicts = first_refresh - opts.budget + first;
+        rescued += sinks
+            .iter()
+            .filter(|&&p| (p as usize) < window_evicts && cache.trace[0].kept.contains(&p))
+            .count();
+    }
+    assert!(rescued > 0, "no sink that the window evicts was kept");
 }

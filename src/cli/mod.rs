@@ -109,7 +109,8 @@ pub struct CacheArgs {
     #[arg(long, default_value_t = 64)]
     pub recent: usize,
     /// Eviction policy: full, window, random, h2o, tova, epikv, ccs, ccs-full
-    /// (SPEC.md), or a variant: epikv-robust (docs/POLICIES.md).
+    /// (SPEC.md), or a variant (docs/POLICIES.md): epikv-robust, ccs-context,
+    /// epikv-recency, epikv-tova, window-sinks, ccs-sinks.
     /// Default: window with --budget, else full.
     #[arg(long)]
     pub policy: Option<String>,

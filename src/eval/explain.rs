@@ -275,7 +275,12 @@ pub fn html(title: &str, pieces: &[String], fates: &[Fate], refreshes: usize) ->
         let score = f
             .score
             .map_or("no score (protected or never ranked)".into(), |s| {
-                format!("score {s:.4}")
+                if s == f64::MAX {
+                    // The sink guards' score for a detected sink.
+                    "score: kept as a detected sink".into()
+                } else {
+                    format!("score {s:.4}")
+                }
             });
         let prot = if f.protected { ", protected" } else { "" };
         let lost = f.lost_attention.map_or(String::new(), |m| {

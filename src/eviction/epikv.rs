@@ -124,20 +124,23 @@ impl Epikv {
     /// Robust z of the newest value: (g - median) / (1.4826 MAD + 1e-6);
     /// 1.4826 MAD estimates the standard deviation of normal data.
     fn robust_z(window: &VecDeque<f64>) -> f64 {
-        let median = |v: &mut Vec<f64>| {
-            v.sort_by(f64::total_cmp);
-            let n = v.len();
-            if n % 2 == 1 {
-                v[n / 2]
-            } else {
-                (v[n / 2 - 1] + v[n / 2]) / 2.0
-            }
-        };
         let mut values: Vec<f64> = window.iter().copied().collect();
         let m = median(&mut values);
         let mut deviations: Vec<f64> = window.iter().map(|g| (g - m).abs()).collect();
         let mad = median(&mut deviations);
         (window.back().unwrap() - m) / (1.4826 * mad + 1e-6)
+    }
+}
+
+/// The median of `v` (sorted in place; the mean of the middle two for an
+/// even count). `v` must not be empty.
+pub fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
     }
 }
 

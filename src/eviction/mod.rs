@@ -9,6 +9,7 @@ pub mod epikv;
 pub mod hybrid;
 pub mod oracle;
 mod random;
+pub mod sinks;
 mod window;
 
 use anyhow::{bail, Result};
@@ -79,6 +80,10 @@ pub enum Policy {
     EpikvRecency,
     /// Rank mean of `epikv-robust` and TOVA's last-query weight.
     EpikvTova,
+    /// The window, keeping the residual stream's massive-activation positions.
+    WindowSinks,
+    /// Fast CCS, keeping the residual stream's massive-activation positions.
+    CcsSinks,
     /// The next h queries' full-cache attention (fidelity only).
     Oracle,
     /// Every remaining query's full-cache attention (fidelity only).
@@ -86,7 +91,7 @@ pub enum Policy {
 }
 
 impl Policy {
-    pub const ALL: [(&'static str, Policy); 14] = [
+    pub const ALL: [(&'static str, Policy); 16] = [
         ("full", Policy::Full),
         ("window", Policy::Window),
         ("random", Policy::Random),
@@ -99,6 +104,8 @@ impl Policy {
         ("ccs-context", Policy::CcsContext),
         ("epikv-recency", Policy::EpikvRecency),
         ("epikv-tova", Policy::EpikvTova),
+        ("window-sinks", Policy::WindowSinks),
+        ("ccs-sinks", Policy::CcsSinks),
         ("oracle", Policy::Oracle),
         ("oracle-rest", Policy::OracleRest),
     ];
@@ -155,18 +162,24 @@ impl Policy {
             Policy::Tova => Box::new(attention::AttentionWeights(WeightMode::LastRow)),
             Policy::Ccs => Box::new(ccs::CounterCausalSurprise(CcsMode::Fast)),
             Policy::CcsFull => Box::new(ccs::CounterCausalSurprise(CcsMode::Full)),
+            Policy::WindowSinks | Policy::CcsSinks => {
+                let inner = match self {
+                    Policy::WindowSinks => Policy::Window,
+                    _ => Policy::Ccs,
+                };
+                // EpiKV's layer A (also with --epikv-bands: one layer is enough).
+                epikv_layers(opts, num_layers)?;
+                let (a, _) = epikv::bands(num_layers, false, opts.epikv_layers);
+                Box::new(sinks::SinkGuard::new(
+                    inner.scorer(opts, num_layers)?,
+                    a[0],
+                    sinks::RATIO,
+                    opts.sinks as u32,
+                    opts.epikv_window,
+                )?)
+            }
             Policy::Epikv | Policy::EpikvRobust => {
-                if let Some((a, b)) = opts.epikv_layers {
-                    for l in [a, b] {
-                        if l == 0 || l > num_layers {
-                            bail!("EpiKV layer {l} is outside the model's layers 1..={num_layers}");
-                        }
-                    }
-                }
-                if opts.epikv_window == 0 {
-                    bail!("EpiKV window must be at least 1");
-                }
-                let (a, b) = epikv::bands(num_layers, opts.epikv_bands, opts.epikv_layers);
+                let (a, b) = epikv_layers(opts, num_layers)?;
                 let statistics = match self {
                     Policy::EpikvRobust => epikv::Statistics::Robust {
                         first: opts.sinks as u32,
@@ -178,4 +191,23 @@ impl Policy {
             _ => bail!("policy '{}' never evicts and has no scorer", self.name()),
         })
     }
+}
+
+/// EpiKV's tracked layers (bands A and B) from the options, checked.
+fn epikv_layers(opts: &CacheOptions, num_layers: usize) -> Result<(Vec<usize>, Vec<usize>)> {
+    if let Some((a, b)) = opts.epikv_layers {
+        for l in [a, b] {
+            if l == 0 || l > num_layers {
+                bail!("EpiKV layer {l} is outside the model's layers 1..={num_layers}");
+            }
+        }
+    }
+    if opts.epikv_window == 0 {
+        bail!("EpiKV window must be at least 1");
+    }
+    Ok(epikv::bands(
+        num_layers,
+        opts.epikv_bands,
+        opts.epikv_layers,
+    ))
 }

@@ -55,7 +55,12 @@ impl Npz {
             let shape: Vec<usize> = f.shape().iter().map(|&d| d as usize).collect();
             let arr = match f.dtype() {
                 npyz::DType::Plain(t) if t.type_char() == npyz::TypeChar::Float => {
-                    Array::F32(shape, f.into_vec::<f32>().unwrap())
+                    if t.num_bytes() == Some(8) {
+                        let v = f.into_vec::<f64>().unwrap();
+                        Array::F32(shape, v.into_iter().map(|x| x as f32).collect())
+                    } else {
+                        Array::F32(shape, f.into_vec::<f32>().unwrap())
+                    }
                 }
                 npyz::DType::Plain(t) if t.type_char() == npyz::TypeChar::Int => {
                     Array::I32(shape, f.into_vec::<i32>().unwrap())

@@ -38,7 +38,7 @@ pub struct SinkGuard {
     /// The newest position and its g, waiting for the next one's.
     pending: Option<(u32, f64)>,
     /// Detected sinks that may still be cached.
-    pub sinks: HashSet<u32>,
+    sinks: HashSet<u32>,
 }
 
 impl SinkGuard {
@@ -70,7 +70,7 @@ impl SinkGuard {
     }
 
     /// Takes position `pos`'s g; decides whether the position before it is a sink.
-    pub fn push(&mut self, pos: u32, g: f64) {
+    fn push(&mut self, pos: u32, g: f64) {
         if pos >= self.first {
             self.history.push_back(g);
             if self.history.len() > self.window {

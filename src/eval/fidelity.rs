@@ -173,7 +173,7 @@ pub fn fidelity_document(
             .collect();
         // Each run's comparison (two exponentials per vocabulary entry and
         // position) goes to a thread of its own while the GPU runs the next
-        // configuration: on a GPU it would otherwise take as long as the runs.
+        // configuration (on a fast GPU it could otherwise rival the runs).
         std::thread::scope(|scope| -> Result<()> {
             for run in runs.iter_mut() {
                 let Run {

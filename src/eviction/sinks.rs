@@ -1,7 +1,7 @@
 //! The sink guard (docs/POLICIES.md, `window-sinks` and `ccs-sinks`): a
 //! policy's ranking, except that the positions where the residual stream
-//! carries a massive activation are kept. Such positions (often a space or a
-//! newline) act as secondary attention sinks: the development split's
+//! carries a massive activation are kept. Such positions (in SmolLM2 a space
+//! or " the") act as secondary attention sinks: the development split's
 //! diagnosis (EVAL.md) found one that would have received half of the later
 //! attention the window evicts. They are found without attention weights,
 //! from EpiKV's signal at its layer A, g(t) = ||h_A(t) - h_A(t-1)||: a

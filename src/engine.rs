@@ -248,6 +248,11 @@ pub struct Engine {
     capture: Option<wgpu::Buffer>,
     /// Per-kernel timestamps (`set_profiling`).
     profiler: Option<crate::profile::Profiler>,
+    /// CPU seconds the last step spent recording and submitting its commands
+    /// (checks, buffer writes, encoding, submit; not the wait for the GPU).
+    /// The GPU idles meanwhile, so for decode on a fast GPU this is part of
+    /// every token's time; `sieve bench` reports it.
+    pub last_record_seconds: f64,
 }
 
 impl Engine {
@@ -609,6 +614,7 @@ impl Engine {
             buffer_bytes: bytes,
             capture: None,
             profiler: None,
+            last_record_seconds: 0.0,
         })
     }
 
@@ -677,6 +683,7 @@ impl Engine {
     /// Runs one step: `ids` at `positions` go to cache slots `n_cached..`.
     /// Returns the sampled token when `out.sample` is set.
     pub fn step(&mut self, ids: &[u32], positions: &[u32], out: StepOutput) -> Result<Option<u32>> {
+        let recording = std::time::Instant::now();
         let n = ids.len();
         let c = &self.model.config;
         if n == 0 || n > self.opts.max_tokens {
@@ -815,6 +822,7 @@ impl Engine {
             enc.copy_buffer_to_buffer(&self.sampler.result, 0, &self.sample_staging, 0, 4);
         }
         let submitted = gpu.queue.submit([enc.finish()]);
+        self.last_record_seconds = recording.elapsed().as_secs_f64();
         // A step waits for its own work. Steps that read nothing back (prompt
         // chunks) would otherwise queue the whole prompt on the GPU at once:
         // a cancel would still wait for all of it, and on a device shared

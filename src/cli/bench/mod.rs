@@ -163,6 +163,7 @@ pub fn run(model: &std::sync::Arc<Model>, a: &BenchArgs) -> Result<serde_json::V
         let greedy = SamplingParams::default();
         let mut tok = 1u32;
         let mut time = 0.0;
+        let mut record = 0.0;
         for s in 0..=a.decode_steps {
             let t = Instant::now();
             let out = StepOutput {
@@ -172,14 +173,16 @@ pub fn run(model: &std::sync::Arc<Model>, a: &BenchArgs) -> Result<serde_json::V
             tok = e.step(&[tok], &[(d + s) as u32], out)?.unwrap_or(0);
             if s > 0 {
                 time += t.elapsed().as_secs_f64();
+                record += e.last_record_seconds;
             }
         }
         let tps = a.decode_steps as f64 / time;
+        let record_ms = record * 1e3 / a.decode_steps as f64;
         let bytes =
             model.decode_weight_bytes() + kv_row_bytes * (d as u64 + a.decode_steps as u64 / 2);
         let bound = bw / bytes as f64;
         println!(
-            "| decode at depth {d} | {tps:.2} | {:.1} | ({:.0}% of the {:.2} tok/s read-bandwidth bound, {:.0} MB/token)",
+            "| decode at depth {d} | {tps:.2} | {:.1} | ({:.0}% of the {:.2} tok/s read-bandwidth bound, {:.0} MB/token; {record_ms:.2} ms of the step recording and submitting commands on the CPU)",
             1e3 / tps,
             100.0 * tps / bound,
             bound,
@@ -187,7 +190,8 @@ pub fn run(model: &std::sync::Arc<Model>, a: &BenchArgs) -> Result<serde_json::V
         );
         decode.push(json!({
             "depth": d, "tokens_per_second": tps, "bytes_per_token": bytes,
-            "bandwidth_bound_tokens_per_second": bound, "fraction_of_bound": tps / bound
+            "bandwidth_bound_tokens_per_second": bound, "fraction_of_bound": tps / bound,
+            "record_ms_per_step": record_ms
         }));
     }
     let kernels = kernel_breakdown(&mut e, &ids(max_prefill), a.depths.first().copied())?;

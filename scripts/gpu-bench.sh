@@ -147,20 +147,21 @@ if command -v python3 >/dev/null; then
 import json, sys
 ref = {("llama-3.1-8b", "f16"): (2587, 180.4, 163.5), ("llama-3.2-1b", "f16"): (5988, 526, 609),
        ("llama-3.1-8b", "q8_0"): (2481, 209, 186), ("llama-3.1-8b", "q4_0"): (2552, 251, 224)}
-print("| shape | kernels | prefill 512 tok/s (llama.cpp) | decode d0 (llama.cpp) | decode d4096 (llama.cpp) | decode d16384 | CPU ms recording a d0 step |")
-print("|---|---|---|---|---|---|---|")
+print("| shape | kernels | prefill 512 tok/s (llama.cpp) | decode d0 (llama.cpp) | decode d4096 (llama.cpp) | decode d16384 | decode d0, steps submitted ahead | CPU ms recording a d0 step |")
+print("|---|---|---|---|---|---|---|---|")
 for path in sys.argv[2:]:
     r = json.load(open(path))
     shape = next(((s, f) for s, f in ref if s in r["model"] and r["weights"].startswith(f + " ")), None)
     pre = {p["tokens"]: p["tokens_per_second"] for p in r["prefill"]}
     dec = {d["depth"]: d["tokens_per_second"] for d in r["decode"]}
     record = {d["depth"]: d.get("record_ms_per_step") for d in r["decode"]}
+    ahead = {d["depth"]: d.get("submitted_ahead_tokens_per_second") for d in r["decode"]}
     lp, l0, l4 = ref.get(shape, (None, None, None))
     def cell(v, l):
         if v is None:
             return "-"
         return f"{v:,.0f}" + (f" ({l:,.0f}, x{v / l:.2f})" if l else "")
-    print(f"| {r['model']} {r['weights'].split()[0]} | {r['kernels'].split()[0]} | {cell(pre.get(512), lp)} | {cell(dec.get(0), l0)} | {cell(dec.get(4096), l4)} | {cell(dec.get(16384), None)} | {record.get(0) or 0:.2f} |")
+    print(f"| {r['model']} {r['weights'].split()[0]} | {r['kernels'].split()[0]} | {cell(pre.get(512), lp)} | {cell(dec.get(0), l0)} | {cell(dec.get(4096), l4)} | {cell(dec.get(16384), None)} | {cell(ahead.get(0), l0)} | {record.get(0) or 0:.2f} |")
 PY
 fi
 

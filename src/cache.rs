@@ -128,6 +128,33 @@ pub enum FeedOutput {
     Sample(SamplingParams, u32),
 }
 
+impl FeedOutput {
+    /// The engine's output for a step of `n` tokens that ends the feed.
+    pub fn step_output(self, n: usize) -> StepOutput {
+        match self {
+            FeedOutput::None => StepOutput::NONE,
+            FeedOutput::All => StepOutput {
+                logit_row0: 0,
+                n_logits: n,
+                sample: None,
+            },
+            FeedOutput::Last => StepOutput::last(n),
+            FeedOutput::Sample(params, counter) => StepOutput {
+                sample: Some((params, counter)),
+                ..StepOutput::last(n)
+            },
+        }
+    }
+
+    /// The engine's output for a step of `n` tokens before the feed's last.
+    fn before_last(self, n: usize) -> StepOutput {
+        match self {
+            FeedOutput::All => self.step_output(n),
+            _ => StepOutput::NONE,
+        }
+    }
+}
+
 pub struct BoundedCache {
     pub opts: CacheOptions,
     scorer: Option<Box<dyn Scorer>>,
@@ -314,20 +341,10 @@ impl BoundedCache {
                 .map(|j| first_position + done as u32 + j)
                 .collect();
             let last = done + n == tokens.len();
-            let step_out = match out {
-                FeedOutput::None => StepOutput::NONE,
-                FeedOutput::All => StepOutput {
-                    logit_row0: 0,
-                    n_logits: n,
-                    sample: None,
-                },
-                FeedOutput::Last if last => StepOutput::last(n),
-                FeedOutput::Last => StepOutput::NONE,
-                FeedOutput::Sample(params, counter) if last => StepOutput {
-                    sample: Some((params, counter)),
-                    ..StepOutput::last(n)
-                },
-                FeedOutput::Sample(..) => StepOutput::NONE,
+            let step_out = if last {
+                out.step_output(n)
+            } else {
+                out.before_last(n)
             };
             sampled = engine.step(ids, &pos, step_out)?;
             if let Some(scorer) = self.scorer.as_mut() {
@@ -344,6 +361,14 @@ impl BoundedCache {
             done += n;
         }
         Ok(sampled)
+    }
+
+    /// Records a token fed to the engine outside `feed` (a decode step
+    /// submitted ahead, `Engine::submit`; the full cache only, where no
+    /// scorer observes steps and no refresh comes between them).
+    pub fn record_fed(&mut self, token: u32, position: u32) {
+        debug_assert!(self.scorer.is_none());
+        self.slots.push(Slot { position, token });
     }
 
     /// Writes the refresh records as JSON (atomically).

@@ -209,6 +209,33 @@ impl StepOutput {
     }
 }
 
+/// Where a step's token ids come from.
+#[derive(Clone, Copy, Debug)]
+pub enum StepIds<'a> {
+    /// Given by the caller.
+    Host(&'a [u32]),
+    /// The one token that the previous step sampled, still on the GPU: the
+    /// step copies it into its input there, so it can be submitted before the
+    /// token is read back (decode overlaps the host's recording of step t + 1
+    /// with the GPU's running of step t). Should that token turn out to be
+    /// the NaN marker, the step embeds an arbitrary row (WGSL clamps the
+    /// read); `complete` of the previous step reports the error and the
+    /// caller undoes this one.
+    LastSampled,
+}
+
+/// A step on the GPU that has not been waited for (`Engine::submit`); hand
+/// it to `Engine::complete` or `Engine::undo`.
+#[must_use = "a submitted step must be completed or undone"]
+#[derive(Debug)]
+pub struct Submitted {
+    index: wgpu::SubmissionIndex,
+    /// The readback buffer holding its sampled token, if it samples.
+    staging: Option<usize>,
+    first_slot: usize,
+    n_tokens: usize,
+}
+
 pub struct Engine {
     pub model: Arc<Model>,
     pub opts: EngineOptions,
@@ -223,7 +250,13 @@ pub struct Engine {
     final_norm: RmsNorm,
     lm_head: Matmul,
     sampler: Sampler,
-    sample_staging: wgpu::Buffer,
+    /// Two readback buffers for sampled tokens, used in turn, so that a
+    /// step's token can be read while the next step (which writes the other)
+    /// is already submitted.
+    sample_staging: [wgpu::Buffer; 2],
+    next_staging: usize,
+    /// Whether the last submitted step sampled (`StepIds::LastSampled` reads its token).
+    last_step_sampled: bool,
     compactor: Option<Compactor>,
     /// (0-based layer index, kernel) for every tracked layer.
     deltas: Vec<(usize, LayerDelta)>,
@@ -582,11 +615,13 @@ impl Engine {
             }
             None => None,
         };
-        let sample_staging = gpu.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("sampled-token"),
-            size: 4,
-            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-            mapped_at_creation: false,
+        let sample_staging = [0, 1].map(|_| {
+            gpu.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("sampled-token"),
+                size: 4,
+                usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            })
         });
         Ok(Engine {
             model,
@@ -602,6 +637,8 @@ impl Engine {
             lm_head,
             sampler,
             sample_staging,
+            next_staging: 0,
+            last_step_sampled: false,
             compactor,
             deltas,
             delta_out,
@@ -646,6 +683,7 @@ impl Engine {
     /// Forgets the cache contents (the buffers stay allocated).
     pub fn reset(&mut self) {
         self.n_cached = 0;
+        self.last_step_sampled = false;
     }
 
     /// Marks `tokens` as seen for the repetition penalty (the prompt).
@@ -683,8 +721,36 @@ impl Engine {
     /// Runs one step: `ids` at `positions` go to cache slots `n_cached..`.
     /// Returns the sampled token when `out.sample` is set.
     pub fn step(&mut self, ids: &[u32], positions: &[u32], out: StepOutput) -> Result<Option<u32>> {
+        let submitted = self.submit(StepIds::Host(ids), positions, out)?;
+        self.complete(submitted)
+    }
+
+    /// Whether `StepIds::LastSampled` steps can be submitted now (the last
+    /// step sampled, and no per-kernel profiling, whose queries one step at a
+    /// time reuses).
+    pub fn can_chain(&self) -> bool {
+        self.last_step_sampled && self.profiler.is_none()
+    }
+
+    /// Records and submits one step without waiting for it (`step` is this
+    /// and `complete`). Its tokens take cache slots `n_cached..` at once, so
+    /// the next step can be submitted behind it. Steps complete in order.
+    pub fn submit(
+        &mut self,
+        ids: StepIds,
+        positions: &[u32],
+        out: StepOutput,
+    ) -> Result<Submitted> {
         let recording = std::time::Instant::now();
-        let n = ids.len();
+        let n = match ids {
+            StepIds::Host(ids) => ids.len(),
+            StepIds::LastSampled => {
+                if !self.can_chain() {
+                    bail!("a step can take the last sampled token only right after a sampling step, with profiling off");
+                }
+                1
+            }
+        };
         let c = &self.model.config;
         if n == 0 || n > self.opts.max_tokens {
             bail!("a step takes 1 to {} tokens, got {n}", self.opts.max_tokens);
@@ -708,11 +774,13 @@ impl Engine {
                 self.opts.max_slots
             );
         }
-        if let Some(&bad) = ids.iter().find(|&&i| i as usize >= c.vocab_size) {
-            bail!(
-                "token id {bad} is outside the vocabulary of {} tokens",
-                c.vocab_size
-            );
+        if let StepIds::Host(ids) = ids {
+            if let Some(&bad) = ids.iter().find(|&&i| i as usize >= c.vocab_size) {
+                bail!(
+                    "token id {bad} is outside the vocabulary of {} tokens",
+                    c.vocab_size
+                );
+            }
         }
         if out.n_logits > self.opts.max_logit_rows || out.logit_row0 + out.n_logits > n {
             bail!(
@@ -733,13 +801,20 @@ impl Engine {
             n_logits: out.n_logits as u32,
         };
         gpu.write(&self.step, 0, bytemuck::bytes_of(&step));
-        gpu.write(&self.ids, 0, bytemuck::cast_slice(ids));
         gpu.write(&self.positions, 0, bytemuck::cast_slice(positions));
         if let Some((params, counter)) = &out.sample {
             self.sampler
                 .set_params(&gpu, params, (out.n_logits - 1) as u32, *counter);
         }
         let mut enc = gpu.device.create_command_encoder(&Default::default());
+        // (Queue writes land before this submission's commands; the copy is
+        // ordered after the previous submission's sampling.)
+        match ids {
+            StepIds::Host(ids) => gpu.write(&self.ids, 0, bytemuck::cast_slice(ids)),
+            StepIds::LastSampled => {
+                enc.copy_buffer_to_buffer(&self.sampler.result, 0, &self.ids, 0, 4)
+            }
+        }
         let (nt, start) = (n as u32, self.n_cached as u32);
         let hidden_bytes = (n * c.hidden_size * 4) as u64;
         let capture_stride = (self.opts.max_tokens * c.hidden_size * 4) as u64;
@@ -818,42 +893,83 @@ impl Engine {
         if let Some(pr) = prof.as_ref() {
             pr.resolve(&mut enc);
         }
-        if out.sample.is_some() {
-            enc.copy_buffer_to_buffer(&self.sampler.result, 0, &self.sample_staging, 0, 4);
-        }
-        let submitted = gpu.queue.submit([enc.finish()]);
+        let staging = out.sample.map(|_| {
+            let k = self.next_staging;
+            self.next_staging = 1 - k;
+            enc.copy_buffer_to_buffer(&self.sampler.result, 0, &self.sample_staging[k], 0, 4);
+            k
+        });
+        let index = gpu.queue.submit([enc.finish()]);
         self.last_record_seconds = recording.elapsed().as_secs_f64();
-        // A step waits for its own work. Steps that read nothing back (prompt
-        // chunks) would otherwise queue the whole prompt on the GPU at once:
-        // a cancel would still wait for all of it, and on a device shared
-        // with a renderer every frame would wait behind it (on a CPU driver,
-        // seconds). The GPU idles only while the next step is encoded, a
-        // small part of a prompt chunk's time.
-        gpu.device
-            .poll(wgpu::PollType::Wait {
-                submission_index: Some(submitted),
-                timeout: None,
-            })
-            .map_err(|e| anyhow::anyhow!("waiting for the GPU: {e}"))?;
+        self.last_step_sampled = out.sample.is_some();
+        let first_slot = self.n_cached;
         self.n_cached += n;
+        Ok(Submitted {
+            index,
+            staging,
+            first_slot,
+            n_tokens: n,
+        })
+    }
+
+    /// Waits for a submitted step and returns its sampled token, if it
+    /// samples. A caller waits for every step it submits (`step` does) or
+    /// undoes it: steps that read nothing back (prompt chunks) would
+    /// otherwise queue a whole prompt on the GPU at once, a cancel would still
+    /// wait for all of it, and on a device shared with a renderer every frame
+    /// would wait behind it (on a CPU driver, seconds).
+    pub fn complete(&mut self, s: Submitted) -> Result<Option<u32>> {
+        let gpu = self.model.gpu.clone();
+        let token = match s.staging {
+            Some(k) => {
+                let bytes = gpu
+                    .map_and_read_after(&self.sample_staging[k], 4, Some(s.index))
+                    .context("reading the sampled token")?;
+                Some(u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]))
+            }
+            None => {
+                gpu.device
+                    .poll(wgpu::PollType::Wait {
+                        submission_index: Some(s.index),
+                        timeout: None,
+                    })
+                    .map_err(|e| anyhow::anyhow!("waiting for the GPU: {e}"))?;
+                None
+            }
+        };
         if let Some(pr) = self.profiler.as_mut() {
             pr.collect(&gpu)?;
         }
-        if out.sample.is_some() {
-            let bytes = gpu
-                .map_and_read(&self.sample_staging, 4)
-                .context("reading the sampled token")?;
-            let token = u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]);
-            if token == crate::kernels::sample::NONFINITE {
-                crate::error::bail_kind!(
-                    crate::error::ErrorKind::NonFiniteLogits,
-                    "the logits of the token in cache slot {} hold NaN or infinity (non-finite weights, or values that overflowed); no token sampled",
-                    self.n_cached - 1
-                );
-            }
-            return Ok(Some(token));
+        if token == Some(crate::kernels::sample::NONFINITE) {
+            crate::error::bail_kind!(
+                crate::error::ErrorKind::NonFiniteLogits,
+                "the logits of the token in cache slot {} hold NaN or infinity (non-finite weights, or values that overflowed); no token sampled",
+                s.first_slot + s.n_tokens - 1
+            );
         }
-        Ok(None)
+        Ok(token)
+    }
+
+    /// Waits for the last submitted step and takes its tokens out of the
+    /// cache again (a decode step submitted ahead of a token that ended the
+    /// generation). Its sampled token is dropped; the repetition penalty's
+    /// seen set may keep it, until the next `reset_seen`.
+    pub fn undo(&mut self, s: Submitted) -> Result<()> {
+        if s.first_slot + s.n_tokens != self.n_cached {
+            bail!(
+                "only the last submitted step can be undone (it took slots {}..{}, the cache holds {})",
+                s.first_slot,
+                s.first_slot + s.n_tokens,
+                self.n_cached
+            );
+        }
+        let first_slot = s.first_slot;
+        // Wait without reading: the token is not wanted, NaN included.
+        let s = Submitted { staging: None, ..s };
+        self.complete(s)?;
+        self.n_cached = first_slot;
+        self.last_step_sampled = false;
+        Ok(())
     }
 
     /// Logits of the last step: `[n_logits, vocab]` row-major.

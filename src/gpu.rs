@@ -455,17 +455,43 @@ impl Gpu {
 
     /// Maps a MAP_READ buffer whose copy has been submitted and returns its first bytes.
     pub fn map_and_read(&self, staging: &wgpu::Buffer, bytes: u64) -> Result<Vec<u8>> {
+        self.map_and_read_after(staging, bytes, None)
+    }
+
+    /// Reads a MAP_READ buffer last written by `submission`, waiting for that
+    /// submission only (None: for all of them): work submitted after it
+    /// keeps the GPU busy meanwhile.
+    pub fn map_and_read_after(
+        &self,
+        staging: &wgpu::Buffer,
+        bytes: u64,
+        submission: Option<wgpu::SubmissionIndex>,
+    ) -> Result<Vec<u8>> {
         let slice = staging.slice(..);
         let (tx, rx) = std::sync::mpsc::channel();
         slice.map_async(wgpu::MapMode::Read, move |r| {
             let _ = tx.send(r);
         });
-        self.device
-            .poll(wgpu::PollType::wait_indefinitely())
-            .map_err(|e| anyhow!("waiting for the GPU: {e}"))?;
-        rx.recv()
-            .map_err(|_| anyhow!("GPU readback was dropped"))?
-            .map_err(|e| anyhow!("mapping a readback buffer: {e}"))?;
+        let wait = |submission_index| {
+            self.device
+                .poll(wgpu::PollType::Wait {
+                    submission_index,
+                    timeout: None,
+                })
+                .map_err(|e| anyhow!("waiting for the GPU: {e}"))
+        };
+        wait(submission)?;
+        // A wait for one submission runs the callbacks it made ready, which
+        // includes this map when the buffer was last used there; should the
+        // callback still be pending, waiting for everything is correct too.
+        let mapped = match rx.try_recv() {
+            Ok(r) => r,
+            Err(_) => {
+                wait(None)?;
+                rx.recv().map_err(|_| anyhow!("GPU readback was dropped"))?
+            }
+        };
+        mapped.map_err(|e| anyhow!("mapping a readback buffer: {e}"))?;
         let out = slice
             .get_mapped_range()
             .map_err(|e| anyhow!("reading a mapped buffer: {e:?}"))?[..bytes as usize]

@@ -22,7 +22,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::cache::{BoundedCache, CacheOptions, FeedOutput};
-use crate::engine::Engine;
+use crate::engine::{Engine, StepIds, Submitted};
 use crate::eviction::Policy;
 use crate::kernels::sample::SamplingParams;
 use crate::model::{LoadOptions, Model};
@@ -116,6 +116,13 @@ pub struct GenerateOptions {
     /// length): a long prompt's progress, and the moments a cancel can take
     /// effect.
     pub on_prompt: Option<Progress>,
+    /// Submit each decode step while the GPU still runs the one before (the
+    /// sampled token passed on on the GPU), so that the host's recording of
+    /// a step does not leave the GPU idle; with the full cache only (an
+    /// evicting policy reads each step's scores first). The tokens are the
+    /// same either way; a step submitted ahead of an end-of-sequence token
+    /// is undone. Off: one step at a time.
+    pub submit_ahead: bool,
 }
 
 impl Default for GenerateOptions {
@@ -126,6 +133,7 @@ impl Default for GenerateOptions {
             stop_strings: vec![],
             stop_at_eos: true,
             on_prompt: None,
+            submit_ahead: true,
         }
     }
 }
@@ -404,6 +412,16 @@ impl Session {
         &mut self.engine
     }
 
+    /// Takes back a decode step submitted ahead of a token that was not
+    /// emitted (and its sampling counter).
+    fn undo_ahead(&mut self, step: Option<Submitted>) -> anyhow::Result<()> {
+        if let Some(step) = step {
+            self.engine.undo(step)?;
+            self.steps -= 1;
+        }
+        Ok(())
+    }
+
     /// Appends `prompt` to the conversation and generates the answer, calling
     /// `on_text` with each new piece of text; returning false from it stops.
     /// Errors are [`ErrorKind::PromptTooLong`], [`ErrorKind::InvalidOptions`]
@@ -495,19 +513,33 @@ impl Session {
         // Each emitted token is fed before the loop decides whether to go on,
         // so the cache always holds exactly prompt + emitted ids; a sampled
         // token that cannot be fed (full context, end of sequence) is not
-        // emitted.
+        // emitted. With `submit_ahead`, `ahead` is the step already feeding
+        // `next` (submitted before `next` was read back); it is undone when
+        // `next` is not emitted.
+        let ahead_ok = opts.submit_ahead && self.cache.capacity().is_none();
+        let mut ahead: Option<Submitted> = None;
         let stop = loop {
-            if ids.len() >= opts.max_new_tokens {
-                break StopReason::MaxTokens;
-            }
-            if opts.stop_at_eos && self.tokenizer.eos_ids.contains(&next) {
-                break StopReason::Eos;
-            }
-            if max.is_some_and(|m| self.tokens.len() >= m) {
-                break StopReason::ContextFull;
+            let end = if ids.len() >= opts.max_new_tokens {
+                Some(StopReason::MaxTokens)
+            } else if opts.stop_at_eos && self.tokenizer.eos_ids.contains(&next) {
+                Some(StopReason::Eos)
+            } else if max.is_some_and(|m| self.tokens.len() >= m) {
+                Some(StopReason::ContextFull)
+            } else {
+                None
+            };
+            if let Some(end) = end {
+                self.undo_ahead(ahead.take())?;
+                break end;
             }
             ids.push(next);
-            pending.push_str(&decoder.push(&self.tokenizer, next)?);
+            match decoder.push(&self.tokenizer, next) {
+                Ok(piece) => pending.push_str(&piece),
+                Err(e) => {
+                    self.undo_ahead(ahead.take())?;
+                    return Err(e);
+                }
+            }
             let mut stopped = None;
             if let Some(cut) = opts
                 .stop_strings
@@ -534,18 +566,63 @@ impl Session {
                     }
                 }
             }
-            self.steps += 1;
             let pos = self.tokens.len() as u32;
-            let out = FeedOutput::Sample(opts.sampling, self.steps);
-            let t = self
-                .cache
-                .feed(&mut self.engine, &[next], pos, out, |_, _| Ok(()))?;
+            let fed = match ahead.take() {
+                Some(step) => step,
+                None => {
+                    self.steps += 1;
+                    let out = FeedOutput::Sample(opts.sampling, self.steps);
+                    if ahead_ok {
+                        self.engine
+                            .submit(StepIds::Host(&[next]), &[pos], out.step_output(1))?
+                    } else {
+                        let t = self
+                            .cache
+                            .feed(&mut self.engine, &[next], pos, out, |_, _| Ok(()))?;
+                        self.tokens.push(next);
+                        next = t.expect("a sampling feed returns a token");
+                        if let Some(stop) = stopped {
+                            break stop;
+                        }
+                        if self.cancel.is_cancelled() {
+                            break StopReason::Cancelled;
+                        }
+                        continue;
+                    }
+                }
+            };
+            // The step after `fed`, feeding the token `fed` samples, unless
+            // the generation is known to end before it.
+            if stopped.is_none()
+                && ids.len() < opts.max_new_tokens
+                && max.is_none_or(|m| self.tokens.len() + 1 < m)
+            {
+                self.steps += 1;
+                let out = FeedOutput::Sample(opts.sampling, self.steps).step_output(1);
+                match self.engine.submit(StepIds::LastSampled, &[pos + 1], out) {
+                    Ok(step) => ahead = Some(step),
+                    Err(e) => {
+                        self.steps -= 1;
+                        let _ = self.engine.complete(fed);
+                        return Err(e);
+                    }
+                }
+            }
+            let sampled = match self.engine.complete(fed) {
+                Ok(t) => t.expect("a sampling step returns a token"),
+                Err(e) => {
+                    self.undo_ahead(ahead.take())?;
+                    return Err(e);
+                }
+            };
             self.tokens.push(next);
-            next = t.expect("a sampling feed returns a token");
+            self.cache.record_fed(next, pos);
+            next = sampled;
             if let Some(stop) = stopped {
                 break stop;
             }
             if self.cancel.is_cancelled() {
+                self.undo_ahead(ahead.take())?;
                 break StopReason::Cancelled;
             }
         };

@@ -485,3 +485,115 @@ fn an_application_device_is_shared() {
         session().generate(&PROMPT, &opts, |_| true).unwrap().ids
     );
 }
+
+/// A session whose tokenizer also ends a generation at `eos` (a token the
+/// tiny random model does produce).
+fn session_with_eos(eos: u32) -> Session {
+    let model = Model::load(
+        &golden_dir().join("tiny-llama-gqa"),
+        &LoadOptions::default(),
+    )
+    .unwrap();
+    let tok = Arc::new(Tokenizer::load(&golden_dir().join("smollm2-135m"), &[eos]).unwrap());
+    let opts = SessionOptions {
+        max_context: 48,
+        prefill_chunk: 16,
+        cache: None,
+    };
+    Session::new(model, tok, opts).unwrap()
+}
+
+/// Decode steps submitted ahead (the sampled token passed on on the GPU)
+/// give the tokens, stop reasons and cache contents of one step at a time,
+/// including the step undone behind an end-of-sequence token, a stop string,
+/// sampling with a repetition penalty, and a context that fills.
+#[test]
+fn decode_steps_submitted_ahead_change_nothing() {
+    let sampling = SamplingParams {
+        temperature: 0.8,
+        top_k: 40,
+        top_p: 0.9,
+        repetition_penalty: 1.2,
+        seed: 3,
+    };
+    let base = GenerateOptions {
+        max_new_tokens: 20,
+        stop_at_eos: false,
+        ..Default::default()
+    };
+    // An end-of-sequence token: the 8th token of a plain greedy run (its
+    // first occurrence ends the runs below early).
+    let plain = session().generate(&PROMPT, &base, |_| true).unwrap().ids;
+    let eos = plain[7];
+    let stop: String = {
+        let s = session().generate(&PROMPT, &base, |_| true).unwrap().text;
+        let chars: Vec<char> = s.chars().collect();
+        chars[chars.len() / 2..chars.len() / 2 + 2].iter().collect()
+    };
+    let cases = [
+        ("greedy to the token limit", base.clone()),
+        (
+            "greedy to end-of-sequence",
+            GenerateOptions {
+                stop_at_eos: true,
+                ..base.clone()
+            },
+        ),
+        (
+            "sampled to end-of-sequence",
+            GenerateOptions {
+                stop_at_eos: true,
+                sampling,
+                ..base.clone()
+            },
+        ),
+        (
+            "a stop string",
+            GenerateOptions {
+                stop_strings: vec![stop],
+                ..base.clone()
+            },
+        ),
+        (
+            "the context fills",
+            GenerateOptions {
+                max_new_tokens: 100,
+                sampling,
+                ..base.clone()
+            },
+        ),
+    ];
+    for (what, opts) in cases {
+        let run = |ahead: bool| {
+            let opts = GenerateOptions {
+                submit_ahead: ahead,
+                ..opts.clone()
+            };
+            let mut s = session_with_eos(eos);
+            // Two turns: the second shows that what the first left in the
+            // cache (and its sampling counter) is the same.
+            let a = s.generate(&PROMPT, &opts, |_| true).unwrap();
+            let b = s.generate(&PROMPT[..2], &opts, |_| true);
+            let b = b.map(|g| (g.ids, g.stats.stop)).map_err(|e| e.kind());
+            (
+                a.ids,
+                a.text,
+                a.stats.stop,
+                b,
+                s.tokens().to_vec(),
+                s.engine().n_cached,
+            )
+        };
+        let (one, ahead) = (run(false), run(true));
+        assert_eq!(ahead, one, "{what}");
+        let want = match what {
+            "greedy to the token limit" => Some(StopReason::MaxTokens),
+            "greedy to end-of-sequence" => Some(StopReason::Eos),
+            "a stop string" => Some(StopReason::StopString),
+            "the context fills" => Some(StopReason::ContextFull),
+            _ => None,
+        };
+        assert!(want.is_none_or(|w| one.2 == w), "{what}: {:?}", one.2);
+        assert_eq!(one.4.len(), one.5, "{what}: the cache holds the history");
+    }
+}

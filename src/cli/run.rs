@@ -112,6 +112,7 @@ pub fn main(a: RunArgs) -> Result<()> {
         stop_strings: a.stop.clone(),
         stop_at_eos: !a.ignore_eos,
         on_prompt: None,
+        submit_ahead: true,
     };
     let mut stdout = std::io::stdout().lock();
     let out = session.generate(&ids, &opts, |piece| {

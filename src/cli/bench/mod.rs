@@ -14,7 +14,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use super::{write_atomic, ModelArgs};
-use sieve::engine::{Engine, EngineOptions, StepOutput};
+use sieve::engine::{Engine, EngineOptions, StepIds, StepOutput};
 use sieve::eviction::Policy;
 use sieve::kernels::sample::SamplingParams;
 use sieve::model::Model;
@@ -178,11 +178,12 @@ pub fn run(model: &std::sync::Arc<Model>, a: &BenchArgs) -> Result<serde_json::V
         }
         let tps = a.decode_steps as f64 / time;
         let record_ms = record * 1e3 / a.decode_steps as f64;
+        let ahead_tps = a.decode_steps as f64 / decode_ahead(&mut e, d, a.decode_steps)?;
         let bytes =
             model.decode_weight_bytes() + kv_row_bytes * (d as u64 + a.decode_steps as u64 / 2);
         let bound = bw / bytes as f64;
         println!(
-            "| decode at depth {d} | {tps:.2} | {:.1} | ({:.0}% of the {:.2} tok/s read-bandwidth bound, {:.0} MB/token; {record_ms:.2} ms of the step recording and submitting commands on the CPU)",
+            "| decode at depth {d} | {tps:.2} | {:.1} | ({:.0}% of the {:.2} tok/s read-bandwidth bound, {:.0} MB/token; {record_ms:.2} ms of the step recording and submitting commands on the CPU; {ahead_tps:.2} tok/s with each step submitted while the GPU runs the one before)",
             1e3 / tps,
             100.0 * tps / bound,
             bound,
@@ -191,7 +192,7 @@ pub fn run(model: &std::sync::Arc<Model>, a: &BenchArgs) -> Result<serde_json::V
         decode.push(json!({
             "depth": d, "tokens_per_second": tps, "bytes_per_token": bytes,
             "bandwidth_bound_tokens_per_second": bound, "fraction_of_bound": tps / bound,
-            "record_ms_per_step": record_ms
+            "record_ms_per_step": record_ms, "submitted_ahead_tokens_per_second": ahead_tps
         }));
     }
     let kernels = kernel_breakdown(&mut e, &ids(max_prefill), a.depths.first().copied())?;
@@ -232,6 +233,29 @@ pub fn run(model: &std::sync::Arc<Model>, a: &BenchArgs) -> Result<serde_json::V
         "long_context": long_context,
         "kernel_breakdown": kernels,
     }))
+}
+
+/// Seconds for `steps` decode steps at depth `d`, each submitted while the
+/// GPU still runs the one before and fed the token that one samples (as
+/// `Session::generate` decodes with the full cache), after one warm-up step.
+fn decode_ahead(e: &mut Engine, d: usize, steps: usize) -> Result<f64> {
+    e.reset();
+    e.n_cached = d;
+    let out = |s: usize| StepOutput {
+        sample: Some((SamplingParams::default(), s as u32)),
+        ..StepOutput::last(1)
+    };
+    let warm_up = e.submit(StepIds::Host(&[1]), &[d as u32], out(0))?;
+    e.complete(warm_up)?;
+    let t = Instant::now();
+    let mut in_flight = e.submit(StepIds::LastSampled, &[d as u32 + 1], out(1))?;
+    for s in 2..=steps {
+        let next = e.submit(StepIds::LastSampled, &[(d + s) as u32], out(s))?;
+        e.complete(in_flight)?;
+        in_flight = next;
+    }
+    e.complete(in_flight)?;
+    Ok(t.elapsed().as_secs_f64())
 }
 
 /// GPU time per kernel (timestamp queries) for one prefill step of the

@@ -536,7 +536,8 @@ impl Session {
             match decoder.push(&self.tokenizer, next) {
                 Ok(piece) => pending.push_str(&piece),
                 Err(e) => {
-                    self.undo_ahead(ahead.take())?;
+                    // The error is the one to report, not a failed undo's.
+                    let _ = self.undo_ahead(ahead.take());
                     return Err(e);
                 }
             }
@@ -594,6 +595,7 @@ impl Session {
             // The step after `fed`, feeding the token `fed` samples, unless
             // the generation is known to end before it.
             if stopped.is_none()
+                && self.engine.can_chain()
                 && ids.len() < opts.max_new_tokens
                 && max.is_none_or(|m| self.tokens.len() + 1 < m)
             {
@@ -602,8 +604,12 @@ impl Session {
                 match self.engine.submit(StepIds::LastSampled, &[pos + 1], out) {
                     Ok(step) => ahead = Some(step),
                     Err(e) => {
+                        // `next` was emitted: it stays fed, as in `feed`.
                         self.steps -= 1;
-                        let _ = self.engine.complete(fed);
+                        if self.engine.complete(fed).is_ok() {
+                            self.tokens.push(next);
+                            self.cache.record_fed(next, pos);
+                        }
                         return Err(e);
                     }
                 }
@@ -611,7 +617,8 @@ impl Session {
             let sampled = match self.engine.complete(fed) {
                 Ok(t) => t.expect("a sampling step returns a token"),
                 Err(e) => {
-                    self.undo_ahead(ahead.take())?;
+                    // The error is the one to report, not a failed undo's.
+                    let _ = self.undo_ahead(ahead.take());
                     return Err(e);
                 }
             };

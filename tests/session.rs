@@ -506,7 +506,8 @@ fn session_with_eos(eos: u32) -> Session {
 /// Decode steps submitted ahead (the sampled token passed on on the GPU)
 /// give the tokens, stop reasons and cache contents of one step at a time,
 /// including the step undone behind an end-of-sequence token, a stop string,
-/// sampling with a repetition penalty, and a context that fills.
+/// sampling with a repetition penalty, a context that fills, a cancel while
+/// a step is in flight, and per-kernel profiling (which turns it off).
 #[test]
 fn decode_steps_submitted_ahead_change_nothing() {
     let sampling = SamplingParams {
@@ -563,16 +564,40 @@ fn decode_steps_submitted_ahead_change_nothing() {
             },
         ),
     ];
-    for (what, opts) in cases {
+    // A cancel through the handle while a step is in flight (the first
+    // callback after three pieces of text).
+    let cancelled = (
+        "cancelled through the handle",
+        GenerateOptions {
+            sampling,
+            ..base.clone()
+        },
+    );
+    // Per-kernel profiling on: decode goes one step at a time.
+    let profiled = ("profiled", base.clone());
+    for (what, opts) in cases.into_iter().chain([cancelled, profiled]) {
         let run = |ahead: bool| {
             let opts = GenerateOptions {
                 submit_ahead: ahead,
                 ..opts.clone()
             };
             let mut s = session_with_eos(eos);
+            if what == "profiled" {
+                s.engine().set_profiling(true);
+            }
+            let cancel = s.cancel_token();
+            let mut pieces = 0;
+            let on_text = |p: &str| {
+                pieces += !p.is_empty() as usize;
+                if what.starts_with("cancelled") && pieces == 3 {
+                    cancel.cancel();
+                }
+                true
+            };
             // Two turns: the second shows that what the first left in the
             // cache (and its sampling counter) is the same.
-            let a = s.generate(&PROMPT, &opts, |_| true).unwrap();
+            let a = s.generate(&PROMPT, &opts, on_text).unwrap();
+            s.cancel_token().reset();
             let b = s.generate(&PROMPT[..2], &opts, |_| true);
             let b = b.map(|g| (g.ids, g.stats.stop)).map_err(|e| e.kind());
             (
@@ -591,6 +616,7 @@ fn decode_steps_submitted_ahead_change_nothing() {
             "greedy to end-of-sequence" => Some(StopReason::Eos),
             "a stop string" => Some(StopReason::StopString),
             "the context fills" => Some(StopReason::ContextFull),
+            "cancelled through the handle" => Some(StopReason::Cancelled),
             _ => None,
         };
         assert!(want.is_none_or(|w| one.2 == w), "{what}: {:?}", one.2);

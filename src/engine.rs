@@ -913,8 +913,8 @@ impl Engine {
     }
 
     /// Waits for a submitted step and returns its sampled token, if it
-    /// samples. A caller waits for every step it submits (`step` does) or
-    /// undoes it: steps that read nothing back (prompt chunks) would
+    /// samples. A caller completes every step it submits (`step` does), or
+    /// undoes the last one: steps that read nothing back (prompt chunks) would
     /// otherwise queue a whole prompt on the GPU at once, a cancel would still
     /// wait for all of it, and on a device shared with a renderer every frame
     /// would wait behind it (on a CPU driver, seconds).
@@ -950,10 +950,12 @@ impl Engine {
         Ok(token)
     }
 
-    /// Waits for the last submitted step and takes its tokens out of the
-    /// cache again (a decode step submitted ahead of a token that ended the
-    /// generation). Its sampled token is dropped; the repetition penalty's
-    /// seen set may keep it, until the next `reset_seen`.
+    /// Takes the last submitted step's tokens out of the cache again (a
+    /// decode step submitted ahead of a token that ended the generation),
+    /// without waiting for it: the GPU may still be running it, and whatever
+    /// is submitted later (which rewrites its slots) runs after it. Its
+    /// sampled token is dropped; the repetition penalty's seen set may keep
+    /// it until the next `reset_seen`.
     pub fn undo(&mut self, s: Submitted) -> Result<()> {
         if s.first_slot + s.n_tokens != self.n_cached {
             bail!(
@@ -963,11 +965,7 @@ impl Engine {
                 self.n_cached
             );
         }
-        let first_slot = s.first_slot;
-        // Wait without reading: the token is not wanted, NaN included.
-        let s = Submitted { staging: None, ..s };
-        self.complete(s)?;
-        self.n_cached = first_slot;
+        self.n_cached = s.first_slot;
         self.last_step_sampled = false;
         Ok(())
     }

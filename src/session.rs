@@ -595,6 +595,7 @@ impl Session {
             // The step after `fed`, feeding the token `fed` samples, unless
             // the generation is known to end before it.
             if stopped.is_none()
+                && !self.cancel.is_cancelled()
                 && self.engine.can_chain()
                 && ids.len() < opts.max_new_tokens
                 && max.is_none_or(|m| self.tokens.len() + 1 < m)

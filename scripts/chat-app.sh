@@ -35,6 +35,7 @@ rm -f "$log"
 Xvfb "$DISPLAY" -screen 0 1280x800x24 -nolisten tcp >"$out/xvfb.log" 2>&1 &
 xvfb=$!
 app=
+# shellcheck disable=SC2329  # called by the trap
 cleanup() { [ -n "$app" ] && kill "$app" 2>/dev/null; kill "$xvfb" 2>/dev/null; true; }
 trap cleanup EXIT
 for _ in $(seq 50); do xdpyinfo >/dev/null 2>&1 && break; [ -e "/tmp/.X11-unix/X$n" ] && break; sleep 0.1; done
@@ -59,7 +60,11 @@ last() { grep "\"event\":\"$1\"" "$log" | tail -1; }
 centre() {
   last layout | python3 -c 'import json,sys; x,y,w,h=json.load(sys.stdin)["widgets"][sys.argv[1]]; print(x+w//2, y+h//2)' "$1"
 }
-click() { xdotool mousemove $(centre "$1"); sleep 0.2; xdotool click 1; }
+click() {
+  local x y
+  read -r x y < <(centre "$1")
+  xdotool mousemove "$x" "$y"; sleep 0.2; xdotool click 1
+}
 ask() {
   click prompt
   xdotool type --delay 15 "$1"

@@ -422,6 +422,13 @@ impl Session {
         Ok(())
     }
 
+    /// An error met while a decode step is in flight: the step is undone
+    /// and the error returned (not a failed undo's).
+    fn fail_with_ahead(&mut self, step: Option<Submitted>, e: anyhow::Error) -> anyhow::Error {
+        let _ = self.undo_ahead(step);
+        e
+    }
+
     /// Appends `prompt` to the conversation and generates the answer, calling
     /// `on_text` with each new piece of text; returning false from it stops.
     /// Errors are [`ErrorKind::PromptTooLong`], [`ErrorKind::InvalidOptions`]
@@ -535,11 +542,7 @@ impl Session {
             ids.push(next);
             match decoder.push(&self.tokenizer, next) {
                 Ok(piece) => pending.push_str(&piece),
-                Err(e) => {
-                    // The error is the one to report, not a failed undo's.
-                    let _ = self.undo_ahead(ahead.take());
-                    return Err(e);
-                }
+                Err(e) => return Err(self.fail_with_ahead(ahead.take(), e)),
             }
             let mut stopped = None;
             if let Some(cut) = opts
@@ -617,11 +620,7 @@ impl Session {
             }
             let sampled = match self.engine.complete(fed) {
                 Ok(t) => t.expect("a sampling step returns a token"),
-                Err(e) => {
-                    // The error is the one to report, not a failed undo's.
-                    let _ = self.undo_ahead(ahead.take());
-                    return Err(e);
-                }
+                Err(e) => return Err(self.fail_with_ahead(ahead.take(), e)),
             };
             self.tokens.push(next);
             self.cache.record_fed(next, pos);

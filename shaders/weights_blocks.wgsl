@@ -2,6 +2,10 @@
 // (appended to each of weights_q*.wgsl; see src/shaders.rs). They read `w`,
 // which every quantized prelude declares as array<u32>.
 
+// A block format: the `gpu` mat-vec gives each lane whole 32-value blocks
+// through `dot32` (matvec_rows.wgsl).
+const QUANTIZED: bool = true;
+
 // Four `bits`-bit fields of q, from bit 0: fields 0, 1, 2, 3.
 fn fields4(q: u32, bits: u32) -> vec4<u32> {
     return (vec4<u32>(q) >> (vec4<u32>(0u, 1u, 2u, 3u) * bits)) & vec4<u32>((1u << bits) - 1u);

@@ -8,7 +8,9 @@
 // of one block, as rows hold whole blocks), where
 // sx = (xs[0] + .. + xs[3], xs[4] + .. + xs[7]) summed over components; the
 // quantized formats compute it on whole quant words, one scale per block, the
-// block's offset applied once through sx.
+// block's offset applied once through sx; and
+// `QUANTIZED`: whether the format is made of blocks (rows then hold whole
+// 32-value blocks), from weights_floats.wgsl or weights_blocks.wgsl.
 //
 // Four consecutive f16 values packed in two u32 words; unpack2x16float is
 // core WGSL, so this works with or without the SHADER_F16 feature.

@@ -526,6 +526,10 @@ mod tests {
                 (130, 1, 7),
                 (67, 9, 70),
                 (5, 10, 1),
+                // Mat-vec: more 32-value blocks than the `gpu` variants'
+                // 128 lanes (130 blocks of 32, or 17 of 256: 136), so some
+                // lanes take two.
+                (3, 4160usize.div_ceil(block), 1),
             ] {
                 check(
                     &gpu,
@@ -601,12 +605,22 @@ mod tests {
         }
     }
 
+    /// Shapes for the fused inputs: K short, K past the two-loads loop of the
+    /// float weights (k/4 = 257 and 600 with 128 lanes), and a block format
+    /// whose 130 blocks give some lanes two.
+    const FUSED_SHAPES: &[(usize, usize, WeightFormat)] = &[
+        (5, 36, WeightFormat::F32),
+        (130, 1028, WeightFormat::F32),
+        (64, 2400, WeightFormat::F16),
+        (7, 4160, WeightFormat::Q4_0),
+    ];
+
     /// The `gpu` mat-vecs with the RMSNorm folded in match the norm's CPU
     /// reference followed by the product's; the `cpu` mat-vec declines it.
     #[test]
     fn fused_norm_matches_reference() {
         let gpu = gpu();
-        for &(rows, cols) in &[(5usize, 36usize), (130, 1028), (64, 2400)] {
+        for &(rows, cols, format) in FUSED_SHAPES {
             let residual = rand_vec(cols, 6, 3.0);
             let g = rand_vec(cols, 8, 1.0);
             let eps = 1e-5;
@@ -617,7 +631,7 @@ mod tests {
                 weights: &gb,
                 eps,
             };
-            check_fused_input(&gpu, rows, cols, &x, fused);
+            check_fused_input(&gpu, rows, cols, format, &x, fused);
         }
     }
 
@@ -626,25 +640,33 @@ mod tests {
     #[test]
     fn fused_swiglu_matches_reference() {
         let gpu = gpu();
-        for &(rows, cols) in &[(5usize, 36usize), (130, 1028), (64, 2400)] {
+        for &(rows, cols, format) in FUSED_SHAPES {
             let gate_up = rand_vec(2 * cols, 11, 4.0);
             let x = crate::kernels::silu_mul::reference(&gate_up, cols);
             let gub = gpu.storage_from("gate-up", &gate_up);
-            check_fused_input(&gpu, rows, cols, &x, FusedInput::SwiGlu { gate_up: &gub });
+            let fused = FusedInput::SwiGlu { gate_up: &gub };
+            check_fused_input(&gpu, rows, cols, format, &x, fused);
         }
     }
 
     /// Every mat-vec variant given `fused`, whose result the product should
     /// see as `x`: the `gpu` ones take it and match the reference product of
     /// `x` (bias and residual on), the `cpu` one declines it.
-    fn check_fused_input(gpu: &Gpu, rows: usize, cols: usize, x: &[f32], fused: FusedInput) {
-        let w = rand_vec(rows * cols, 5, 0.5);
+    fn check_fused_input(
+        gpu: &Gpu,
+        rows: usize,
+        cols: usize,
+        format: WeightFormat,
+        x: &[f32],
+        fused: FusedInput,
+    ) {
+        let m = GpuMatrix::new(gpu, "w", rows, cols, format).unwrap();
+        let w = fill_test_weights(gpu, &m, 5);
+        let w_max = w.iter().fold(1f32, |a, v| a.max(v.abs()));
         let b = rand_vec(rows, 9, 1.0);
         let y0 = rand_vec(rows, 10, 1.0);
         let mut want = y0.clone();
         reference(&w, rows, cols, Some(&b), x, &mut want, true);
-        let m = GpuMatrix::new(gpu, "w", rows, cols, WeightFormat::F32).unwrap();
-        m.write_rows(gpu, 0, &w, "w").unwrap();
         let step = step_buffer(
             gpu,
             Step {
@@ -686,8 +708,8 @@ mod tests {
             let got: Vec<f32> = gpu.read(&yb, 0, rows).unwrap();
             let err = max_abs_diff(&got, &want);
             assert!(
-                err < 1e-4 * (cols as f32).sqrt(),
-                "{v:?} {rows}x{cols}: {err}"
+                err < 1e-4 * w_max * (cols as f32).sqrt(),
+                "{v:?} {format:?} {rows}x{cols}: {err}"
             );
         }
     }

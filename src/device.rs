@@ -143,30 +143,45 @@ pub enum MatmulVariant {
     /// `matmul_coop.wgsl`: 64 x 32 output tiles from 16x16x16 cooperative
     /// matrices (tensor cores), f16 inputs, f32 accumulation. Needs f16
     /// weights, rows a multiple of 64 (per row part) and K a multiple of 64;
-    /// other shapes use `Tiled`.
+    /// block formats use `CoopStaged`, other shapes `Tiled`.
     Coop,
+    /// `matmul_coop_staged.wgsl`: the same matrix units for weights in a
+    /// block format, dequantized into workgroup memory (128 x 64 output
+    /// tiles, four subgroups). What `Coop` becomes for a block-format part.
+    CoopStaged,
 }
 
 impl MatmulVariant {
     /// The variant for one row part of a weight matrix (`rows` rows of
-    /// `cols` values in `format`): `Coop` falls back to `Tiled` for parts it
-    /// does not take.
+    /// `cols` values in `format`): `Coop` takes f16 parts of whole 64 x 64
+    /// tiles, becomes `CoopStaged` for block formats (whose rows hold whole
+    /// blocks, so K is a multiple of 32), and falls back to `Tiled` for the
+    /// rest (f32 weights keep f32 arithmetic).
     pub fn for_part(
         self,
         format: crate::shaders::WeightFormat,
         rows: usize,
         cols: usize,
     ) -> MatmulVariant {
-        match self {
-            MatmulVariant::Coop
-                if !(format == crate::shaders::WeightFormat::F16
-                    && cols.is_multiple_of(64)
-                    && rows.is_multiple_of(64)) =>
+        use crate::shaders::WeightFormat;
+        match (self, format) {
+            (MatmulVariant::Coop, WeightFormat::F16)
+                if cols.is_multiple_of(64) && rows.is_multiple_of(64) =>
             {
-                MatmulVariant::Tiled
+                MatmulVariant::Coop
             }
-            v => v,
+            (MatmulVariant::Coop | MatmulVariant::CoopStaged, f) if f.block().is_some() => {
+                MatmulVariant::CoopStaged
+            }
+            (MatmulVariant::Coop | MatmulVariant::CoopStaged, _) => MatmulVariant::Tiled,
+            (v, _) => v,
         }
+    }
+
+    /// Whether the variant runs on the matrix units (rounding its inputs to
+    /// f16): the start-up check guards these, and tolerances widen for them.
+    pub fn cooperative(self) -> bool {
+        matches!(self, MatmulVariant::Coop | MatmulVariant::CoopStaged)
     }
 }
 
@@ -226,10 +241,12 @@ impl KernelVariants {
                 } else {
                     MatvecVariant::WorkgroupReduce
                 },
-                // The cooperative GEMM is one subgroup per workgroup: it needs
-                // a fixed subgroup size.
+                // The cooperative GEMMs size their workgroups in subgroups
+                // (and the staged one reads its subgroup's index): they need
+                // a fixed subgroup size and subgroup operations.
                 matmul: if profile.coop_f16_16x16
                     && profile.shader_f16
+                    && profile.subgroups
                     && profile.subgroup_min == profile.subgroup_max
                 {
                     MatmulVariant::Coop
@@ -316,7 +333,11 @@ mod tests {
         );
         assert_eq!(
             v.for_part(WeightFormat::Q4_0, 128, 576),
-            MatmulVariant::Tiled
+            MatmulVariant::CoopStaged
+        );
+        assert_eq!(
+            v.for_part(WeightFormat::Q6_K, 36, 512),
+            MatmulVariant::CoopStaged
         );
         assert_eq!(v.for_part(WeightFormat::F16, 36, 576), MatmulVariant::Tiled);
         assert_eq!(

@@ -210,17 +210,27 @@ impl Gpu {
             kernels,
             pipelines: Mutex::new(HashMap::new()),
         };
-        // The cooperative GEMM rests on an experimental wgpu feature: before
-        // the engine relies on it, one small product is checked against the
-        // CPU reference; a wrong or failing result falls back to the tiled
-        // kernel (the fallback always works) with a warning.
+        // The cooperative GEMMs rest on an experimental wgpu feature: before
+        // the engine relies on them, one small product each (f16 weights, and
+        // Q4_0 for the staged kernel that block formats use) is checked
+        // against the CPU reference; a wrong or failing result falls back to
+        // the tiled kernel (the fallback always works) with a warning.
         if gpu.kernels.matmul == MatmulVariant::Coop {
-            if let Err(e) = crate::kernels::matmul::check_variant(&gpu, MatmulVariant::Coop) {
-                eprintln!(
-                    "warning: the cooperative-matrix mat-mul failed its check on {} ({e:#}); using the tiled kernel",
-                    gpu.info.name
-                );
-                gpu.kernels.matmul = MatmulVariant::Tiled;
+            use crate::shaders::WeightFormat;
+            let checks = [
+                (MatmulVariant::Coop, WeightFormat::F16),
+                (MatmulVariant::CoopStaged, WeightFormat::Q4_0),
+            ];
+            for (variant, format) in checks {
+                if let Err(e) = crate::kernels::matmul::check_variant(&gpu, variant, format) {
+                    eprintln!(
+                        "warning: the cooperative-matrix mat-mul ({variant:?}, {} weights) failed its check on {} ({e:#}); using the tiled kernel",
+                        format.name(),
+                        gpu.info.name
+                    );
+                    gpu.kernels.matmul = MatmulVariant::Tiled;
+                    break;
+                }
             }
         }
         Ok(Arc::new(gpu))

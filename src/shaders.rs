@@ -164,6 +164,7 @@ shader!(MATVEC_WORKGROUP, "matvec_workgroup", Weights, MATVEC_IO);
 shader!(MATVEC_SUBGROUP, "matvec_subgroup", Weights, MATVEC_IO);
 shader!(MATMUL_TILED, "matmul_tiled", Weights, MATMUL_IO);
 shader!(MATMUL_COOP, "matmul_coop", None, MATMUL_IO);
+shader!(MATMUL_COOP_STAGED, "matmul_coop_staged", Weights, MATMUL_IO);
 shader!(ROPE_KV, "rope_kv", Kv);
 shader!(ATTENTION, "attention", Kv, ATTENTION_IO);
 shader!(ATTENTION_DECODE, "attention_decode", Kv, ATTENTION_IO);
@@ -188,6 +189,7 @@ pub fn all() -> Vec<&'static Shader> {
         &MATVEC_SUBGROUP,
         &MATMUL_TILED,
         &MATMUL_COOP,
+        &MATMUL_COOP_STAGED,
         &ROPE_KV,
         &ATTENTION,
         &ATTENTION_DECODE,

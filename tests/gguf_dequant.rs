@@ -138,7 +138,8 @@ fn every_format_converted_matches_its_reference_logits() {
 
 /// Each GGUF file loaded directly, its weights kept in their own formats on
 /// the GPU and dequantized inside the kernels, runs to its reference logits
-/// within the same 1e-3, with both kernel sets (f32 KV cache).
+/// within the same 1e-3, with both kernel sets (f32 KV cache); 5e-2 where the
+/// mat-muls run on cooperative matrices, which round to f16.
 #[test]
 fn every_format_loaded_directly_matches_its_reference_logits() {
     use sieve::device::KernelSet;
@@ -175,9 +176,17 @@ fn every_format_loaded_directly_matches_its_reference_logits() {
                 "{tag}: weights take {ratio:.3}x the GGUF's bytes ({})",
                 model.formats_summary()
             );
+            // The tensor-core mat-muls (a GPU with cooperative matrices, the
+            // `gpu` set) round activations and dequantized weights to f16:
+            // a tolerance like an f16 KV cache's there (golden_tiny.rs).
+            let tol = if model.gpu.kernels.matmul.cooperative() {
+                5e-2
+            } else {
+                1e-3
+            };
             let d = reference_logits_gap(model, tag);
             eprintln!("{tag} ({kernels:?}): logits max |d| {d:.2e}");
-            assert!(d <= 1e-3, "{tag} ({kernels:?}): logits max |d| {d}");
+            assert!(d <= tol, "{tag} ({kernels:?}): logits max |d| {d} > {tol}");
         }
     }
 }

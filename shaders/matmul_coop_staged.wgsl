@@ -1,0 +1,144 @@
+// matmul_coop_staged.wgsl: the `gpu` mat-mul for several tokens (prefill) on
+// devices with cooperative matrices (tensor cores), for weights in a block
+// format: y (+)= W x (+ bias) (needs a weight-format prelude; matmul_io.wgsl
+// has the shared parameters, bindings and store). Needs SHADER_F16, SUBGROUP
+// and EXPERIMENTAL_COOPERATIVE_MATRIX with the 16x16x16 f16 x f16 -> f32
+// configuration, a fixed subgroup size and K a multiple of 32 (rows hold
+// whole blocks, so every block format has it); src/device.rs picks it.
+//
+// matmul_coop.wgsl loads f16 weights into the matrix units straight from
+// memory; a block format has to be dequantized first, so here both operands
+// go through workgroup memory. As a GEMM, C = A B with A = W (rows x K),
+// B = x^T (K x tokens) and C = y^T (see matmul_coop.wgsl). A workgroup of
+// four subgroups (SUBGROUP_SIZE lanes each, an override constant set from
+// the device profile) computes a 128-row x 64-token tile; subgroup s owns
+// rows 32s .. 32s + 32 of it, as 2 x 4 accumulators of 16 x 16. K is walked
+// 32 values at a time: all lanes dequantize that slice of W (128 rows x 32
+// values, through the prelude's `weight4`, eight adjacent lanes per row so
+// loads are coalesced) and convert that slice of x (64 tokens x 32 values)
+// to f16 in workgroup memory (rows and tokens past the ends are zeros),
+// then each subgroup multiplies its two A tiles with the four B tiles, twice.
+// Each weight is dequantized once per 64 tokens. Values are rounded to f16
+// on the way in (weights and activations), with f32 accumulation. The
+// epilogue goes through workgroup memory one accumulator at a time, so bias,
+// residual and the row and token bounds are applied per element by `store`.
+//
+// Bindings (group 0): as matmul_io.wgsl, with
+//   2 w     storage read  [rows, k] weights (declared by the format prelude)
+// Dispatch: (ceil(rows / 128), ceil(n / 64), 1).
+enable f16;
+enable wgpu_cooperative_matrix;
+
+override SUBGROUP_SIZE: u32 = 32u;
+
+// Values of K staged at a time.
+const K_STEP: u32 = 32u;
+
+// A slice: row r's K_STEP values at r * K_STEP (row-major, stride K_STEP).
+var<workgroup> w_slice: array<f16, 4096>;
+// B slice: token t's K_STEP values at t * K_STEP (column-major, stride K_STEP).
+var<workgroup> x_slice: array<f16, 2048>;
+// One 16 x 16 accumulator per subgroup, column-major: (row i, token j) at
+// 256 s + j * 16 + i.
+var<workgroup> c_tiles: array<f32, 1024>;
+
+fn store_tile(
+    c: coop_mat16x16<f32, C>,
+    sg: u32,
+    row: u32,
+    tok: u32,
+    sg_lane: u32,
+    n: u32,
+) {
+    coopStore(c, &c_tiles[sg * 256u], 16u);
+    workgroupBarrier();
+    for (var e = sg_lane; e < 256u; e += SUBGROUP_SIZE) {
+        let t = tok + e / 16u;
+        let r = row + e % 16u;
+        if (t < n && r < p.rows) {
+            store(t, r, c_tiles[sg * 256u + e]);
+        }
+    }
+    workgroupBarrier();
+}
+
+@compute @workgroup_size(4 * SUBGROUP_SIZE)
+fn matmul(
+    @builtin(workgroup_id) wg: vec3<u32>,
+    @builtin(local_invocation_index) lane: u32,
+    @builtin(subgroup_id) sg: u32,
+    @builtin(subgroup_invocation_id) sg_lane: u32,
+) {
+    let n = step_rows(step, p.count_sel);
+    let lanes = 4u * SUBGROUP_SIZE;
+    let row0 = wg.x * 128u;
+    let tok0 = wg.y * 64u;
+    // No early return: the dispatch covers exactly the tiles, and
+    // cooperative operations and barriers must stay in uniform control flow.
+    let a_row = 32u * sg;
+    var c00 = coop_mat16x16<f32, C>();
+    var c01 = coop_mat16x16<f32, C>();
+    var c02 = coop_mat16x16<f32, C>();
+    var c03 = coop_mat16x16<f32, C>();
+    var c10 = coop_mat16x16<f32, C>();
+    var c11 = coop_mat16x16<f32, C>();
+    var c12 = coop_mat16x16<f32, C>();
+    var c13 = coop_mat16x16<f32, C>();
+    for (var k0 = 0u; k0 < p.k4; k0 += K_STEP / 4u) {
+        // 128 rows x 8 packed groups of W, 64 tokens x 8 vec4 of x.
+        for (var e = lane; e < 1024u; e += lanes) {
+            let r = e / 8u;
+            let q = e % 8u;
+            var v = vec4<f32>(0.0);
+            if (row0 + r < p.rows) {
+                v = weight4((row0 + r) * p.k4 + k0 + q);
+            }
+            let at = r * K_STEP + q * 4u;
+            w_slice[at] = f16(v.x);
+            w_slice[at + 1u] = f16(v.y);
+            w_slice[at + 2u] = f16(v.z);
+            w_slice[at + 3u] = f16(v.w);
+        }
+        for (var e = lane; e < 512u; e += lanes) {
+            let t = e / 8u;
+            let q = e % 8u;
+            var v = vec4<f32>(0.0);
+            if (tok0 + t < n) {
+                v = x[(tok0 + t) * p.k4 + k0 + q];
+            }
+            let at = t * K_STEP + q * 4u;
+            x_slice[at] = f16(v.x);
+            x_slice[at + 1u] = f16(v.y);
+            x_slice[at + 2u] = f16(v.z);
+            x_slice[at + 3u] = f16(v.w);
+        }
+        workgroupBarrier();
+        for (var kk = 0u; kk < K_STEP; kk += 16u) {
+            let a0 = coopLoadT<coop_mat16x16<f16, A>>(&w_slice[a_row * K_STEP + kk], K_STEP);
+            let a1 = coopLoadT<coop_mat16x16<f16, A>>(&w_slice[(a_row + 16u) * K_STEP + kk], K_STEP);
+            let b0 = coopLoad<coop_mat16x16<f16, B>>(&x_slice[kk], K_STEP);
+            let b1 = coopLoad<coop_mat16x16<f16, B>>(&x_slice[16u * K_STEP + kk], K_STEP);
+            let b2 = coopLoad<coop_mat16x16<f16, B>>(&x_slice[32u * K_STEP + kk], K_STEP);
+            let b3 = coopLoad<coop_mat16x16<f16, B>>(&x_slice[48u * K_STEP + kk], K_STEP);
+            c00 = coopMultiplyAdd(a0, b0, c00);
+            c01 = coopMultiplyAdd(a0, b1, c01);
+            c02 = coopMultiplyAdd(a0, b2, c02);
+            c03 = coopMultiplyAdd(a0, b3, c03);
+            c10 = coopMultiplyAdd(a1, b0, c10);
+            c11 = coopMultiplyAdd(a1, b1, c11);
+            c12 = coopMultiplyAdd(a1, b2, c12);
+            c13 = coopMultiplyAdd(a1, b3, c13);
+        }
+        workgroupBarrier();
+    }
+    let r0 = row0 + a_row;
+    let r1 = r0 + 16u;
+    store_tile(c00, sg, r0, tok0, sg_lane, n);
+    store_tile(c01, sg, r0, tok0 + 16u, sg_lane, n);
+    store_tile(c02, sg, r0, tok0 + 32u, sg_lane, n);
+    store_tile(c03, sg, r0, tok0 + 48u, sg_lane, n);
+    store_tile(c10, sg, r1, tok0, sg_lane, n);
+    store_tile(c11, sg, r1, tok0 + 16u, sg_lane, n);
+    store_tile(c12, sg, r1, tok0 + 32u, sg_lane, n);
+    store_tile(c13, sg, r1, tok0 + 48u, sg_lane, n);
+}

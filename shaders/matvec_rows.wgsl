@@ -5,18 +5,20 @@
 //
 // This lane's partial sums of rows r0 and r0 + 1 (clamped to the part) of
 // W x, with x scaled by `inv` and the norm weights when the norm is fused.
-// Float weights go four values (one packed word) at a time, quantized ones a
-// block of 32 values at a time (`QUANTIZED` is a constant of the prelude, so
-// the other loop is compiled out).
+// Float weights go four values (one packed word) at a time; quantized ones a
+// block of 32 values at a time where a row has a block for every lane (K of
+// 4,096 and more), else also a word at a time, so that short rows (K = 2,048
+// would leave half the lanes without a block) keep every lane loading.
+// `QUANTIZED` is a constant of the prelude and K uniform: no divergence.
 fn lane_sums(r0: u32, lane: u32, inv: f32) -> vec2<f32> {
-    if (QUANTIZED) {
+    if (QUANTIZED && p.k4 >= LANES * 8u) {
         return lane_block_sums(r0, lane, inv);
     }
     return lane_word_sums(r0, lane, inv);
 }
 
-// Float weights: packed words k = lane, lane + LANES, ..., two loads per row
-// in flight per iteration, adjacent lanes reading adjacent words.
+// Packed words k = lane, lane + LANES, ..., two loads per row in flight per
+// iteration, adjacent lanes reading adjacent words.
 fn lane_word_sums(r0: u32, lane: u32, inv: f32) -> vec2<f32> {
     let w0 = r0 * p.k4;
     let w1 = min(r0 + 1u, p.rows - 1u) * p.k4;

@@ -767,13 +767,15 @@ mod tests {
     /// slot of 256 f32 in a scratch buffer (binding 7), one set of slots per
     /// (workgroup, subgroup), set by `init` (WGSL run first in the entry
     /// point, calling `emu_init(workgroup, subgroup, lane in the
-    /// subgroup)`); each call site of a constructor or load owns a slot.
-    /// Lane 0 of each subgroup does each operation for the subgroup: loads read
-    /// column-major (`coopLoad`) or row-major (`coopLoadT`) memory as naga's
-    /// SPIR-V output does, `coopMultiplyAdd` accumulates in f32, and
-    /// `coopStore` writes column-major (the kernels' barriers then publish
-    /// it). Private arrays would do, but llvmpipe lowers their dynamic
-    /// indexing into branch ladders and takes many minutes to compile them.
+    /// subgroup)`); each call site of a constructor or load owns a slot. The
+    /// lanes of a subgroup share each operation, element by element, and a
+    /// storage barrier ends it (the kernels call them in uniform control
+    /// flow): loads read column-major (`coopLoad`) or row-major
+    /// (`coopLoadT`) memory as naga's SPIR-V output does, `coopMultiplyAdd`
+    /// accumulates in f32, and `coopStore` writes column-major (the kernels'
+    /// barriers then publish it). Private arrays would do, but llvmpipe
+    /// lowers their dynamic indexing into branch ladders and takes many
+    /// minutes to compile them.
     fn emulate_coop(body: &str, init: &str) -> String {
         // Rewrites each `call` (up to its closing parenthesis) with `f`,
         // given the text between the call's parenthesis and its `&NAME[`,
@@ -860,39 +862,40 @@ mod tests {
         let entry = src.find("fn matmul(").unwrap();
         let brace = entry + src[entry..].find(") {").unwrap() + 3;
         src.insert_str(brace, &format!("\n    {init}\n"));
+        // The 16 products of one element of a multiply-add, written out:
+        // llvmpipe counts every loop iteration of an invocation against one
+        // budget (65,535), past which loops end early, silently.
+        let products: Vec<String> = (0..16)
+            .map(|k| format!("emu_mem[emu_at(a, i, {k}u)] * emu_mem[emu_at(b, {k}u, j)]"))
+            .collect();
+        let products = products.join("\n            + ");
         src.push_str(&format!(
             "
 @group(0) @binding(7) var<storage, read_write> emu_mem: array<f32>;
 var<private> emu_base: u32;
-var<private> emu_lead: bool;
+var<private> emu_lane: u32;
 const EMU_SLOTS: u32 = {slot}u;
 fn emu_init(workgroup: u32, subgroup: u32, subgroup_lane: u32) {{
     emu_base = (workgroup * 4u + subgroup) * EMU_SLOTS;
-    emu_lead = subgroup_lane == 0u;
+    emu_lane = subgroup_lane;
 }}
 fn emu_at(m: u32, i: u32, j: u32) -> u32 {{
     return (emu_base + m) * 256u + 16u * i + j;
 }}
 fn emu_zero(m: u32) -> u32 {{
-    if (emu_lead) {{
-        for (var e = 0u; e < 256u; e++) {{
-            emu_mem[(emu_base + m) * 256u + e] = 0.0;
-        }}
+    for (var e = emu_lane; e < 256u; e += SUBGROUP_SIZE) {{
+        emu_mem[(emu_base + m) * 256u + e] = 0.0;
     }}
+    storageBarrier();
     return m;
 }}
 fn emu_mad(a: u32, b: u32, c: u32) -> u32 {{
-    if (emu_lead) {{
-        for (var i = 0u; i < 16u; i++) {{
-            for (var j = 0u; j < 16u; j++) {{
-                var s = emu_mem[emu_at(c, i, j)];
-                for (var k = 0u; k < 16u; k++) {{
-                    s += emu_mem[emu_at(a, i, k)] * emu_mem[emu_at(b, k, j)];
-                }}
-                emu_mem[emu_at(c, i, j)] = s;
-            }}
-        }}
+    for (var e = emu_lane; e < 256u; e += SUBGROUP_SIZE) {{
+        let i = e / 16u;
+        let j = e % 16u;
+        emu_mem[emu_at(c, i, j)] += {products};
     }}
+    storageBarrier();
     return c;
 }}
 "
@@ -901,14 +904,13 @@ fn emu_mad(a: u32, b: u32, c: u32) -> u32 {{
             src.push_str(&format!(
                 "
 fn emu_load_{name}(m: u32, at: u32, stride: u32, row_major: bool) -> u32 {{
-    if (emu_lead) {{
-        for (var i = 0u; i < 16u; i++) {{
-            for (var j = 0u; j < 16u; j++) {{
-                let src_at = select(at + j * stride + i, at + i * stride + j, row_major);
-                emu_mem[emu_at(m, i, j)] = f32({name}[src_at]);
-            }}
-        }}
+    for (var e = emu_lane; e < 256u; e += SUBGROUP_SIZE) {{
+        let i = e / 16u;
+        let j = e % 16u;
+        let src_at = select(at + j * stride + i, at + i * stride + j, row_major);
+        emu_mem[emu_at(m, i, j)] = f32({name}[src_at]);
     }}
+    storageBarrier();
     return m;
 }}
 "
@@ -918,12 +920,10 @@ fn emu_load_{name}(m: u32, at: u32, stride: u32, row_major: bool) -> u32 {{
             src.push_str(&format!(
                 "
 fn emu_store_{name}(c: u32, at: u32, stride: u32) {{
-    if (emu_lead) {{
-        for (var i = 0u; i < 16u; i++) {{
-            for (var j = 0u; j < 16u; j++) {{
-                {name}[at + j * stride + i] = emu_mem[emu_at(c, i, j)];
-            }}
-        }}
+    for (var e = emu_lane; e < 256u; e += SUBGROUP_SIZE) {{
+        let i = e / 16u;
+        let j = e % 16u;
+        {name}[at + j * stride + i] = emu_mem[emu_at(c, i, j)];
     }}
 }}
 "
@@ -959,17 +959,13 @@ fn emu_store_{name}(c: u32, at: u32, stride: u32) {{
             &shaders::MATMUL_COOP_STAGED,
             "emu_init(wg.x + wg.y * 64u, sg, sg_lane);",
         );
-        // Shapes kept to at most 192 emulated products per subgroup: with
-        // 208 or more (K = 416 for the staged kernel, 768 for the direct
-        // one) lavapipe returned wrong results for every kernel tried,
-        // whatever the thread count, which points at the emulation's very
-        // long invocations rather than the kernels; not investigated
-        // further.
+        // K of several hundred values (real models' 576 and more), within
+        // llvmpipe's budget of loop iterations per invocation (`emulate_coop`).
         let cases = [
             (direct, MatmulVariant::Coop, F16, 128, 192, 40),
-            (direct, MatmulVariant::Coop, F16, 64, 64, 3),
-            (staged, MatmulVariant::CoopStaged, Q4_0, 200, 320, 70),
-            (staged, MatmulVariant::CoopStaged, Q4_K, 136, 256, 3),
+            (direct, MatmulVariant::Coop, F16, 64, 640, 3),
+            (staged, MatmulVariant::CoopStaged, Q4_0, 200, 576, 70),
+            (staged, MatmulVariant::CoopStaged, Q4_K, 136, 1024, 3),
             (staged, MatmulVariant::CoopStaged, Q8_0, 16, 32, 1),
         ];
         for ((shader, init), variant, format, rows, cols, n) in cases {

@@ -862,9 +862,11 @@ mod tests {
         let entry = src.find("fn matmul(").unwrap();
         let brace = entry + src[entry..].find(") {").unwrap() + 3;
         src.insert_str(brace, &format!("\n    {init}\n"));
-        // The 16 products of one element of a multiply-add, written out:
-        // llvmpipe counts every loop iteration of an invocation against one
-        // budget (65,535), past which loops end early, silently.
+        // The 16 products of one element of a multiply-add, written out, to
+        // spend few loop iterations: with one lane doing whole products,
+        // results went wrong past about 200 products per invocation, likely
+        // llvmpipe's budget of 65,535 loop iterations per invocation (past
+        // which its loops end silently; not confirmed).
         let products: Vec<String> = (0..16)
             .map(|k| format!("emu_mem[emu_at(a, i, {k}u)] * emu_mem[emu_at(b, {k}u, j)]"))
             .collect();

@@ -214,6 +214,10 @@ pub struct KernelVariants {
     pub set: KernelSet,
     pub matvec: MatvecVariant,
     pub matmul: MatmulVariant,
+    /// Whether block-format parts may take `CoopStaged` when `matmul` is
+    /// `Coop` (cleared when that kernel fails its start-up check, which
+    /// leaves f16 weights on the cooperative kernel).
+    pub coop_staged: bool,
     pub attn_decode: AttnDecodeVariant,
     pub attn_prefill: AttnPrefillVariant,
 }
@@ -231,20 +235,15 @@ impl KernelVariants {
                 set: KernelSet::Cpu,
                 matvec: MatvecVariant::Rows8,
                 matmul: MatmulVariant::Blocked4x4,
+                coop_staged: false,
                 attn_decode: AttnDecodeVariant::Serial,
                 attn_prefill: AttnPrefillVariant::RowPerLane,
             },
-            KernelSet::Gpu => KernelVariants {
-                set,
-                matvec: if profile.subgroups {
-                    MatvecVariant::SubgroupReduce
-                } else {
-                    MatvecVariant::WorkgroupReduce
-                },
+            KernelSet::Gpu => {
                 // The cooperative GEMMs size their workgroups in subgroups
                 // (and the staged one reads its subgroup's index): they need
                 // a fixed subgroup size and subgroup operations.
-                matmul: if profile.coop_f16_16x16
+                let matmul = if profile.coop_f16_16x16
                     && profile.shader_f16
                     && profile.subgroups
                     && profile.subgroup_min == profile.subgroup_max
@@ -252,17 +251,52 @@ impl KernelVariants {
                     MatmulVariant::Coop
                 } else {
                     MatmulVariant::Tiled
-                },
-                attn_decode: AttnDecodeVariant::Parallel,
-                attn_prefill: AttnPrefillVariant::Tiled,
-            },
+                };
+                KernelVariants {
+                    set,
+                    matvec: if profile.subgroups {
+                        MatvecVariant::SubgroupReduce
+                    } else {
+                        MatvecVariant::WorkgroupReduce
+                    },
+                    matmul,
+                    coop_staged: matmul == MatmulVariant::Coop,
+                    attn_decode: AttnDecodeVariant::Parallel,
+                    attn_prefill: AttnPrefillVariant::Tiled,
+                }
+            }
+        }
+    }
+
+    /// What a row part runs when `variant` is asked for on this device:
+    /// [`MatmulVariant::for_part`], with block formats on `Tiled` where the
+    /// staged cooperative kernel is off (`coop_staged`).
+    pub fn part_variant(
+        &self,
+        variant: MatmulVariant,
+        format: crate::shaders::WeightFormat,
+        rows: usize,
+        cols: usize,
+    ) -> MatmulVariant {
+        match variant.for_part(format, rows, cols) {
+            MatmulVariant::CoopStaged if !self.coop_staged => MatmulVariant::Tiled,
+            v => v,
         }
     }
 
     /// One line for `sieve info` and `sieve bench`.
     pub fn describe(&self) -> String {
+        let blocks = if self.matmul == MatmulVariant::Coop {
+            if self.coop_staged {
+                ", block formats CoopStaged"
+            } else {
+                ", block formats Tiled"
+            }
+        } else {
+            ""
+        };
         format!(
-            "{} (mat-vec {:?}, mat-mul {:?}, decode attention {:?}, prefill attention {:?})",
+            "{} (mat-vec {:?}, mat-mul {:?}{blocks}, decode attention {:?}, prefill attention {:?})",
             self.set.name(),
             self.matvec,
             self.matmul,
@@ -320,6 +354,22 @@ mod tests {
         assert_eq!(v.matmul, MatmulVariant::Blocked4x4);
         let v = KernelVariants::select(&profile(true, false, false), KernelSet::Gpu);
         assert_eq!(v.matmul, MatmulVariant::Tiled);
+    }
+
+    #[test]
+    fn staged_kernel_off_leaves_block_formats_tiled() {
+        let mut v = KernelVariants::select(&profile(false, true, true), KernelSet::Gpu);
+        let staged = v.part_variant(MatmulVariant::Coop, WeightFormat::Q4_0, 128, 576);
+        assert_eq!(staged, MatmulVariant::CoopStaged);
+        v.coop_staged = false;
+        let q = v.part_variant(MatmulVariant::Coop, WeightFormat::Q4_0, 128, 576);
+        let f = v.part_variant(MatmulVariant::Coop, WeightFormat::F16, 128, 576);
+        assert_eq!((q, f), (MatmulVariant::Tiled, MatmulVariant::Coop));
+        assert!(
+            v.describe().contains("block formats Tiled"),
+            "{}",
+            v.describe()
+        );
     }
 
     #[test]

@@ -214,23 +214,26 @@ impl Gpu {
         // the engine relies on them, one small product each (f16 weights, and
         // Q4_0 for the staged kernel that block formats use) is checked
         // against the CPU reference; a wrong or failing result falls back to
-        // the tiled kernel (the fallback always works) with a warning.
+        // the tiled kernel (the fallback always works) with a warning, for
+        // the weights that kernel serves.
         if gpu.kernels.matmul == MatmulVariant::Coop {
+            use crate::kernels::matmul::check_variant;
             use crate::shaders::WeightFormat;
-            let checks = [
-                (MatmulVariant::Coop, WeightFormat::F16),
-                (MatmulVariant::CoopStaged, WeightFormat::Q4_0),
-            ];
-            for (variant, format) in checks {
-                if let Err(e) = crate::kernels::matmul::check_variant(&gpu, variant, format) {
-                    eprintln!(
-                        "warning: the cooperative-matrix mat-mul ({variant:?}, {} weights) failed its check on {} ({e:#}); using the tiled kernel",
-                        format.name(),
-                        gpu.info.name
-                    );
-                    gpu.kernels.matmul = MatmulVariant::Tiled;
-                    break;
-                }
+            let warn = |variant: MatmulVariant, format: WeightFormat, e: anyhow::Error| {
+                eprintln!(
+                    "warning: the cooperative-matrix mat-mul ({variant:?}) failed its check with {} weights on {} ({e:#}); those weights use the tiled kernel",
+                    format.name(),
+                    gpu.info.name
+                );
+            };
+            if let Err(e) = check_variant(&gpu, MatmulVariant::CoopStaged, WeightFormat::Q4_0) {
+                warn(MatmulVariant::CoopStaged, WeightFormat::Q4_0, e);
+                gpu.kernels.coop_staged = false;
+            }
+            if let Err(e) = check_variant(&gpu, MatmulVariant::Coop, WeightFormat::F16) {
+                warn(MatmulVariant::Coop, WeightFormat::F16, e);
+                gpu.kernels.matmul = MatmulVariant::Tiled;
+                gpu.kernels.coop_staged = false;
             }
         }
         Ok(Arc::new(gpu))

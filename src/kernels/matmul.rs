@@ -130,7 +130,7 @@ impl Matmul {
 
     /// As [`Matmul::new`] with the given variants (tests run every variant on
     /// any device; the cooperative one needs its features, and falls back
-    /// per part as [`MatmulVariant::for_part`] says).
+    /// per part as [`KernelVariants::part_variant`] says).
     #[allow(clippy::too_many_arguments)]
     pub fn with_variants(
         gpu: &Gpu,
@@ -173,7 +173,9 @@ impl Matmul {
             .parts
             .iter()
             .map(|part| -> Result<Part> {
-                let part_variant = matmul_variant.for_part(part.format, part.rows, w.cols);
+                let part_variant =
+                    gpu.kernels
+                        .part_variant(matmul_variant, part.format, part.rows, w.cols);
                 let (matvec, matmul) = pipelines(part.format, part_variant)?;
                 let params = |flags: u32, eps: f64| Params {
                     rows: part.rows as u32,

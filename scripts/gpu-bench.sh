@@ -165,6 +165,22 @@ for path in sys.argv[2:]:
 PY
 fi
 
+# 5b. Decode with eviction, one step at a time and with steps submitted
+# ahead between refreshes (the same tokens; the ratio is the host's share of
+# a step), on the smaller shape.
+if [ "$small" = 1 ]; then
+    evict_args=(--budget 128 --chunk 32 --generate 48)
+else
+    evict_args=(--budget 1024 --chunk 64 --generate 512)
+fi
+shape=${speed_shapes[0]}
+json="$out/$shape-evicting-decode.json"
+echo "== $shape (decode with eviction): ${evict_args[*]}"
+timeout 120 "$bin" bench --synthetic "$shape" --kv-dtype "$kv_dtype" --prefill 8 --depths 0 \
+    --decode-steps 2 --refresh-sizes 0 "${evict_args[@]}" --policies full,window,h2o,tova,epikv,ccs \
+    --json "$json" | grep '^|' | tee "$out/$shape-evicting-decode.md"
+[ -f "$json" ] && runs+=("$json")
+
 # 6. The runs, per shape: the full cache at every context; then window, EpiKV
 # and H2O (fused, and materialized as eager attention would) at each budget at
 # the largest context (a bounded cache holds J + h entries whatever the

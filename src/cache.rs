@@ -164,6 +164,9 @@ pub struct BoundedCache {
     pub trace: Vec<RefreshRecord>,
     pub record: bool,
     refreshes: usize,
+    /// The model's layers, to build the policy's scorer afresh on `reset`;
+    /// None for a cache given its scorer (`with_scorer`).
+    num_layers: Option<usize>,
 }
 
 impl BoundedCache {
@@ -182,6 +185,7 @@ impl BoundedCache {
             trace: vec![],
             record: false,
             refreshes: 0,
+            num_layers: Some(num_layers),
         })
     }
 
@@ -196,6 +200,7 @@ impl BoundedCache {
             trace: vec![],
             record: false,
             refreshes: 0,
+            num_layers: None,
         })
     }
 
@@ -230,12 +235,20 @@ impl BoundedCache {
         }
     }
 
-    /// Forgets the contents (and the engine's).
+    /// Forgets the contents (and the engine's), and what the policy learnt
+    /// from them (EpiKV's rolling statistics, the sink guards' jumps): its
+    /// scorer is built afresh (a scorer given to `with_scorer` is kept).
     pub fn reset(&mut self, engine: &mut Engine) {
         engine.reset();
         self.slots.clear();
         self.trace.clear();
         self.refreshes = 0;
+        if let (Some(layers), Some(_)) = (self.num_layers, &self.scorer) {
+            // It was built from these options in `new`, so it builds again.
+            if let Ok(fresh) = self.opts.policy.scorer(&self.opts, layers) {
+                self.scorer = Some(fresh);
+            }
+        }
     }
 
     /// Scores, ranks and compacts: the cache goes from C entries to J.
@@ -363,12 +376,24 @@ impl BoundedCache {
         Ok(sampled)
     }
 
-    /// Records a token fed to the engine outside `feed` (a decode step
-    /// submitted ahead, `Engine::submit`; the full cache only, where no
-    /// scorer observes steps and no refresh comes between them).
-    pub fn record_fed(&mut self, token: u32, position: u32) {
-        debug_assert!(self.scorer.is_none());
+    /// Whether `n` more tokens fit the engine's cache without a refresh,
+    /// counting the steps it has in flight: where a decode step can be
+    /// submitted ahead (`Engine::submit`) rather than through `feed`, which
+    /// refreshes first when the cache is full (a refresh needs every step
+    /// completed, since the policy scores what they wrote).
+    pub fn fits_without_refresh(&self, engine: &Engine, n: usize) -> bool {
+        self.capacity().is_none_or(|c| engine.n_cached + n <= c)
+    }
+
+    /// Records a one-token step that ran outside `feed` (a decode step
+    /// submitted ahead, `Engine::submit`, once completed), in order: the
+    /// entry joins the cache and the policy observes the step, as in `feed`.
+    pub fn record_fed(&mut self, engine: &Engine, token: u32, position: u32) -> Result<()> {
         self.slots.push(Slot { position, token });
+        match self.scorer.as_mut() {
+            Some(scorer) => scorer.observe(engine, &[position]),
+            None => Ok(()),
+        }
     }
 
     /// Writes the refresh records as JSON (atomically).

@@ -232,6 +232,10 @@ pub struct Submitted {
     index: wgpu::SubmissionIndex,
     /// The readback buffer holding its sampled token, if it samples.
     staging: Option<usize>,
+    /// The readback buffer holding its EpiKV signal, if layers are tracked.
+    delta_staging: Option<usize>,
+    /// Whether it saved the policy state it changes (`Engine::undo` restores it).
+    saved_state: bool,
     first_slot: usize,
     n_tokens: usize,
 }
@@ -260,8 +264,20 @@ pub struct Engine {
     compactor: Option<Compactor>,
     /// (0-based layer index, kernel) for every tracked layer.
     deltas: Vec<(usize, LayerDelta)>,
-    /// `[max_tokens, tracked layers]` g values of the last step.
+    /// `[max_tokens, tracked layers]` g values of the step that ran last.
     delta_out: wgpu::Buffer,
+    /// Two readback buffers for `delta_out`, used in turn (as the sampled
+    /// tokens' are), so that a step's g values are read while the next step
+    /// is already submitted; none without tracked layers.
+    delta_staging: Vec<wgpu::Buffer>,
+    next_delta_staging: usize,
+    /// `[n, tracked layers]` g values of the last completed step.
+    last_deltas: Vec<f32>,
+    /// GPU state a step changes and later steps or refreshes read (the
+    /// attention-weight policies' per-slot sums, EpiKV's previous hidden
+    /// states), each as (state, copy): a step submitted ahead copies it
+    /// first, so that `undo` can put it back.
+    undo_state: Vec<(wgpu::Buffer, wgpu::Buffer)>,
     /// Per layer, when attention weights are accumulated.
     weights: Vec<AttnWeights>,
     /// `[max_slots]` attention weight received per slot (compacted with K and V).
@@ -486,10 +502,23 @@ impl Engine {
         }
         let n_tracked = opts.track_layers.len();
         let delta_out = gpu.storage("epikv-g", (opts.max_tokens * n_tracked.max(1)) as u64 * 4);
+        let delta_staging = if n_tracked == 0 {
+            vec![]
+        } else {
+            bytes += 2 * delta_out.size();
+            [0, 1]
+                .map(|_| gpu.readback("epikv-g-readback", delta_out.size()))
+                .into()
+        };
         let mut deltas = vec![];
+        let mut undo_state = vec![];
         for (column, &l) in opts.track_layers.iter().enumerate() {
             let prev = gpu.storage(&format!("layer {l} previous hidden state"), h as u64 * 4);
-            bytes += h as u64 * 4;
+            bytes += h as u64 * 4 * 2;
+            undo_state.push((
+                prev.clone(),
+                gpu.storage("saved previous hidden state", h as u64 * 4),
+            ));
             let k = LayerDelta::new(
                 &gpu, &step, h, column, n_tracked, &x, &positions, &prev, &delta_out,
             )?;
@@ -505,7 +534,11 @@ impl Engine {
                 "attention-weight-cells",
                 (c.num_heads * opts.max_slots) as u64 * 4,
             );
-            bytes += (c.num_heads + 1) as u64 * opts.max_slots as u64 * 4;
+            bytes += (c.num_heads + 2) as u64 * opts.max_slots as u64 * 4;
+            // The per-slot sums persist between steps (the cells are
+            // zeroed by every step's reduce).
+            let saved = gpu.storage("saved attention weights", slot_scores.size());
+            undo_state.push((slot_scores.clone(), saved));
             for kc in &k_cache {
                 // Eager attention holds every layer's weight matrix at once
                 // (what attention-scored eviction reads): one per layer.
@@ -615,14 +648,7 @@ impl Engine {
             }
             None => None,
         };
-        let sample_staging = [0, 1].map(|_| {
-            gpu.device.create_buffer(&wgpu::BufferDescriptor {
-                label: Some("sampled-token"),
-                size: 4,
-                usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-                mapped_at_creation: false,
-            })
-        });
+        let sample_staging = [0, 1].map(|_| gpu.readback("sampled-token", 4));
         Ok(Engine {
             model,
             opts,
@@ -642,6 +668,10 @@ impl Engine {
             compactor,
             deltas,
             delta_out,
+            delta_staging,
+            next_delta_staging: 0,
+            last_deltas: vec![],
+            undo_state,
             weights,
             slot_scores,
             qslot,
@@ -812,9 +842,15 @@ impl Engine {
         match ids {
             StepIds::Host(ids) => gpu.write(&self.ids, 0, bytemuck::cast_slice(ids)),
             StepIds::LastSampled => {
-                enc.copy_buffer_to_buffer(&self.sampler.result, 0, &self.ids, 0, 4)
+                enc.copy_buffer_to_buffer(&self.sampler.result, 0, &self.ids, 0, 4);
+                // A step submitted ahead may be undone (its token not
+                // emitted): save what it changes for the policy.
+                for (state, saved) in &self.undo_state {
+                    enc.copy_buffer_to_buffer(state, 0, saved, 0, state.size());
+                }
             }
         }
+        let saved_state = matches!(ids, StepIds::LastSampled);
         let (nt, start) = (n as u32, self.n_cached as u32);
         let hidden_bytes = (n * c.hidden_size * 4) as u64;
         let capture_stride = (self.opts.max_tokens * c.hidden_size * 4) as u64;
@@ -899,6 +935,13 @@ impl Engine {
             enc.copy_buffer_to_buffer(&self.sampler.result, 0, &self.sample_staging[k], 0, 4);
             k
         });
+        let delta_staging = (!self.delta_staging.is_empty()).then(|| {
+            let k = self.next_delta_staging;
+            self.next_delta_staging = 1 - k;
+            let bytes = (n * self.deltas.len() * 4) as u64;
+            enc.copy_buffer_to_buffer(&self.delta_out, 0, &self.delta_staging[k], 0, bytes);
+            k
+        });
         let index = gpu.queue.submit([enc.finish()]);
         self.last_record_seconds = recording.elapsed().as_secs_f64();
         self.last_step_sampled = out.sample.is_some();
@@ -907,6 +950,8 @@ impl Engine {
         Ok(Submitted {
             index,
             staging,
+            delta_staging,
+            saved_state,
             first_slot,
             n_tokens: n,
         })
@@ -923,20 +968,27 @@ impl Engine {
         let token = match s.staging {
             Some(k) => {
                 let bytes = gpu
-                    .map_and_read_after(&self.sample_staging[k], 4, Some(s.index))
+                    .map_and_read_after(&self.sample_staging[k], 4, Some(s.index.clone()))
                     .context("reading the sampled token")?;
                 Some(u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]))
             }
             None => {
                 gpu.device
                     .poll(wgpu::PollType::Wait {
-                        submission_index: Some(s.index),
+                        submission_index: Some(s.index.clone()),
                         timeout: None,
                     })
                     .map_err(|e| anyhow::anyhow!("waiting for the GPU: {e}"))?;
                 None
             }
         };
+        if let Some(k) = s.delta_staging {
+            let bytes = (s.n_tokens * self.deltas.len() * 4) as u64;
+            let g = gpu
+                .map_and_read_after(&self.delta_staging[k], bytes, Some(s.index))
+                .context("reading the EpiKV signal")?;
+            self.last_deltas = bytemuck::pod_collect_to_vec(&g);
+        }
         if let Some(pr) = self.profiler.as_mut() {
             pr.collect(&gpu)?;
         }
@@ -955,8 +1007,14 @@ impl Engine {
     /// without waiting for it: the GPU may still be running it, and whatever
     /// is submitted later (which rewrites its slots) runs after it. Its
     /// sampled token is dropped; the repetition penalty's seen set may keep
-    /// it until the next `reset_seen`.
+    /// it until the next `reset_seen`. What it changed for an evicting policy
+    /// (attention-weight sums, EpiKV's previous hidden states) is put back
+    /// from the copy it took first; only a `StepIds::LastSampled` step takes
+    /// one, so only such a step can be undone where a policy keeps state.
     pub fn undo(&mut self, s: Submitted) -> Result<()> {
+        if !self.undo_state.is_empty() && !s.saved_state {
+            bail!("a step fed from the host cannot be undone while an evicting policy keeps state on the GPU (only steps submitted ahead save it)");
+        }
         if s.first_slot + s.n_tokens != self.n_cached {
             bail!(
                 "only the last submitted step can be undone (it took slots {}..{}, the cache holds {})",
@@ -964,6 +1022,14 @@ impl Engine {
                 s.first_slot + s.n_tokens,
                 self.n_cached
             );
+        }
+        if !self.undo_state.is_empty() {
+            let gpu = &self.model.gpu;
+            let mut enc = gpu.device.create_command_encoder(&Default::default());
+            for (state, saved) in &self.undo_state {
+                enc.copy_buffer_to_buffer(saved, 0, state, 0, state.size());
+            }
+            gpu.queue.submit([enc.finish()]);
         }
         self.n_cached = s.first_slot;
         self.last_step_sampled = false;
@@ -1000,12 +1066,19 @@ impl Engine {
         self.model.gpu.read(cap, offset, n * c.hidden_size)
     }
 
-    /// The EpiKV signal of the last step: `[n, tracked layers]`, row t for the
-    /// step's token t, columns in the order of `EngineOptions::track_layers`.
+    /// The EpiKV signal of the last completed step (read back with it, so a
+    /// step submitted behind it does not change it): `[n, tracked layers]`,
+    /// row t for the step's token t, columns in the order of
+    /// `EngineOptions::track_layers`.
     pub fn read_layer_deltas(&self, n: usize) -> Result<Vec<f32>> {
-        self.model
-            .gpu
-            .read(&self.delta_out, 0, n * self.opts.track_layers.len())
+        let len = n * self.opts.track_layers.len();
+        match self.last_deltas.get(..len) {
+            Some(g) => Ok(g.to_vec()),
+            None => bail!(
+                "the last completed step has {} EpiKV values, {len} asked for (is a layer tracked?)",
+                self.last_deltas.len()
+            ),
+        }
     }
 
     /// Counter-causal logits (SPEC.md 4.2) of the given cache entries, as

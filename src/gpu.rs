@@ -451,15 +451,20 @@ impl Gpu {
         })
     }
 
+    /// A buffer that copies land in and the host maps to read them.
+    pub fn readback(&self, label: &str, bytes: u64) -> wgpu::Buffer {
+        self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some(label),
+            size: bytes.next_multiple_of(4).max(4),
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        })
+    }
+
     /// Copies `bytes` bytes at `offset` of `src` back to the host (blocking).
     pub fn read_bytes(&self, src: &wgpu::Buffer, offset: u64, bytes: u64) -> Result<Vec<u8>> {
         let size = bytes.next_multiple_of(4);
-        let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("readback"),
-            size: size.max(4),
-            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-            mapped_at_creation: false,
-        });
+        let staging = self.readback("readback", size);
         let mut enc = self.device.create_command_encoder(&Default::default());
         enc.copy_buffer_to_buffer(src, offset, &staging, 0, size);
         self.queue.submit([enc.finish()]);

@@ -46,12 +46,7 @@ impl Profiler {
             usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
             mapped_at_creation: false,
         });
-        let readback = gpu.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("timestamp-readback"),
-            size: bytes,
-            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-            mapped_at_creation: false,
-        });
+        let readback = gpu.readback("timestamp-readback", bytes);
         Some(Profiler {
             set,
             resolve,

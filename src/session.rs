@@ -118,10 +118,12 @@ pub struct GenerateOptions {
     pub on_prompt: Option<Progress>,
     /// Submit each decode step while the GPU still runs the one before (the
     /// sampled token passed on on the GPU), so that the host's recording of
-    /// a step does not leave the GPU idle; with the full cache only (an
-    /// evicting policy reads each step's scores first). The tokens are the
-    /// same either way; a step submitted ahead of an end-of-sequence token
-    /// is undone. Off: one step at a time.
+    /// a step does not leave the GPU idle. With a bounded cache, every step
+    /// but the one after a full cache (which waits for the refresh, whose
+    /// policy scores what the steps before wrote). The tokens and the cache
+    /// are the same either way; a step submitted ahead of an end-of-sequence
+    /// token is undone, with what it changed for the policy. Off: one step
+    /// at a time.
     pub submit_ahead: bool,
 }
 
@@ -522,8 +524,8 @@ impl Session {
         // token that cannot be fed (full context, end of sequence) is not
         // emitted. With `submit_ahead`, `ahead` is the step already feeding
         // `next` (submitted before `next` was read back); it is undone when
-        // `next` is not emitted.
-        let ahead_ok = opts.submit_ahead && self.cache.capacity().is_none();
+        // `next` is not emitted. A step that needs a refresh first goes
+        // through `feed`, one at a time.
         let mut ahead: Option<Submitted> = None;
         let stop = loop {
             let end = if ids.len() >= opts.max_new_tokens {
@@ -576,7 +578,7 @@ impl Session {
                 None => {
                     self.steps += 1;
                     let out = FeedOutput::Sample(opts.sampling, self.steps);
-                    if ahead_ok {
+                    if opts.submit_ahead && self.cache.fits_without_refresh(&self.engine, 1) {
                         self.engine
                             .submit(StepIds::Host(&[next]), &[pos], out.step_output(1))?
                     } else {
@@ -600,6 +602,7 @@ impl Session {
             if stopped.is_none()
                 && !self.cancel.is_cancelled()
                 && self.engine.can_chain()
+                && self.cache.fits_without_refresh(&self.engine, 1)
                 && ids.len() < opts.max_new_tokens
                 && max.is_none_or(|m| self.tokens.len() + 1 < m)
             {
@@ -612,7 +615,7 @@ impl Session {
                         self.steps -= 1;
                         if self.engine.complete(fed).is_ok() {
                             self.tokens.push(next);
-                            self.cache.record_fed(next, pos);
+                            let _ = self.cache.record_fed(&self.engine, next, pos);
                         }
                         return Err(e);
                     }
@@ -623,7 +626,9 @@ impl Session {
                 Err(e) => return Err(self.fail_with_ahead(ahead.take(), e)),
             };
             self.tokens.push(next);
-            self.cache.record_fed(next, pos);
+            if let Err(e) = self.cache.record_fed(&self.engine, next, pos) {
+                return Err(self.fail_with_ahead(ahead.take(), e));
+            }
             next = sampled;
             if let Some(stop) = stopped {
                 break stop;

@@ -623,3 +623,123 @@ fn decode_steps_submitted_ahead_change_nothing() {
         assert_eq!(one.4.len(), one.5, "{what}: the cache holds the history");
     }
 }
+
+/// A bounded-cache session on the tiny Llama (J = 10, h = 3, 2 sinks, 4
+/// recent: a refresh every third token) whose tokenizer also ends a
+/// generation at `eos`, recording its refreshes.
+fn bounded_session(policy: sieve::eviction::Policy, eos: Option<u32>) -> Session {
+    let model = Model::load(
+        &golden_dir().join("tiny-llama-gqa"),
+        &LoadOptions::default(),
+    )
+    .unwrap();
+    let eos: Vec<u32> = eos.into_iter().collect();
+    let tok = Arc::new(Tokenizer::load(&golden_dir().join("smollm2-135m"), &eos).unwrap());
+    let cache = sieve::cache::CacheOptions {
+        sinks: 2,
+        recent: 4,
+        ..sieve::cache::CacheOptions::new(policy, 10, 3)
+    };
+    let opts = SessionOptions {
+        max_context: 0,
+        prefill_chunk: 16,
+        cache: Some(cache),
+    };
+    let mut s = Session::new(model, tok, opts).unwrap();
+    s.cache().record = true;
+    s
+}
+
+/// With an evicting policy, decode steps are submitted ahead between
+/// refreshes (the step after a full cache waits for the refresh). That
+/// changes nothing: the tokens, stop reasons, the cache's entries and every
+/// refresh's scores and kept set are those of one step at a time, for
+/// policies that keep state on the GPU (attention-weight sums, EpiKV's
+/// previous hidden states) or read each step's signal back, including after
+/// a step undone behind an end-of-sequence token (the next turn's first
+/// refresh reads the state that step would have changed) and a second turn.
+#[test]
+fn bounded_cache_decode_submitted_ahead_changes_nothing() {
+    use sieve::eviction::Policy;
+    let greedy = GenerateOptions {
+        max_new_tokens: 24,
+        stop_at_eos: false,
+        ..Default::default()
+    };
+    let sampled = GenerateOptions {
+        sampling: SamplingParams {
+            temperature: 0.8,
+            top_k: 40,
+            top_p: 0.9,
+            repetition_penalty: 1.2,
+            seed: 5,
+        },
+        ..greedy.clone()
+    };
+    for policy in [
+        Policy::Window,
+        Policy::H2o,
+        Policy::Tova,
+        Policy::Epikv,
+        Policy::Ccs,
+        Policy::WindowSinks,
+        Policy::EpikvTova,
+    ] {
+        let plain = bounded_session(policy, None)
+            .generate(&PROMPT, &greedy, |_| true)
+            .unwrap()
+            .ids;
+        // End-of-sequence tokens at three consecutive steps of the plain
+        // run: whichever of them ends a run, some end it with a step in
+        // flight (two of every three steps are submitted ahead).
+        let mut cases = vec![(None, greedy.clone()), (None, sampled.clone())];
+        for k in [7, 8, 9] {
+            let eos = GenerateOptions {
+                stop_at_eos: true,
+                ..greedy.clone()
+            };
+            cases.push((Some(plain[k]), eos));
+        }
+        for (eos, opts) in cases {
+            let run = |ahead: bool| {
+                let opts = GenerateOptions {
+                    submit_ahead: ahead,
+                    ..opts.clone()
+                };
+                let mut s = bounded_session(policy, eos);
+                let a = s.generate(&PROMPT, &opts, |_| true).unwrap();
+                let b = s.generate(&PROMPT[..2], &opts, |_| true).unwrap();
+                let trace = serde_json::to_string(&s.cache().trace).unwrap();
+                let cache_size = s.cache().slots.len();
+                assert_eq!(
+                    cache_size,
+                    s.engine().n_cached,
+                    "the cache's entries are the engine's"
+                );
+                // A reset session is a fresh one, the policy's state included.
+                s.reset();
+                let again = s.generate(&PROMPT, &opts, |_| true).unwrap();
+                assert_eq!(again.ids, a.ids, "{} after a reset", policy.name());
+                (
+                    a.ids,
+                    a.stats.stop,
+                    b.ids,
+                    s.tokens().to_vec(),
+                    cache_size,
+                    trace,
+                )
+            };
+            let (one, ahead) = (run(false), run(true));
+            let what = format!("{} (end of sequence {eos:?})", policy.name());
+            assert_eq!(ahead, one, "{what}");
+            if eos.is_some() {
+                assert_eq!(one.1, StopReason::Eos, "{what}");
+            } else {
+                assert!(
+                    one.5.matches("\"refresh\"").count() >= 8,
+                    "{what}: refreshes during the decode"
+                );
+            }
+        }
+    }
+}

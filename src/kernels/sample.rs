@@ -25,17 +25,20 @@ pub struct SamplingParams {
 
 impl Default for SamplingParams {
     fn default() -> Self {
-        SamplingParams {
-            temperature: 0.0,
-            top_k: 0,
-            top_p: 1.0,
-            repetition_penalty: 1.0,
-            seed: 0,
-        }
+        Self::GREEDY
     }
 }
 
 impl SamplingParams {
+    /// The most likely token every step (the default).
+    pub const GREEDY: SamplingParams = SamplingParams {
+        temperature: 0.0,
+        top_k: 0,
+        top_p: 1.0,
+        repetition_penalty: 1.0,
+        seed: 0,
+    };
+
     /// Below this temperature (other than 0) logits divided by it leave f32's
     /// range and sampling degenerates (at 1e-38 it repeated one token); at
     /// this temperature it already picks the argmax unless logits are within

@@ -1,12 +1,12 @@
 //! `sieve bench --policies`: refresh latency at given cache sizes and decode
 //! speed with eviction against the full cache.
 
-use anyhow::Result;
+use anyhow::{bail, Result};
 use serde_json::json;
 use std::time::Instant;
 
 use sieve::cache::{BoundedCache, CacheOptions, FeedOutput};
-use sieve::engine::Engine;
+use sieve::engine::{Engine, StepIds, Submitted};
 use sieve::eviction::Policy;
 use sieve::kernels::sample::SamplingParams;
 use sieve::model::Model;
@@ -70,7 +70,10 @@ pub fn refresh(
 }
 
 /// Decode speed generating `n` tokens with each policy at budget J, against the
-/// full cache, from the same short prompt (refreshes included in the time).
+/// full cache, from the same short prompt (refreshes included in the time):
+/// one step at a time, and with each step submitted ahead of the last one's
+/// token where the cache has room without a refresh (as `Session::generate`
+/// does). Both give the same tokens; a difference is an error.
 pub fn decode(
     model: &std::sync::Arc<Model>,
     policies: &[Policy],
@@ -82,8 +85,8 @@ pub fn decode(
     if n == 0 || policies.is_empty() {
         return Ok(out);
     }
-    println!("| policy | budget | generated | decode tok/s |");
-    println!("|---|---|---|---|");
+    println!("| policy | budget | generated | decode tok/s, one step at a time | submitted ahead | ratio |");
+    println!("|---|---|---|---|---|---|");
     let prompt: Vec<u32> = (0..32)
         .map(|i| ((i * 7919 + 13) % model.config.vocab_size) as u32)
         .collect();
@@ -93,25 +96,76 @@ pub fn decode(
             model.clone(),
             cache.engine_options(prompt.len() + n + 1, 256, 1),
         )?;
-        let greedy = FeedOutput::Sample(SamplingParams::default(), 0);
-        let mut tok = cache
-            .feed(&mut e, &prompt, 0, greedy, |_, _| Ok(()))?
-            .unwrap_or(0);
-        let t = Instant::now();
-        for i in 0..n {
-            let pos = (prompt.len() + i) as u32;
-            tok = cache
-                .feed(&mut e, &[tok], pos, greedy, |_, _| Ok(()))?
+        let mut timed = |ahead: bool| -> Result<(f64, Vec<u32>)> {
+            cache.reset(&mut e);
+            let first = cache
+                .feed(&mut e, &prompt, 0, GREEDY, |_, _| Ok(()))?
                 .unwrap_or(0);
+            let t = Instant::now();
+            let ids = generate(&mut cache, &mut e, first, prompt.len() as u32, n, ahead)?;
+            Ok((n as f64 / t.elapsed().as_secs_f64(), ids))
+        };
+        let (one_tps, one_ids) = timed(false)?;
+        let (ahead_tps, ahead_ids) = timed(true)?;
+        if one_ids != ahead_ids {
+            bail!(
+                "policy {}: decode with steps submitted ahead gave other tokens than one step at a time",
+                policy.name()
+            );
         }
-        let tps = n as f64 / t.elapsed().as_secs_f64();
         let j = if policy == Policy::Full {
             "-".to_string()
         } else {
             budget.to_string()
         };
-        println!("| {} | {j} | {n} | {tps:.2} |", policy.name());
-        out.push(json!({"policy": policy.name(), "budget": budget, "generated": n, "tokens_per_second": tps}));
+        println!(
+            "| {} | {j} | {n} | {one_tps:.2} | {ahead_tps:.2} | {:.2} |",
+            policy.name(),
+            ahead_tps / one_tps
+        );
+        out.push(
+            json!({"policy": policy.name(), "budget": budget, "generated": n,
+            "tokens_per_second": one_tps, "tokens_per_second_ahead": ahead_tps}),
+        );
     }
     Ok(out)
+}
+
+const GREEDY: FeedOutput = FeedOutput::Sample(SamplingParams::GREEDY, 0);
+
+/// Greedy decode of `n` tokens, feeding `first` at `position` first; with
+/// `ahead`, each step is submitted before the previous one's token is read
+/// back wherever no refresh comes between them.
+fn generate(
+    cache: &mut BoundedCache,
+    e: &mut Engine,
+    first: u32,
+    position: u32,
+    n: usize,
+    ahead: bool,
+) -> Result<Vec<u32>> {
+    let mut ids = vec![first];
+    let mut in_flight: Option<Submitted> = None;
+    for i in 0..n {
+        let (next, pos) = (ids[i], position + i as u32);
+        let fed = match in_flight.take() {
+            Some(step) => step,
+            None if ahead && cache.fits_without_refresh(e, 1) => {
+                e.submit(StepIds::Host(&[next]), &[pos], GREEDY.step_output(1))?
+            }
+            None => {
+                let t = cache.feed(e, &[next], pos, GREEDY, |_, _| Ok(()))?;
+                ids.push(t.unwrap_or(0));
+                continue;
+            }
+        };
+        if ahead && i + 1 < n && e.can_chain() && cache.fits_without_refresh(e, 1) {
+            let out = GREEDY.step_output(1);
+            in_flight = Some(e.submit(StepIds::LastSampled, &[pos + 1], out)?);
+        }
+        let sampled = e.complete(fed)?;
+        cache.record_fed(e, next, pos)?;
+        ids.push(sampled.unwrap_or(0));
+    }
+    Ok(ids)
 }

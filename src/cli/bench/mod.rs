@@ -237,7 +237,7 @@ pub fn run(model: &std::sync::Arc<Model>, a: &BenchArgs) -> Result<serde_json::V
 
 /// Seconds for `steps` decode steps at depth `d`, each submitted while the
 /// GPU still runs the one before and fed the token that one samples (as
-/// `Session::generate` decodes with the full cache), after one warm-up step.
+/// `Session::generate` decodes), after one warm-up step.
 fn decode_ahead(e: &mut Engine, d: usize, steps: usize) -> Result<f64> {
     e.reset();
     e.n_cached = d;

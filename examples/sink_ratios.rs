@@ -58,7 +58,7 @@ fn main() -> Result<()> {
             engine.step(piece, &positions, StepOutput::NONE)?;
             g.extend(
                 engine
-                    .read_layer_deltas(piece.len())?
+                    .read_layer_deltas(piece.len(), &[layer])?
                     .iter()
                     .map(|&v| v as f64),
             );

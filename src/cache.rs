@@ -333,9 +333,7 @@ impl BoundedCache {
         while done < tokens.len() {
             let room = match self.capacity() {
                 Some(c) => {
-                    if self.slots.len() >= c {
-                        self.refresh(engine, first_position + done as u32)?;
-                    }
+                    self.make_room(engine, first_position + done as u32)?;
                     c - self.slots.len()
                 }
                 None => engine.opts.max_slots.saturating_sub(self.slots.len()),
@@ -376,11 +374,20 @@ impl BoundedCache {
         Ok(sampled)
     }
 
+    /// Refreshes when the cache is full (C entries), before the token at
+    /// `before_position` arrives, as `feed` does; every step fed must have
+    /// completed (the policy scores what they wrote).
+    pub fn make_room(&mut self, engine: &mut Engine, before_position: u32) -> Result<()> {
+        match self.capacity() {
+            Some(c) if self.slots.len() >= c => self.refresh(engine, before_position),
+            _ => Ok(()),
+        }
+    }
+
     /// Whether `n` more tokens fit the engine's cache without a refresh,
     /// counting the steps it has in flight: where a decode step can be
-    /// submitted ahead (`Engine::submit`) rather than through `feed`, which
-    /// refreshes first when the cache is full (a refresh needs every step
-    /// completed, since the policy scores what they wrote).
+    /// submitted ahead (`Engine::submit`, `StepIds::LastSampled`) behind
+    /// the one in flight; otherwise it waits, and `make_room` comes first.
     pub fn fits_without_refresh(&self, engine: &Engine, n: usize) -> bool {
         self.capacity().is_none_or(|c| engine.n_cached + n <= c)
     }

@@ -1067,18 +1067,33 @@ impl Engine {
     }
 
     /// The EpiKV signal of the last completed step (read back with it, so a
-    /// step submitted behind it does not change it): `[n, tracked layers]`,
-    /// row t for the step's token t, columns in the order of
-    /// `EngineOptions::track_layers`.
-    pub fn read_layer_deltas(&self, n: usize) -> Result<Vec<f32>> {
-        let len = n * self.opts.track_layers.len();
-        match self.last_deltas.get(..len) {
-            Some(g) => Ok(g.to_vec()),
-            None => bail!(
-                "the last completed step has {} EpiKV values, {len} asked for (is a layer tracked?)",
-                self.last_deltas.len()
-            ),
+    /// step submitted behind it does not change it) at `layers` (1-based,
+    /// each one of `EngineOptions::track_layers`): `[n, layers.len()]`, row t
+    /// for the step's token t, columns in the order of `layers`.
+    pub fn read_layer_deltas(&self, n: usize, layers: &[usize]) -> Result<Vec<f32>> {
+        let tracked = &self.opts.track_layers;
+        let columns = layers
+            .iter()
+            .map(|l| {
+                tracked.iter().position(|t| t == l).with_context(|| {
+                    format!("EpiKV layer {l} is not tracked by this engine (tracked: {tracked:?})")
+                })
+            })
+            .collect::<Result<Vec<usize>>>()?;
+        let width = tracked.len();
+        if self.last_deltas.len() < n * width {
+            bail!(
+                "the last completed step has {} EpiKV values, {} asked for",
+                self.last_deltas.len(),
+                n * width
+            );
         }
+        Ok(self
+            .last_deltas
+            .chunks(width)
+            .take(n)
+            .flat_map(|row| columns.iter().map(|&c| row[c]))
+            .collect())
     }
 
     /// Counter-causal logits (SPEC.md 4.2) of the given cache entries, as

@@ -119,7 +119,7 @@ pub struct GenerateOptions {
     /// Submit each decode step while the GPU still runs the one before (the
     /// sampled token passed on on the GPU), so that the host's recording of
     /// a step does not leave the GPU idle. With a bounded cache, every step
-    /// but the one after a full cache (which waits for the refresh, whose
+    /// but the one that finds the cache full (it waits for the refresh, whose
     /// policy scores what the steps before wrote). The tokens and the cache
     /// are the same either way; a step submitted ahead of an end-of-sequence
     /// token is undone, with what it changed for the policy. Off: one step
@@ -524,8 +524,8 @@ impl Session {
         // token that cannot be fed (full context, end of sequence) is not
         // emitted. With `submit_ahead`, `ahead` is the step already feeding
         // `next` (submitted before `next` was read back); it is undone when
-        // `next` is not emitted. A step that needs a refresh first goes
-        // through `feed`, one at a time.
+        // `next` is not emitted. A step that needs a refresh first waits for
+        // the one before (nothing is submitted ahead of a refresh).
         let mut ahead: Option<Submitted> = None;
         let stop = loop {
             let end = if ids.len() >= opts.max_new_tokens {
@@ -578,7 +578,11 @@ impl Session {
                 None => {
                     self.steps += 1;
                     let out = FeedOutput::Sample(opts.sampling, self.steps);
-                    if opts.submit_ahead && self.cache.fits_without_refresh(&self.engine, 1) {
+                    if opts.submit_ahead {
+                        // Nothing is in flight: a full bounded cache
+                        // refreshes here, and the steps after this one
+                        // are submitted ahead until it is full again.
+                        self.cache.make_room(&mut self.engine, pos)?;
                         self.engine
                             .submit(StepIds::Host(&[next]), &[pos], out.step_output(1))?
                     } else {

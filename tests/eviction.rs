@@ -557,33 +557,54 @@ fn ccs_context_matches_a_cpu_reference() {
 /// a rank), the parts' scores taken from their own runs' traces.
 #[test]
 fn hybrids_are_rank_means_of_their_parts() {
-    use sieve::eviction::hybrid::rank_fractions;
     for name in ["tiny-llama-gqa", "tiny-qwen2"] {
         let model = load(name);
         let s = settings(name);
         let ids = input_ids(&s);
-        let first_scores = |p: Policy| -> (Vec<u32>, Vec<f64>) {
-            let (_, cache) = run(&model, &ids, golden_opts(&s, p), 16);
-            let r = &cache.trace[0];
-            (r.unprotected.clone(), r.scores.clone())
-        };
-        let (positions, robust) = first_scores(Policy::EpikvRobust);
-        let (_, tova) = first_scores(Policy::Tova);
-        let recency: Vec<f64> = positions.iter().map(|&p| p as f64).collect();
-        for (hybrid, other) in [(Policy::EpikvRecency, &recency), (Policy::EpikvTova, &tova)] {
-            let (got_positions, got) = first_scores(hybrid);
-            assert_eq!(got_positions, positions, "{name} {hybrid:?}");
-            let (a, b) = (rank_fractions(&robust), rank_fractions(other));
-            for (k, g) in got.iter().enumerate() {
-                let want = (a[k] + b[k]) / 2.0;
-                assert!(
-                    (g - want).abs() < 1e-12,
-                    "{name} {hybrid:?} entry {k}: {g} vs {want}"
-                );
-            }
-            // Not just one part's ranking.
-            assert!(got.iter().zip(&a).any(|(g, a)| (g - a).abs() > 1e-6));
+        let last = model.config.num_layers;
+        // EpiKV's own layers, then `--epikv-layers` with A after B and with
+        // A = B: the hybrid's engine tracks its parts' layers sorted and
+        // without repeats, and the EpiKV part must still read its own.
+        for layers in [None, Some((last, 1)), Some((1, 1))] {
+            let name = format!("{name} (EpiKV layers {layers:?})");
+            hybrid_scores_are_rank_means(&model, &s, &ids, layers, &name);
         }
+    }
+}
+
+fn hybrid_scores_are_rank_means(
+    model: &Arc<Model>,
+    s: &serde_json::Value,
+    ids: &[u32],
+    layers: Option<(usize, usize)>,
+    name: &str,
+) {
+    use sieve::eviction::hybrid::rank_fractions;
+    let first_scores = |p: Policy| -> (Vec<u32>, Vec<f64>) {
+        let opts = CacheOptions {
+            epikv_layers: layers,
+            ..golden_opts(s, p)
+        };
+        let (_, cache) = run(model, ids, opts, 16);
+        let r = &cache.trace[0];
+        (r.unprotected.clone(), r.scores.clone())
+    };
+    let (positions, robust) = first_scores(Policy::EpikvRobust);
+    let (_, tova) = first_scores(Policy::Tova);
+    let recency: Vec<f64> = positions.iter().map(|&p| p as f64).collect();
+    for (hybrid, other) in [(Policy::EpikvRecency, &recency), (Policy::EpikvTova, &tova)] {
+        let (got_positions, got) = first_scores(hybrid);
+        assert_eq!(got_positions, positions, "{name} {hybrid:?}");
+        let (a, b) = (rank_fractions(&robust), rank_fractions(other));
+        for (k, g) in got.iter().enumerate() {
+            let want = (a[k] + b[k]) / 2.0;
+            assert!(
+                (g - want).abs() < 1e-12,
+                "{name} {hybrid:?} entry {k}: {g} vs {want}"
+            );
+        }
+        // Not just one part's ranking.
+        assert!(got.iter().zip(&a).any(|(g, a)| (g - a).abs() > 1e-6));
     }
 }
 

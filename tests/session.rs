@@ -689,18 +689,32 @@ fn bounded_cache_decode_submitted_ahead_changes_nothing() {
             .generate(&PROMPT, &greedy, |_| true)
             .unwrap()
             .ids;
-        // End-of-sequence tokens at three consecutive steps of the plain
-        // run: whichever of them ends a run, some end it with a step in
-        // flight (two of every three steps are submitted ahead).
+        // End-of-sequence tokens that end a greedy run with the step feeding
+        // them in flight, to be undone: after the 6-token prompt, generated
+        // token k is fed ahead for k = 1..=6 (up to C = 13 entries), then
+        // token 7 finds the cache full (refresh), token 8 is fed from the
+        // host and token 9 ahead; and so on every h = 3. Tokens first
+        // generated at such a k (the stop comes at the first occurrence).
+        let stops: Vec<usize> = [2, 3, 4, 5, 6, 9, 12, 15]
+            .into_iter()
+            .filter(|&k| !plain[..k].contains(&plain[k]))
+            .take(3)
+            .collect();
+        assert!(
+            !stops.is_empty(),
+            "{}: no end-of-sequence token",
+            policy.name()
+        );
         let mut cases = vec![(None, greedy.clone()), (None, sampled.clone())];
-        for k in [7, 8, 9] {
+        for &k in &stops {
             let eos = GenerateOptions {
                 stop_at_eos: true,
                 ..greedy.clone()
             };
-            cases.push((Some(plain[k]), eos));
+            cases.push((Some((k, plain[k])), eos));
         }
-        for (eos, opts) in cases {
+        for (stop_at, opts) in cases {
+            let eos = stop_at.map(|(_, token)| token);
             let run = |ahead: bool| {
                 let opts = GenerateOptions {
                     submit_ahead: ahead,
@@ -708,7 +722,13 @@ fn bounded_cache_decode_submitted_ahead_changes_nothing() {
                 };
                 let mut s = bounded_session(policy, eos);
                 let a = s.generate(&PROMPT, &opts, |_| true).unwrap();
-                let b = s.generate(&PROMPT[..2], &opts, |_| true).unwrap();
+                // Long enough for the first entries it feeds to be scored.
+                let on = GenerateOptions {
+                    stop_at_eos: false,
+                    max_new_tokens: 12,
+                    ..opts.clone()
+                };
+                let b = s.generate(&PROMPT[..2], &on, |_| true).unwrap();
                 let trace = serde_json::to_string(&s.cache().trace).unwrap();
                 let cache_size = s.cache().slots.len();
                 assert_eq!(
@@ -732,8 +752,9 @@ fn bounded_cache_decode_submitted_ahead_changes_nothing() {
             let (one, ahead) = (run(false), run(true));
             let what = format!("{} (end of sequence {eos:?})", policy.name());
             assert_eq!(ahead, one, "{what}");
-            if eos.is_some() {
+            if let Some((k, _)) = stop_at {
                 assert_eq!(one.1, StopReason::Eos, "{what}");
+                assert_eq!(one.0.len(), k, "{what}: the stop");
             } else {
                 assert!(
                     one.5.matches("\"refresh\"").count() >= 8,

@@ -151,7 +151,9 @@ impl Scorer for Epikv {
 
     fn observe(&mut self, engine: &Engine, positions: &[u32]) -> Result<()> {
         let n_tracked = self.history.len();
-        let g = engine.read_layer_deltas(positions.len())?;
+        // By layer, not by column: a hybrid's engine tracks the union of its
+        // parts' layers, sorted and without repeats.
+        let g = engine.read_layer_deltas(positions.len(), &self.tracked_layers())?;
         for (t, &pos) in positions.iter().enumerate() {
             let row: Vec<f64> = g[t * n_tracked..][..n_tracked]
                 .iter()

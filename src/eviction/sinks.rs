@@ -100,7 +100,7 @@ impl Scorer for SinkGuard {
         self.inner.attention_weights()
     }
     fn observe(&mut self, engine: &Engine, positions: &[u32]) -> Result<()> {
-        let g = engine.read_layer_deltas(positions.len())?;
+        let g = engine.read_layer_deltas(positions.len(), &[self.layer])?;
         for (&pos, &value) in positions.iter().zip(&g) {
             self.push(pos, value as f64);
         }

@@ -29,7 +29,9 @@ pub enum ErrorKind {
     Template,
     /// Reading or writing a file.
     Io,
-    /// The model produced NaN or infinite logits.
+    /// The model produced NaN or infinite logits. The step that did is in
+    /// the cache (its keys and values are likely non-finite too), but not
+    /// in `Session::tokens`: reset the session before generating again.
     NonFiniteLogits,
 }
 

@@ -167,11 +167,12 @@ fi
 
 # 5b. Decode with eviction, one step at a time and with steps submitted
 # ahead between refreshes (the same tokens; the ratio is the host's share of
-# a step), on the smaller shape.
+# a step), on the smaller shape. After the 32-token prompt the cache fills
+# at J + h and refreshes every h tokens (small: 4 refreshes; else 8).
 if [ "$small" = 1 ]; then
-    evict_args=(--budget 128 --chunk 32 --generate 48)
+    evict_args=(--budget 40 --chunk 8 --generate 48)
 else
-    evict_args=(--budget 1024 --chunk 64 --generate 512)
+    evict_args=(--budget 256 --chunk 32 --generate 512)
 fi
 shape=${speed_shapes[0]}
 json="$out/$shape-evicting-decode.json"

@@ -12,6 +12,7 @@ use std::path::Path;
 
 use super::metrics::{mean_ci, MeanCi};
 use super::store::write_atomic;
+use crate::eviction::Policy;
 
 /// One metric of a record kind: its column name and how to read it from a record.
 pub struct Metric {
@@ -349,6 +350,27 @@ pub struct Paired {
 /// The paired comparison of every policy with `against`, on fidelity's
 /// `field` (in the order policies first appear, then budget).
 pub fn paired(records: &[Value], field: &str, against: &str) -> Vec<Paired> {
+    paired_with(records, field, |p| {
+        (p != against).then(|| against.to_string())
+    })
+}
+
+/// Each variant paired with what it builds on (`Policy::builds_on`).
+pub fn paired_variants(records: &[Value], field: &str) -> Vec<Paired> {
+    paired_with(records, field, |p| {
+        let base = Policy::parse(p).ok()?.builds_on()?;
+        Some(base.name().to_string())
+    })
+}
+
+/// The paired comparison of every policy that `against` names a policy for
+/// with that policy, on fidelity's `field` (in the order policies first
+/// appear, then budget).
+fn paired_with(
+    records: &[Value],
+    field: &str,
+    against: impl Fn(&str) -> Option<String>,
+) -> Vec<Paired> {
     let mut order: Vec<String> = vec![];
     // (policy, budget) -> document -> value
     let mut values: BTreeMap<(String, u64), BTreeMap<String, f64>> = BTreeMap::new();
@@ -373,9 +395,12 @@ pub fn paired(records: &[Value], field: &str, against: &str) -> Vec<Paired> {
             .insert(doc.to_string(), v);
     }
     let mut out = vec![];
-    for policy in order.iter().filter(|p| *p != against) {
+    for policy in &order {
+        let Some(against) = against(policy) else {
+            continue;
+        };
         for ((p, budget), docs) in values.range((policy.clone(), 0)..=(policy.clone(), u64::MAX)) {
-            let Some(base) = values.get(&(against.to_string(), *budget)) else {
+            let Some(base) = values.get(&(against.clone(), *budget)) else {
                 continue;
             };
             let diffs: Vec<f64> = docs
@@ -388,7 +413,7 @@ pub fn paired(records: &[Value], field: &str, against: &str) -> Vec<Paired> {
             out.push(Paired {
                 policy: p.clone(),
                 budget: *budget,
-                against: against.to_string(),
+                against: against.clone(),
                 difference: mean_ci(&diffs),
                 lower: diffs.iter().filter(|d| **d < 0.0).count(),
             });
@@ -402,9 +427,16 @@ pub fn paired_table(rows: &[Paired], metric: &str) -> String {
     let Some(first) = rows.first() else {
         return "(no results)\n".into();
     };
+    // One baseline for every row, or each row's own (the variants).
+    let one = rows.iter().all(|r| r.against == first.against);
+    let (a, base_column) = if one {
+        (first.against.as_str(), "")
+    } else {
+        ("base", " base |")
+    };
     let mut s = format!(
-        "| policy | budget | n | {metric}: policy - {a} (95% interval) | documents where lower than {a} |\n|---|---|---|---|---|\n",
-        a = first.against
+        "| policy |{base_column} budget | n | {metric}: policy - {a} (95% interval) | documents where lower than {a} |\n|---|{}---|---|---|---|\n",
+        if one { "" } else { "---|" }
     );
     for r in rows {
         let d = &r.difference;
@@ -412,8 +444,13 @@ pub fn paired_table(rows: &[Paired], metric: &str) -> String {
             Some(ci) => format!("{:+.4} ± {:.4}", d.mean, ci),
             None => format!("{:+.4}", d.mean),
         };
+        let base = if one {
+            String::new()
+        } else {
+            format!(" {} |", r.against)
+        };
         s.push_str(&format!(
-            "| {} | {} | {} | {cell} | {} of {} |\n",
+            "| {} |{base} {} | {} | {cell} | {} of {} |\n",
             r.policy, r.budget, d.n, r.lower, d.n
         ));
     }
@@ -452,6 +489,14 @@ pub fn write_report(dir: &Path, records: &[Value]) -> Result<String> {
         }
         md.push_str(&format!(
             "### fidelity, paired with {against}\n\n{}\n",
+            paired_table(&rows, "mean KL")
+        ));
+        all_paired.extend(rows);
+    }
+    let rows = paired_variants(records, "mean_kl");
+    if !rows.is_empty() {
+        md.push_str(&format!(
+            "### fidelity, each variant paired with what it builds on\n\n{}\n",
             paired_table(&rows, "mean KL")
         ));
         all_paired.extend(rows);
@@ -526,5 +571,46 @@ mod tests {
         let table = paired_table(&p, "mean KL");
         assert!(table.contains("| epikv | 128 | 3 | +0.3333 ± "), "{table}");
         assert!(table.contains("| 1 of 3 |"), "{table}");
+    }
+
+    #[test]
+    fn variants_pair_with_what_they_build_on() {
+        let rec = |doc: &str, policy: &str, kl: f64| json!({"kind": "fidelity", "doc": doc, "policy": policy, "budget": 128, "mean_kl": kl});
+        let recs = vec![
+            rec("a", "window", 1.0),
+            rec("a", "tova", 0.5),
+            rec("a", "epikv", 2.0),
+            rec("a", "epikv-robust", 1.5),
+            rec("a", "epikv-tova", 0.25),
+            rec("b", "tova", 0.5),
+            rec("b", "epikv-tova", 1.0),
+            // Its base (ccs) did not run: left out.
+            rec("a", "ccs-context", 1.0),
+        ];
+        let p = paired_variants(&recs, "mean_kl");
+        let got: Vec<(&str, &str, usize, f64)> = p
+            .iter()
+            .map(|r| {
+                (
+                    r.policy.as_str(),
+                    r.against.as_str(),
+                    r.difference.n,
+                    r.difference.mean,
+                )
+            })
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("epikv-robust", "epikv", 1, -0.5),
+                ("epikv-tova", "tova", 2, 0.125)
+            ]
+        );
+        let table = paired_table(&p, "mean KL");
+        assert!(table.contains("| policy | base | budget |"), "{table}");
+        assert!(
+            table.contains("| epikv-tova | tova | 128 | 2 | +0.1250 ± "),
+            "{table}"
+        );
     }
 }

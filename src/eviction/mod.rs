@@ -134,6 +134,20 @@ impl Policy {
         Policy::ALL[..8].iter().any(|(_, p)| *p == self)
     }
 
+    /// What a variant of docs/POLICIES.md builds on, the policy it is
+    /// compared with to see what it adds: the SPEC policy it changes, or a
+    /// hybrid's cheap part (whether EpiKV's signal adds to it); None for
+    /// SPEC's policies and the oracles.
+    pub fn builds_on(self) -> Option<Policy> {
+        match self {
+            Policy::EpikvRobust => Some(Policy::Epikv),
+            Policy::CcsContext | Policy::CcsSinks => Some(Policy::Ccs),
+            Policy::EpikvRecency | Policy::WindowSinks => Some(Policy::Window),
+            Policy::EpikvTova => Some(Policy::Tova),
+            _ => None,
+        }
+    }
+
     /// Whether the policy reads the document's future (the oracles): only
     /// teacher-forced fidelity can run it.
     pub fn needs_future(self) -> bool {

@@ -84,7 +84,7 @@ pub use model::LoadOptions;
 pub use progress::Progress;
 pub use session::{
     CancelToken, GenerateOptions, Generation, GenerationStats, Llm, MemoryReport, Session,
-    SessionOptions, StopReason,
+    SessionOptions, StopReason, SubmitAhead,
 };
 pub use shaders::WeightFormat;
 pub use tokenizer::Message;

@@ -22,6 +22,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::cache::{BoundedCache, CacheOptions, FeedOutput};
+use crate::device::DeviceProfile;
 use crate::engine::{Engine, StepIds, Submitted};
 use crate::eviction::Policy;
 use crate::kernels::sample::SamplingParams;
@@ -116,15 +117,43 @@ pub struct GenerateOptions {
     /// length): a long prompt's progress, and the moments a cancel can take
     /// effect.
     pub on_prompt: Option<Progress>,
-    /// Submit each decode step while the GPU still runs the one before (the
-    /// sampled token passed on on the GPU), so that the host's recording of
-    /// a step does not leave the GPU idle. With a bounded cache, every step
-    /// but the one that finds the cache full (it waits for the refresh, whose
-    /// policy scores what the steps before wrote). The tokens and the cache
-    /// are the same either way; a step submitted ahead of an end-of-sequence
-    /// token is undone, with what it changed for the policy. Off: one step
-    /// at a time.
-    pub submit_ahead: bool,
+    /// Whether each decode step is submitted while the GPU still runs the
+    /// one before (see [`SubmitAhead`]). The tokens and the cache are the
+    /// same either way.
+    pub submit_ahead: SubmitAhead,
+}
+
+/// Submitting decode steps ahead: each step is submitted while the GPU
+/// still runs the one before (the sampled token passed on on the GPU), so
+/// that the host's recording of a step does not leave the GPU idle. With a
+/// bounded cache, every step but the one that finds the cache full (it waits
+/// for the refresh, whose policy scores what the steps before wrote). A step
+/// submitted ahead of a token that is not emitted (end of sequence, cancel)
+/// is undone, with what it changed for the policy.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum SubmitAhead {
+    /// On a GPU, off on a CPU implementation of the graphics API (lavapipe,
+    /// SwiftShader). There the driver runs a submission's work inside the
+    /// submit call (measured on lavapipe: `queue.submit` returns after the
+    /// step), so nothing overlaps; and with a window presenting on the same
+    /// device (apps/chat) the driver sometimes queues instead, so a Stop
+    /// could wait for the step in flight and the one submitted ahead.
+    #[default]
+    Auto,
+    Always,
+    /// One step at a time.
+    Never,
+}
+
+impl SubmitAhead {
+    /// The choice for a device: `Auto` decided from its profile.
+    pub fn enabled(self, device: &DeviceProfile) -> bool {
+        match self {
+            SubmitAhead::Auto => !device.cpu_implementation,
+            SubmitAhead::Always => true,
+            SubmitAhead::Never => false,
+        }
+    }
 }
 
 impl Default for GenerateOptions {
@@ -135,7 +164,7 @@ impl Default for GenerateOptions {
             stop_strings: vec![],
             stop_at_eos: true,
             on_prompt: None,
-            submit_ahead: true,
+            submit_ahead: SubmitAhead::Auto,
         }
     }
 }
@@ -522,11 +551,12 @@ impl Session {
         // Each emitted token is fed before the loop decides whether to go on,
         // so the cache always holds exactly prompt + emitted ids; a sampled
         // token that cannot be fed (full context, end of sequence) is not
-        // emitted. With `submit_ahead`, `ahead` is the step already feeding
+        // emitted. With steps submitted ahead, `ahead` is the step already feeding
         // `next` (submitted before `next` was read back); it is undone when
         // `next` is not emitted. A step that needs a refresh first waits for
         // the one before (nothing is submitted ahead of a refresh).
         let mut ahead: Option<Submitted> = None;
+        let submit_ahead = opts.submit_ahead.enabled(&self.engine.model.gpu.profile);
         let stop = loop {
             let end = if ids.len() >= opts.max_new_tokens {
                 Some(StopReason::MaxTokens)
@@ -578,7 +608,7 @@ impl Session {
                 None => {
                     self.steps += 1;
                     let out = FeedOutput::Sample(opts.sampling, self.steps);
-                    if opts.submit_ahead {
+                    if submit_ahead {
                         // Nothing is in flight: a full bounded cache
                         // refreshes here, and the steps after this one
                         // are submitted ahead until it is full again.
@@ -657,5 +687,33 @@ impl Session {
                 stop,
             },
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn submit_ahead_auto_is_off_on_a_cpu_driver_only() {
+        let device = |cpu_implementation| DeviceProfile {
+            name: "test".into(),
+            vendor: 0,
+            device_type: wgpu::DeviceType::Other,
+            cpu_implementation,
+            subgroup_min: 8,
+            subgroup_max: 8,
+            workgroup_memory: 32768,
+            shader_f16: false,
+            subgroups: false,
+            coop_f16_16x16: false,
+        };
+        let (cpu, gpu) = (device(true), device(false));
+        assert!(!SubmitAhead::Auto.enabled(&cpu));
+        assert!(SubmitAhead::Auto.enabled(&gpu));
+        for d in [&cpu, &gpu] {
+            assert!(SubmitAhead::Always.enabled(d));
+            assert!(!SubmitAhead::Never.enabled(d));
+        }
     }
 }

@@ -6,7 +6,7 @@ mod common;
 use common::golden_dir;
 use sieve::kernels::sample::SamplingParams;
 use sieve::model::{LoadOptions, Model};
-use sieve::session::{GenerateOptions, Session, SessionOptions, StopReason};
+use sieve::session::{GenerateOptions, Session, SessionOptions, StopReason, SubmitAhead};
 use sieve::tokenizer::Tokenizer;
 use std::sync::Arc;
 
@@ -578,7 +578,11 @@ fn decode_steps_submitted_ahead_change_nothing() {
     for (what, opts) in cases.into_iter().chain([cancelled, profiled]) {
         let run = |ahead: bool| {
             let opts = GenerateOptions {
-                submit_ahead: ahead,
+                submit_ahead: if ahead {
+                    SubmitAhead::Always
+                } else {
+                    SubmitAhead::Never
+                },
                 ..opts.clone()
             };
             let mut s = session_with_eos(eos);
@@ -717,7 +721,11 @@ fn bounded_cache_decode_submitted_ahead_changes_nothing() {
             let eos = stop_at.map(|(_, token)| token);
             let run = |ahead: bool| {
                 let opts = GenerateOptions {
-                    submit_ahead: ahead,
+                    submit_ahead: if ahead {
+                        SubmitAhead::Always
+                    } else {
+                        SubmitAhead::Never
+                    },
                     ..opts.clone()
                 };
                 let mut s = bounded_session(policy, eos);

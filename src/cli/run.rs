@@ -6,7 +6,7 @@ use std::io::{Read, Write};
 
 use super::{CacheArgs, ModelArgs};
 use sieve::kernels::sample::SamplingParams;
-use sieve::session::{GenerateOptions, Llm, SessionOptions};
+use sieve::session::{GenerateOptions, Llm, SessionOptions, SubmitAhead};
 use sieve::tokenizer::Message;
 
 #[derive(Args, Debug)]
@@ -112,7 +112,7 @@ pub fn main(a: RunArgs) -> Result<()> {
         stop_strings: a.stop.clone(),
         stop_at_eos: !a.ignore_eos,
         on_prompt: None,
-        submit_ahead: true,
+        submit_ahead: SubmitAhead::Auto,
     };
     let mut stdout = std::io::stdout().lock();
     let out = session.generate(&ids, &opts, |piece| {

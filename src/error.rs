@@ -31,8 +31,13 @@ pub enum ErrorKind {
     Io,
     /// The model produced NaN or infinite logits. The step that did is in
     /// the cache (its keys and values are likely non-finite too), but not
-    /// in `Session::tokens`: reset the session before generating again.
+    /// in `Session::tokens`: the session needs a reset (`Session::chat`
+    /// starts the conversation over by itself).
     NonFiniteLogits,
+    /// An earlier error left the session's cache out of step with its
+    /// tokens (a step ran but could not be recorded): `Session::generate`
+    /// refuses until `Session::reset`.
+    NeedsReset,
 }
 
 /// An error of the library API: its [`ErrorKind`] and the full message.

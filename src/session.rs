@@ -262,6 +262,10 @@ pub struct Session {
     steps: u32,
     /// The chat so far ([`Session::chat`]).
     chat: Chat,
+    /// The error after which the cache no longer holds exactly `tokens` (a
+    /// step ran on the GPU but failed before its entries were recorded, as
+    /// with non-finite logits): `generate` refuses until `reset`.
+    out_of_step: Option<String>,
 }
 
 /// What [`Session::chat`] remembers: the messages, and the text of the
@@ -311,6 +315,7 @@ impl Session {
             tokens: vec![],
             steps: 0,
             chat: Chat::default(),
+            out_of_step: None,
         })
     }
 
@@ -335,6 +340,7 @@ impl Session {
         self.tokens.clear();
         self.steps = 0;
         self.chat = Chat::default();
+        self.out_of_step = None;
     }
 
     /// The messages of the chat so far ([`Session::chat`]), answers included.
@@ -463,16 +469,31 @@ impl Session {
     /// Appends `prompt` to the conversation and generates the answer, calling
     /// `on_text` with each new piece of text; returning false from it stops.
     /// Errors are [`ErrorKind::PromptTooLong`], [`ErrorKind::InvalidOptions`]
-    /// (sampling settings), [`ErrorKind::NonFiniteLogits`], or
-    /// [`ErrorKind::Gpu`].
+    /// (sampling settings), [`ErrorKind::NonFiniteLogits`],
+    /// [`ErrorKind::Gpu`], or [`ErrorKind::NeedsReset`] after an error that
+    /// left the cache out of step with [`Session::tokens`].
     pub fn generate(
         &mut self,
         prompt: &[u32],
         opts: &GenerateOptions,
         on_text: impl FnMut(&str) -> bool,
     ) -> Result<Generation> {
-        self.generate_inner(prompt, opts, on_text)
-            .map_err(|e| Error::classify(e, ErrorKind::Gpu))
+        if let Some(why) = &self.out_of_step {
+            return Err(Error::classify(
+                anyhow::anyhow!("the session's cache no longer matches its tokens since an earlier error ({why}): reset the session before generating again"),
+                ErrorKind::NeedsReset,
+            ));
+        }
+        let out = self.generate_inner(prompt, opts, on_text);
+        if let Err(e) = &out {
+            // Errors before a step, or after its entries were recorded,
+            // leave the two in step; one between (the step ran, its
+            // logits or signals could not be used) does not.
+            if self.engine.n_cached != self.cache.slots.len() {
+                self.out_of_step = Some(format!("{e:#}"));
+            }
+        }
+        out.map_err(|e| Error::classify(e, ErrorKind::Gpu))
     }
 
     fn generate_inner(

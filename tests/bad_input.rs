@@ -134,12 +134,9 @@ fn non_finite_weights_are_named() {
     }
 }
 
-/// Weights that are finite but overflow in the computation (a final norm
-/// of 3e38): the sampled step and the logits read are errors naming what
-/// is non-finite, never a token or a NaN row returned as an answer.
-#[test]
-fn non_finite_logits_are_errors() {
-    use sieve::engine::{Engine, EngineOptions, StepOutput};
+/// `name` from the golden folder with a final norm of 3e38: finite weights
+/// whose logits overflow.
+fn overflowing_model(name: &str) -> std::sync::Arc<Model> {
     use sieve::weights::{TensorStore, WeightSource};
     struct Overflowing(TensorStore);
     impl WeightSource for Overflowing {
@@ -163,14 +160,22 @@ fn non_finite_logits_are_errors() {
             WeightSource::contains(&self.0, name)
         }
     }
-    let dir = golden_dir().join("tiny-qwen2");
+    let dir = golden_dir().join(name);
     let config = sieve::config::ModelConfig::from_file(&dir.join("config.json")).unwrap();
     let store = Overflowing(TensorStore::open(&dir).unwrap());
     let opts = LoadOptions::default();
     let gpu = Gpu::new(&opts.gpu).unwrap();
-    let model = Model::upload(gpu, config, &store, &dir, &opts).unwrap();
+    Model::upload(gpu, config, &store, &dir, &opts).unwrap()
+}
+
+/// Weights that are finite but overflow in the computation: the sampled
+/// step and the logits read are errors naming what is non-finite, never a
+/// token or a NaN row returned as an answer.
+#[test]
+fn non_finite_logits_are_errors() {
+    use sieve::engine::{Engine, EngineOptions, StepOutput};
     let mut engine = Engine::new(
-        model,
+        overflowing_model("tiny-qwen2"),
         EngineOptions {
             max_slots: 8,
             max_tokens: 4,
@@ -198,6 +203,61 @@ fn non_finite_logits_are_errors() {
         e.contains("logit row 0 of 1") && e.contains("non-finite"),
         "{e}"
     );
+}
+
+/// A session whose step ran but failed (non-finite logits) holds that step
+/// in its cache and not in its tokens: `generate` then refuses, naming the
+/// error, until `reset`. An error before any step (a prompt too long)
+/// leaves the session usable.
+#[test]
+fn a_session_out_of_step_after_an_error_asks_for_a_reset() {
+    use sieve::tokenizer::Tokenizer;
+    use sieve::ErrorKind;
+    let tokenizer =
+        std::sync::Arc::new(Tokenizer::load(&golden_dir().join("smollm2-135m"), &[]).unwrap());
+    let bounded = sieve::CacheOptions {
+        sinks: 2,
+        recent: 4,
+        ..sieve::CacheOptions::new(sieve::Policy::H2o, 10, 3)
+    };
+    for cache in [None, Some(bounded)] {
+        let opts = SessionOptions {
+            max_context: 32,
+            prefill_chunk: 8,
+            cache,
+        };
+        let what = format!("{:?}", cache.map(|c| c.policy));
+        let mut s =
+            Session::new(overflowing_model("tiny-llama-gqa"), tokenizer.clone(), opts).unwrap();
+        let gen = GenerateOptions::default();
+        let kind = |s: &mut Session, prompt: &[u32]| {
+            s.generate(prompt, &gen, |_| true)
+                .map(|_| ())
+                .unwrap_err()
+                .kind()
+        };
+        if cache.is_none() {
+            assert_eq!(kind(&mut s, &[1; 40]), ErrorKind::PromptTooLong, "{what}");
+        }
+        assert_eq!(
+            kind(&mut s, &[1, 2, 3]),
+            ErrorKind::NonFiniteLogits,
+            "{what}"
+        );
+        let e = s.generate(&[4, 5], &gen, |_| true).map(|_| ()).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::NeedsReset, "{what}");
+        assert!(
+            e.to_string().contains("reset the session")
+                && e.to_string().contains("NaN or infinity"),
+            "{what}: {e}"
+        );
+        s.reset();
+        assert_eq!(
+            kind(&mut s, &[1, 2, 3]),
+            ErrorKind::NonFiniteLogits,
+            "{what}"
+        );
+    }
 }
 
 /// Issue #11: a shard name in model.safetensors.index.json that leaves the

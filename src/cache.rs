@@ -160,6 +160,8 @@ pub struct BoundedCache {
     scorer: Option<Box<dyn Scorer>>,
     /// The entries in the cache, in slot order.
     pub slots: Vec<Slot>,
+    /// Tokens fed since the last reset, evicted ones included.
+    fed: usize,
     /// Every refresh so far (kept only when `record` is on).
     pub trace: Vec<RefreshRecord>,
     pub record: bool,
@@ -182,6 +184,7 @@ impl BoundedCache {
             opts,
             scorer,
             slots: vec![],
+            fed: 0,
             trace: vec![],
             record: false,
             refreshes: 0,
@@ -197,6 +200,7 @@ impl BoundedCache {
             opts,
             scorer: Some(scorer),
             slots: vec![],
+            fed: 0,
             trace: vec![],
             record: false,
             refreshes: 0,
@@ -241,6 +245,7 @@ impl BoundedCache {
     pub fn reset(&mut self, engine: &mut Engine) {
         engine.reset();
         self.slots.clear();
+        self.fed = 0;
         self.trace.clear();
         self.refreshes = 0;
         if let (Some(layers), Some(_)) = (self.num_layers, &self.scorer) {
@@ -369,6 +374,7 @@ impl BoundedCache {
                     .zip(&pos)
                     .map(|(&token, &position)| Slot { position, token }),
             );
+            self.fed += n;
             done += n;
         }
         Ok(sampled)
@@ -384,6 +390,14 @@ impl BoundedCache {
         }
     }
 
+    /// Whether the engine holds exactly this cache's entries and `tokens`
+    /// tokens were fed since the reset. False after a step that ran but was
+    /// not recorded (it failed on its logits or signals), or after a chunk
+    /// that failed part way, some of its steps fed.
+    pub fn in_step_with(&self, engine: &Engine, tokens: usize) -> bool {
+        engine.n_cached == self.slots.len() && self.fed == tokens
+    }
+
     /// Whether `n` more tokens fit the engine's cache without a refresh,
     /// counting the steps it has in flight: where a decode step can be
     /// submitted ahead (`Engine::submit`, `StepIds::LastSampled`) behind
@@ -397,6 +411,7 @@ impl BoundedCache {
     /// entry joins the cache and the policy observes the step, as in `feed`.
     pub fn record_fed(&mut self, engine: &Engine, token: u32, position: u32) -> Result<()> {
         self.slots.push(Slot { position, token });
+        self.fed += 1;
         match self.scorer.as_mut() {
             Some(scorer) => scorer.observe(engine, &[position]),
             None => Ok(()),

@@ -806,7 +806,8 @@ impl Engine {
         }
         if let StepIds::Host(ids) = ids {
             if let Some(&bad) = ids.iter().find(|&&i| i as usize >= c.vocab_size) {
-                bail!(
+                crate::error::bail_kind!(
+                    crate::error::ErrorKind::InvalidOptions,
                     "token id {bad} is outside the vocabulary of {} tokens",
                     c.vocab_size
                 );

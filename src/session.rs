@@ -133,11 +133,11 @@ pub struct GenerateOptions {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum SubmitAhead {
     /// On a GPU, off on a CPU implementation of the graphics API (lavapipe,
-    /// SwiftShader). There the driver runs a submission's work inside the
-    /// submit call (measured on lavapipe: `queue.submit` returns after the
-    /// step), so nothing overlaps; and with a window presenting on the same
-    /// device (apps/chat) the driver sometimes queues instead, so a Stop
-    /// could wait for the step in flight and the one submitted ahead.
+    /// SwiftShader), where the host and the "GPU" share the same cores. On
+    /// lavapipe the submit of a step made while another is in flight
+    /// returned only when that one was done, so nothing overlapped; and a
+    /// Stop in the desktop app (a window presenting on the same device)
+    /// sometimes waited for two steps (docs/ARCHITECTURE.md).
     #[default]
     Auto,
     Always,
@@ -376,6 +376,7 @@ impl Session {
                 .apply_chat_template(&self.chat.messages, true)?;
             let continues = self.chat.tokens == self.tokens.len()
                 && !self.tokens.is_empty()
+                && self.out_of_step.is_none()
                 && full.starts_with(&self.chat.rendered);
             let ids = if continues {
                 self.tokenizer
@@ -489,7 +490,7 @@ impl Session {
             // Errors before a step, or after its entries were recorded,
             // leave the two in step; one between (the step ran, its
             // logits or signals could not be used) does not.
-            if self.engine.n_cached != self.cache.slots.len() {
+            if !self.cache.in_step_with(&self.engine, self.tokens.len()) {
                 self.out_of_step = Some(format!("{e:#}"));
             }
         }
@@ -513,6 +514,15 @@ impl Session {
                 "the prompt has {} tokens and the conversation already holds {}; the context is {max} tokens (a longer max_context, or a bounded cache with a KV budget)",
                 prompt.len(),
                 self.tokens.len()
+            );
+        }
+        // Checked before any step: a bad id found by the engine in a later
+        // step of a chunk would leave the steps before it fed.
+        let vocab = self.engine.model.config.vocab_size;
+        if let Some(&bad) = prompt.iter().find(|&&t| t as usize >= vocab) {
+            bail_kind!(
+                ErrorKind::InvalidOptions,
+                "prompt token id {bad} is outside the model's vocabulary of {vocab} tokens"
             );
         }
         let t0 = Instant::now();

@@ -207,8 +207,8 @@ fn non_finite_logits_are_errors() {
 
 /// A session whose step ran but failed (non-finite logits) holds that step
 /// in its cache and not in its tokens: `generate` then refuses, naming the
-/// error, until `reset`. An error before any step (a prompt too long)
-/// leaves the session usable.
+/// error, until `reset`. An error before any step (a prompt too long, a
+/// token id outside the vocabulary) leaves the session usable.
 #[test]
 fn a_session_out_of_step_after_an_error_asks_for_a_reset() {
     use sieve::tokenizer::Tokenizer;
@@ -239,6 +239,11 @@ fn a_session_out_of_step_after_an_error_asks_for_a_reset() {
         if cache.is_none() {
             assert_eq!(kind(&mut s, &[1; 40]), ErrorKind::PromptTooLong, "{what}");
         }
+        // Its second chunk crosses the bounded cache's first refresh (two
+        // steps), the bad id in the second.
+        let mut bad = vec![1u32; 16];
+        bad[14] = 1 << 20;
+        assert_eq!(kind(&mut s, &bad), ErrorKind::InvalidOptions, "{what}");
         assert_eq!(
             kind(&mut s, &[1, 2, 3]),
             ErrorKind::NonFiniteLogits,

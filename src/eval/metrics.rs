@@ -119,6 +119,25 @@ pub fn mean_ci(values: &[f64]) -> MeanCi {
     MeanCi { mean, ci95, n }
 }
 
+/// The two-sided sign test of `lower` documents below and `higher` above
+/// (ties left out): the probability, with each side equally likely, of a
+/// split at least this uneven. Unlike the t interval it does not let one
+/// document's large difference outweigh the rest.
+pub fn sign_test_p(lower: usize, higher: usize) -> f64 {
+    let n = lower + higher;
+    let k = lower.max(higher);
+    if n == 0 {
+        return 1.0;
+    }
+    // ln C(n, i) - n ln 2, summed over the tail i >= k.
+    let ln_choose =
+        |i: usize| -> f64 { (1..=i).map(|j| ((n - i + j) as f64 / j as f64).ln()).sum() };
+    let tail: f64 = (k..=n)
+        .map(|i| (ln_choose(i) - n as f64 * 2f64.ln()).exp())
+        .sum();
+    (2.0 * tail).min(1.0)
+}
+
 /// The 97.5% quantile of Student's t distribution with `df` degrees of freedom.
 fn t_quantile_975(df: usize) -> f64 {
     const TABLE: [f64; 30] = [
@@ -167,6 +186,18 @@ mod tests {
         let lp = [0.0, f64::NEG_INFINITY];
         let lq = [(0.5f64).ln(), (0.5f64).ln()];
         assert!((kl_divergence(&lp, &lq) - 2f64.ln()).abs() < 1e-12);
+    }
+
+    #[test]
+    fn sign_test_by_hand() {
+        // 16 of 20 below: 2 (C(20,16) + C(20,17) + ... + C(20,20)) / 2^20
+        // = 2 * 6196 / 1048576.
+        assert!((sign_test_p(16, 4) - 2.0 * 6196.0 / 1048576.0).abs() < 1e-12);
+        assert_eq!(sign_test_p(4, 16), sign_test_p(16, 4));
+        // 3 of 3: 2 / 8; an even split and no documents: 1.
+        assert!((sign_test_p(3, 0) - 0.25).abs() < 1e-12);
+        assert_eq!(sign_test_p(10, 10), 1.0);
+        assert_eq!(sign_test_p(0, 0), 1.0);
     }
 
     #[test]

@@ -10,7 +10,7 @@ use serde_json::Value;
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use super::metrics::{mean_ci, MeanCi};
+use super::metrics::{mean_ci, sign_test_p, MeanCi};
 use super::store::write_atomic;
 use crate::eviction::Policy;
 
@@ -337,7 +337,8 @@ pub fn plot_svg(rows: &[Row], title: &str, metrics: &[&str]) -> Result<String> {
 /// One policy at one budget against another policy at the same budget, on
 /// the documents both have: the mean of the per-document differences of a
 /// metric (policy - other) with its 95% interval (so the interval is about
-/// the difference, not the level), and on how many documents it was lower.
+/// the difference, not the level), on how many documents it was lower, and
+/// the sign test of that count.
 #[derive(Clone, Debug, Serialize)]
 pub struct Paired {
     pub policy: String,
@@ -345,6 +346,8 @@ pub struct Paired {
     pub against: String,
     pub difference: MeanCi,
     pub lower: usize,
+    /// Two-sided sign test of lower against higher (ties left out).
+    pub sign_test_p: f64,
 }
 
 /// The paired comparison of every policy with `against`, on fidelity's
@@ -410,16 +413,28 @@ fn paired_with(
             if diffs.is_empty() {
                 continue;
             }
+            let lower = diffs.iter().filter(|d| **d < 0.0).count();
+            let higher = diffs.iter().filter(|d| **d > 0.0).count();
             out.push(Paired {
                 policy: p.clone(),
                 budget: *budget,
                 against: against.clone(),
                 difference: mean_ci(&diffs),
-                lower: diffs.iter().filter(|d| **d < 0.0).count(),
+                lower,
+                sign_test_p: sign_test_p(lower, higher),
             });
         }
     }
     out
+}
+
+/// A p-value with three decimals, or in scientific notation below 0.001.
+fn fmt_p(p: f64) -> String {
+    if p >= 0.001 {
+        format!("{p:.3}")
+    } else {
+        format!("{p:.1e}")
+    }
 }
 
 /// A markdown table of paired comparisons with one policy.
@@ -435,7 +450,7 @@ pub fn paired_table(rows: &[Paired], metric: &str) -> String {
         ("base", " base |")
     };
     let mut s = format!(
-        "| policy |{base_column} budget | n | {metric}: policy - {a} (95% interval) | documents where lower than {a} |\n|---|{}---|---|---|---|\n",
+        "| policy |{base_column} budget | n | {metric}: policy - {a} (95% interval) | documents where lower than {a} | sign test p |\n|---|{}---|---|---|---|---|\n",
         if one { "" } else { "---|" }
     );
     for r in rows {
@@ -450,8 +465,13 @@ pub fn paired_table(rows: &[Paired], metric: &str) -> String {
             format!(" {} |", r.against)
         };
         s.push_str(&format!(
-            "| {} |{base} {} | {} | {cell} | {} of {} |\n",
-            r.policy, r.budget, d.n, r.lower, d.n
+            "| {} |{base} {} | {} | {cell} | {} of {} | {} |\n",
+            r.policy,
+            r.budget,
+            d.n,
+            r.lower,
+            d.n,
+            fmt_p(r.sign_test_p)
         ));
     }
     s
@@ -570,7 +590,10 @@ mod tests {
         assert!((d.ci95.unwrap() - 4.303 * sd / 3f64.sqrt()).abs() < 1e-9);
         let table = paired_table(&p, "mean KL");
         assert!(table.contains("| epikv | 128 | 3 | +0.3333 ± "), "{table}");
-        assert!(table.contains("| 1 of 3 |"), "{table}");
+        // 1 lower, 2 higher: the split at least as uneven either way is
+        // every split but none, so p = 2 (3 + 1) / 8 = 1.
+        assert_eq!(p[0].sign_test_p, 1.0);
+        assert!(table.contains("| 1 of 3 | 1.000 |"), "{table}");
     }
 
     #[test]

@@ -307,6 +307,16 @@ mod tests {
     use super::*;
     use serde_json::json;
 
+    /// A record read back and written again keeps its numbers to the last
+    /// digit (serde_json's `float_roundtrip`; without it this value came
+    /// back as 0.1511669942204125 and a merge rewrote old results).
+    #[test]
+    fn numbers_survive_a_read_and_a_write() {
+        let line = r#"{"mean_kl":0.15116699422041247,"nll":1865.0678069998119}"#;
+        let v: Value = serde_json::from_str(line).unwrap();
+        assert_eq!(serde_json::to_string(&v).unwrap(), line);
+    }
+
     fn scratch(tag: &str) -> PathBuf {
         let dir = std::env::temp_dir().join(format!("sieve-store-{tag}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);

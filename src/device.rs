@@ -99,6 +99,29 @@ impl DeviceProfile {
             coop_f16_16x16: features.contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX),
         }
     }
+
+    /// A made-up device for unit tests of the choices made from a profile:
+    /// a CPU implementation or a discrete GPU, with or without subgroups
+    /// and cooperative matrices.
+    #[cfg(test)]
+    pub(crate) fn for_tests(cpu: bool, subgroups: bool, coop: bool) -> Self {
+        DeviceProfile {
+            name: "test".into(),
+            vendor: 0,
+            device_type: if cpu {
+                wgpu::DeviceType::Cpu
+            } else {
+                wgpu::DeviceType::DiscreteGpu
+            },
+            cpu_implementation: cpu,
+            subgroup_min: 32,
+            subgroup_max: 32,
+            workgroup_memory: 49152,
+            shader_f16: true,
+            subgroups,
+            coop_f16_16x16: coop,
+        }
+    }
 }
 
 /// Whether the adapter's cooperative-matrix configurations include the one
@@ -311,31 +334,18 @@ mod tests {
     use super::*;
     use crate::shaders::WeightFormat;
 
-    fn profile(cpu: bool, subgroups: bool, coop: bool) -> DeviceProfile {
-        DeviceProfile {
-            name: "test".into(),
-            vendor: 0,
-            device_type: if cpu {
-                wgpu::DeviceType::Cpu
-            } else {
-                wgpu::DeviceType::DiscreteGpu
-            },
-            cpu_implementation: cpu,
-            subgroup_min: 32,
-            subgroup_max: 32,
-            workgroup_memory: 49152,
-            shader_f16: true,
-            subgroups,
-            coop_f16_16x16: coop,
-        }
-    }
-
     #[test]
     fn auto_picks_by_device_kind_and_features() {
-        let v = KernelVariants::select(&profile(true, true, false), KernelSet::Auto);
+        let v = KernelVariants::select(
+            &DeviceProfile::for_tests(true, true, false),
+            KernelSet::Auto,
+        );
         assert_eq!(v.set, KernelSet::Cpu);
         assert_eq!(v.matvec, MatvecVariant::Rows8);
-        let v = KernelVariants::select(&profile(false, true, true), KernelSet::Auto);
+        let v = KernelVariants::select(
+            &DeviceProfile::for_tests(false, true, true),
+            KernelSet::Auto,
+        );
         assert_eq!(
             (v.set, v.matvec, v.matmul),
             (
@@ -344,21 +354,29 @@ mod tests {
                 MatmulVariant::Coop
             )
         );
-        let v = KernelVariants::select(&profile(false, false, false), KernelSet::Auto);
+        let v = KernelVariants::select(
+            &DeviceProfile::for_tests(false, false, false),
+            KernelSet::Auto,
+        );
         assert_eq!(
             (v.matvec, v.matmul),
             (MatvecVariant::WorkgroupReduce, MatmulVariant::Tiled)
         );
         // Forcing works both ways.
-        let v = KernelVariants::select(&profile(false, true, true), KernelSet::Cpu);
+        let v =
+            KernelVariants::select(&DeviceProfile::for_tests(false, true, true), KernelSet::Cpu);
         assert_eq!(v.matmul, MatmulVariant::Blocked4x4);
-        let v = KernelVariants::select(&profile(true, false, false), KernelSet::Gpu);
+        let v = KernelVariants::select(
+            &DeviceProfile::for_tests(true, false, false),
+            KernelSet::Gpu,
+        );
         assert_eq!(v.matmul, MatmulVariant::Tiled);
     }
 
     #[test]
     fn staged_kernel_off_leaves_block_formats_tiled() {
-        let mut v = KernelVariants::select(&profile(false, true, true), KernelSet::Gpu);
+        let mut v =
+            KernelVariants::select(&DeviceProfile::for_tests(false, true, true), KernelSet::Gpu);
         let staged = v.part_variant(MatmulVariant::Coop, WeightFormat::Q4_0, 128, 576);
         assert_eq!(staged, MatmulVariant::CoopStaged);
         v.coop_staged = false;
@@ -374,7 +392,9 @@ mod tests {
 
     #[test]
     fn coop_falls_back_on_shapes_it_does_not_take() {
-        let v = KernelVariants::select(&profile(false, true, true), KernelSet::Gpu).matmul;
+        let v =
+            KernelVariants::select(&DeviceProfile::for_tests(false, true, true), KernelSet::Gpu)
+                .matmul;
         assert_eq!(v, MatmulVariant::Coop);
         assert_eq!(v.for_part(WeightFormat::F16, 128, 576), MatmulVariant::Coop);
         assert_eq!(

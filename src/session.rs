@@ -727,18 +727,7 @@ mod tests {
 
     #[test]
     fn submit_ahead_auto_is_off_on_a_cpu_driver_only() {
-        let device = |cpu_implementation| DeviceProfile {
-            name: "test".into(),
-            vendor: 0,
-            device_type: wgpu::DeviceType::Other,
-            cpu_implementation,
-            subgroup_min: 8,
-            subgroup_max: 8,
-            workgroup_memory: 32768,
-            shader_f16: false,
-            subgroups: false,
-            coop_f16_16x16: false,
-        };
+        let device = |cpu| DeviceProfile::for_tests(cpu, false, false);
         let (cpu, gpu) = (device(true), device(false));
         assert!(!SubmitAhead::Auto.enabled(&cpu));
         assert!(SubmitAhead::Auto.enabled(&gpu));

@@ -346,6 +346,9 @@ pub struct Paired {
     pub against: String,
     pub difference: MeanCi,
     pub lower: usize,
+    /// Documents where the two were equal (a variant that changed nothing
+    /// there); the sign test leaves them out.
+    pub tied: usize,
     /// Two-sided sign test of lower against higher (ties left out).
     pub sign_test_p: f64,
 }
@@ -421,6 +424,7 @@ fn paired_with(
                 against: against.clone(),
                 difference: mean_ci(&diffs),
                 lower,
+                tied: diffs.len() - lower - higher,
                 sign_test_p: sign_test_p(lower, higher),
             });
         }
@@ -464,8 +468,13 @@ pub fn paired_table(rows: &[Paired], metric: &str) -> String {
         } else {
             format!(" {} |", r.against)
         };
+        let tied = if r.tied > 0 {
+            format!(", {} tied", r.tied)
+        } else {
+            String::new()
+        };
         s.push_str(&format!(
-            "| {} |{base} {} | {} | {cell} | {} of {} | {} |\n",
+            "| {} |{base} {} | {} | {cell} | {} of {}{tied} | {} |\n",
             r.policy,
             r.budget,
             d.n,
@@ -594,6 +603,25 @@ mod tests {
         // every split but none, so p = 2 (3 + 1) / 8 = 1.
         assert_eq!(p[0].sign_test_p, 1.0);
         assert!(table.contains("| 1 of 3 | 1.000 |"), "{table}");
+
+        // A tie is counted apart and left out of the sign test: 3 lower,
+        // 1 tied gives p = 2 / 8, where 3 of 4 with the tie as higher
+        // would give 10 / 16.
+        let mut recs: Vec<Value> = ["a", "b", "c", "d"]
+            .iter()
+            .map(|d| rec(d, "window", 128, 1.0))
+            .collect();
+        recs.extend([
+            rec("a", "tova", 128, 0.5),
+            rec("b", "tova", 128, 0.25),
+            rec("c", "tova", 128, 0.75),
+            rec("d", "tova", 128, 1.0),
+        ]);
+        let p = paired(&recs, "mean_kl", "window");
+        assert_eq!((p[0].lower, p[0].tied), (3, 1));
+        assert!((p[0].sign_test_p - 0.25).abs() < 1e-12);
+        let table = paired_table(&p, "mean KL");
+        assert!(table.contains("| 3 of 4, 1 tied | 0.250 |"), "{table}");
     }
 
     #[test]

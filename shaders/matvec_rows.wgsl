@@ -3,14 +3,32 @@
 // declare LANES; the weights come from the format prelude: `weight4`,
 // `dot32` and `QUANTIZED`).
 //
-// This lane's partial sums of rows r0 and r0 + 1 (clamped to the part) of
+// A workgroup takes ROWS consecutive rows (an override constant: 2, 4 or 8,
+// set per weight matrix by the launcher; with `--kernels auto` on a GPU the
+// fastest of the three on that device, timed when the engine is built, see
+// src/kernels/tune.rs). Each load of x serves all ROWS rows, so more rows
+// per workgroup means fewer passes over x (which the fused RMSNorm and
+// SwiGLU make costlier) but fewer workgroups to fill the device with.
+//
+// This lane's partial sums of rows r0 .. r0 + ROWS (clamped to the part) of
 // W x, with x scaled by `inv` and the norm weights when the norm is fused.
 // Float weights go four values (one packed word) at a time; quantized ones a
 // block of 32 values at a time where a row has a block for every lane (K of
 // 4,096 and more), else also a word at a time, so that short rows (K = 2,048
 // would leave half the lanes without a block) keep every lane loading.
 // `QUANTIZED` is a constant of the prelude and K uniform: no divergence.
-fn lane_sums(r0: u32, lane: u32, inv: f32) -> vec2<f32> {
+
+override ROWS: u32 = 2u;
+// The largest ROWS: the size of the per-lane accumulators.
+const ROWS_MAX: u32 = 8u;
+
+// The first packed group of row r0 + i, clamped to the part's last row (the
+// sums of rows past it are computed and not stored).
+fn row_start(r0: u32, i: u32) -> u32 {
+    return min(r0 + i, p.rows - 1u) * p.k4;
+}
+
+fn lane_sums(r0: u32, lane: u32, inv: f32) -> array<f32, ROWS_MAX> {
     if (QUANTIZED && p.k4 >= LANES * 8u) {
         return lane_block_sums(r0, lane, inv);
     }
@@ -19,23 +37,22 @@ fn lane_sums(r0: u32, lane: u32, inv: f32) -> vec2<f32> {
 
 // Packed words k = lane, lane + LANES, ..., two loads per row in flight per
 // iteration, adjacent lanes reading adjacent words.
-fn lane_word_sums(r0: u32, lane: u32, inv: f32) -> vec2<f32> {
-    let w0 = r0 * p.k4;
-    let w1 = min(r0 + 1u, p.rows - 1u) * p.k4;
-    var acc = vec2<f32>(0.0);
+fn lane_word_sums(r0: u32, lane: u32, inv: f32) -> array<f32, ROWS_MAX> {
+    var acc: array<f32, ROWS_MAX>;
     var k = lane;
     for (; k + LANES < p.k4; k += 2u * LANES) {
         let xa = x_normed(k, inv);
         let xb = x_normed(k + LANES, inv);
-        acc += vec2<f32>(dot(weight4(w0 + k), xa), dot(weight4(w1 + k), xa));
-        acc += vec2<f32>(
-            dot(weight4(w0 + k + LANES), xb),
-            dot(weight4(w1 + k + LANES), xb),
-        );
+        for (var i = 0u; i < ROWS; i++) {
+            let w0 = row_start(r0, i);
+            acc[i] += dot(weight4(w0 + k), xa) + dot(weight4(w0 + k + LANES), xb);
+        }
     }
     if (k < p.k4) {
         let xa = x_normed(k, inv);
-        acc += vec2<f32>(dot(weight4(w0 + k), xa), dot(weight4(w1 + k), xa));
+        for (var i = 0u; i < ROWS; i++) {
+            acc[i] += dot(weight4(row_start(r0, i) + k), xa);
+        }
     }
     return acc;
 }
@@ -46,11 +63,9 @@ fn lane_word_sums(r0: u32, lane: u32, inv: f32) -> vec2<f32> {
 // the scale and a shared quant word again for every four values (and a
 // K-quant's packed 6-bit scales, too). Adjacent lanes read adjacent blocks.
 // Rows hold whole blocks, so k4 is a multiple of 8.
-fn lane_block_sums(r0: u32, lane: u32, inv: f32) -> vec2<f32> {
-    let w0 = r0 * p.k4;
-    let w1 = min(r0 + 1u, p.rows - 1u) * p.k4;
+fn lane_block_sums(r0: u32, lane: u32, inv: f32) -> array<f32, ROWS_MAX> {
     let one = vec4<f32>(1.0);
-    var acc = vec2<f32>(0.0);
+    var acc: array<f32, ROWS_MAX>;
     var xs: array<vec4<f32>, 8>;
     for (var k = lane * 8u; k < p.k4; k += LANES * 8u) {
         for (var i = 0u; i < 8u; i++) {
@@ -60,7 +75,9 @@ fn lane_block_sums(r0: u32, lane: u32, inv: f32) -> vec2<f32> {
             dot(xs[0] + xs[1] + xs[2] + xs[3], one),
             dot(xs[4] + xs[5] + xs[6] + xs[7], one),
         );
-        acc += vec2<f32>(dot32(w0 + k, xs, sx), dot32(w1 + k, xs, sx));
+        for (var i = 0u; i < ROWS; i++) {
+            acc[i] += dot32(row_start(r0, i) + k, xs, sx);
+        }
     }
     return acc;
 }

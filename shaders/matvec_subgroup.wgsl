@@ -4,23 +4,25 @@
 // matvec_rows.wgsl the lane loop).
 //
 // The same work split as matvec_workgroup.wgsl (a workgroup of 128 lanes per
-// 2 rows, coalesced loads along K, two loads per row in flight), but each
-// subgroup sums its lanes with subgroupAdd and only one value per subgroup
-// goes through workgroup memory: one barrier instead of eight.
+// ROWS rows, coalesced loads along K, two loads per row in flight), but each
+// subgroup sums its lanes with subgroupAdd and only one value per row and
+// subgroup goes through workgroup memory: one barrier instead of eight.
 //
 // Bindings (group 0): as matmul_io.wgsl, with
 //   2 w     storage read  [rows, k] weights (declared by the format prelude)
 // Token: the step's single row (n = 1). Takes a fused RMSNorm (flags bit 2)
 // or a fused SwiGLU (flags bit 3; x is then [2k/4], gate then up).
-// Dispatch: (min(groups, 32768), ceil(groups / 32768), 1), groups = ceil(rows / 2);
-// workgroup g = id.x + id.y * 32768 takes rows 2g and 2g + 1.
+// Dispatch: (min(groups, 32768), ceil(groups / 32768), 1), groups =
+// ceil(rows / ROWS); workgroup g = id.x + id.y * 32768 takes rows ROWS * g ..
+// ROWS * g + ROWS - 1 (ROWS: override constant, 2, 4 or 8; matvec_rows.wgsl).
 // Needs the SUBGROUP feature (naga takes subgroup builtins without an
 // `enable`; the device refuses the module without the feature).
 
 const LANES: u32 = 128u;
 
-// One slot per subgroup; 128 covers any subgroup size.
-var<workgroup> partial: array<vec2<f32>, LANES>;
+// One slot per subgroup and row (subgroup s, row i at s * ROWS_MAX + i); 128
+// subgroups cover any subgroup size.
+var<workgroup> partial: array<f32, 1024>; // LANES * ROWS_MAX
 
 // With a fused norm (flags bit 2): 1 / rms of x, summed by all lanes with
 // subgroup sums; 1 otherwise.
@@ -35,12 +37,12 @@ fn row_inv_rms(lane: u32, sg: u32, n_sg: u32, sg_lane: u32) -> f32 {
     }
     let s = subgroupAdd(ss);
     if (sg_lane == 0u) {
-        partial[sg] = vec2<f32>(s, 0.0);
+        partial[sg * ROWS_MAX] = s;
     }
     workgroupBarrier();
     var total = 0.0;
     for (var i = 0u; i < n_sg; i++) {
-        total += partial[i].x;
+        total += partial[i * ROWS_MAX];
     }
     workgroupBarrier();
     return inv_rms(total);
@@ -54,21 +56,23 @@ fn matvec(
     @builtin(num_subgroups) n_sg: u32,
     @builtin(subgroup_invocation_id) sg_lane: u32,
 ) {
-    let r0 = (wg.x + wg.y * 32768u) * 2u;
+    let r0 = (wg.x + wg.y * 32768u) * ROWS;
     if (r0 >= p.rows || step_rows(step, p.count_sel) == 0u) {
         return;
     }
     let inv = row_inv_rms(lane, sg, n_sg, sg_lane);
     let acc = lane_sums(r0, lane, inv);
-    let s = subgroupAdd(acc);
-    if (sg_lane == 0u) {
-        partial[sg] = s;
+    for (var i = 0u; i < ROWS; i++) {
+        let s = subgroupAdd(acc[i]);
+        if (sg_lane == 0u) {
+            partial[sg * ROWS_MAX + i] = s;
+        }
     }
     workgroupBarrier();
-    if (lane < 2u && r0 + lane < p.rows) {
+    if (lane < ROWS && r0 + lane < p.rows) {
         var total = 0.0;
         for (var i = 0u; i < n_sg; i++) {
-            total += partial[i][lane];
+            total += partial[i * ROWS_MAX + lane];
         }
         store(0u, r0 + lane, total);
     }

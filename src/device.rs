@@ -19,14 +19,19 @@ use anyhow::{bail, Result};
 /// Which kernel set to use: `--kernels` or `SIEVE_KERNELS`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum KernelSet {
-    /// `cpu` on a CPU implementation of the API, `gpu` elsewhere.
+    /// `cpu` on a CPU implementation of the API, `tuned` elsewhere.
     #[default]
     Auto,
     /// Few wide invocations (tuned on lavapipe).
     Cpu,
     /// Many lanes, coalesced loads, workgroup tiles; cooperative matrices
-    /// (tensor cores) where the device offers them.
+    /// (tensor cores) where the device offers them. Fixed rules pick each
+    /// weight matrix's variant.
     Gpu,
+    /// The `gpu` set, with each weight matrix's mat-vec and mat-mul variant
+    /// chosen by timing the candidates on the device when the engine is
+    /// built (src/kernels/tune.rs), the fixed rule's choice first.
+    Tuned,
 }
 
 impl KernelSet {
@@ -35,8 +40,9 @@ impl KernelSet {
             "auto" => KernelSet::Auto,
             "cpu" => KernelSet::Cpu,
             "gpu" => KernelSet::Gpu,
+            "tuned" => KernelSet::Tuned,
             other => bail!(
-                "unknown kernel set '{other}' (option --kernels or SIEVE_KERNELS): expected auto, cpu or gpu"
+                "unknown kernel set '{other}' (option --kernels or SIEVE_KERNELS): expected auto, cpu, gpu or tuned"
             ),
         })
     }
@@ -54,6 +60,7 @@ impl KernelSet {
             KernelSet::Auto => "auto",
             KernelSet::Cpu => "cpu",
             KernelSet::Gpu => "gpu",
+            KernelSet::Tuned => "tuned",
         }
     }
 }
@@ -140,18 +147,43 @@ pub enum MatvecVariant {
     /// workgroup, 32 values a step through the format's `dot32` (whole quant
     /// words, one scale per block).
     Rows8,
-    /// `matvec_workgroup.wgsl`: a workgroup of 128 lanes per 2 rows, coalesced
-    /// loads along K, reduced in workgroup memory.
-    WorkgroupReduce,
+    /// `matvec_workgroup.wgsl`: a workgroup of 128 lanes per `rows` rows (2,
+    /// 4 or 8), coalesced loads along K, reduced in workgroup memory.
+    WorkgroupReduce { rows: u32 },
     /// `matvec_subgroup.wgsl`: the same, reduced with subgroup sums.
-    SubgroupReduce,
+    SubgroupReduce { rows: u32 },
 }
+
+/// Rows per workgroup of the `gpu` mat-vecs: the fixed rule's choice, and
+/// what the shaders' accumulators allow.
+pub const MATVEC_ROWS_DEFAULT: u32 = 2;
+pub const MATVEC_ROWS_MAX: u32 = 8;
 
 impl MatvecVariant {
     /// Whether the variant can fold the kernel that writes its input (RMSNorm,
     /// SwiGLU) into itself; the `cpu` ones cannot.
     pub fn fuses_input(self) -> bool {
         self != MatvecVariant::Rows8
+    }
+
+    /// Rows per workgroup.
+    pub fn rows(self) -> u32 {
+        match self {
+            MatvecVariant::Rows8 => 64,
+            MatvecVariant::WorkgroupReduce { rows } | MatvecVariant::SubgroupReduce { rows } => {
+                rows
+            }
+        }
+    }
+
+    /// The same kernel with `rows` rows per workgroup (the `cpu` variant
+    /// has one shape).
+    pub fn with_rows(self, rows: u32) -> Self {
+        match self {
+            MatvecVariant::Rows8 => self,
+            MatvecVariant::WorkgroupReduce { .. } => MatvecVariant::WorkgroupReduce { rows },
+            MatvecVariant::SubgroupReduce { .. } => MatvecVariant::SubgroupReduce { rows },
+        }
     }
 }
 
@@ -170,7 +202,8 @@ pub enum MatmulVariant {
     Coop,
     /// `matmul_coop_staged.wgsl`: the same matrix units for weights in a
     /// block format, dequantized into workgroup memory (128 x 64 output
-    /// tiles, four subgroups). What `Coop` becomes for a block-format part.
+    /// tiles, four subgroups). What `Coop` becomes for a block-format part;
+    /// with `--kernels tuned` also timed for f16 parts.
     CoopStaged,
 }
 
@@ -179,7 +212,8 @@ impl MatmulVariant {
     /// `cols` values in `format`): `Coop` takes f16 parts of whole 64 x 64
     /// tiles, becomes `CoopStaged` for block formats (whose rows hold whole
     /// blocks, so K is a multiple of 32), and falls back to `Tiled` for the
-    /// rest (f32 weights keep f32 arithmetic).
+    /// rest (f32 weights keep f32 arithmetic). `CoopStaged` asked for by
+    /// name also takes f16 rows with K a multiple of 32.
     pub fn for_part(
         self,
         format: crate::shaders::WeightFormat,
@@ -194,6 +228,11 @@ impl MatmulVariant {
                 MatmulVariant::Coop
             }
             (MatmulVariant::Coop | MatmulVariant::CoopStaged, f) if f.block().is_some() => {
+                MatmulVariant::CoopStaged
+            }
+            // Asked for by name (the timings, tests): f16 rows of whole
+            // 32-value slices.
+            (MatmulVariant::CoopStaged, WeightFormat::F16) if cols.is_multiple_of(32) => {
                 MatmulVariant::CoopStaged
             }
             (MatmulVariant::Coop | MatmulVariant::CoopStaged, _) => MatmulVariant::Tiled,
@@ -233,7 +272,7 @@ pub enum AttnPrefillVariant {
 /// The variant of every op with variants, chosen once per device.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct KernelVariants {
-    /// The set asked for (`auto` resolved).
+    /// The set asked for (`auto` resolved: `cpu`, `gpu` or `tuned`).
     pub set: KernelSet,
     pub matvec: MatvecVariant,
     pub matmul: MatmulVariant,
@@ -250,7 +289,7 @@ impl KernelVariants {
     pub fn select(profile: &DeviceProfile, wanted: KernelSet) -> Self {
         let set = match wanted {
             KernelSet::Auto if profile.cpu_implementation => KernelSet::Cpu,
-            KernelSet::Auto => KernelSet::Gpu,
+            KernelSet::Auto => KernelSet::Tuned,
             other => other,
         };
         match set {
@@ -262,7 +301,7 @@ impl KernelVariants {
                 attn_decode: AttnDecodeVariant::Serial,
                 attn_prefill: AttnPrefillVariant::RowPerLane,
             },
-            KernelSet::Gpu => {
+            KernelSet::Gpu | KernelSet::Tuned => {
                 // The cooperative GEMMs size their workgroups in subgroups
                 // (and the staged one reads its subgroup's index): they need
                 // a fixed subgroup size and subgroup operations.
@@ -278,9 +317,13 @@ impl KernelVariants {
                 KernelVariants {
                     set,
                     matvec: if profile.subgroups {
-                        MatvecVariant::SubgroupReduce
+                        MatvecVariant::SubgroupReduce {
+                            rows: MATVEC_ROWS_DEFAULT,
+                        }
                     } else {
-                        MatvecVariant::WorkgroupReduce
+                        MatvecVariant::WorkgroupReduce {
+                            rows: MATVEC_ROWS_DEFAULT,
+                        }
                     },
                     matmul,
                     coop_staged: matmul == MatmulVariant::Coop,
@@ -307,6 +350,57 @@ impl KernelVariants {
         }
     }
 
+    /// Whether each weight matrix's variants are timed on the device
+    /// (`tuned`) rather than picked by the fixed rules.
+    pub fn tuned(&self) -> bool {
+        self.set == KernelSet::Tuned
+    }
+
+    /// The mat-vec variants worth timing for a weight matrix, the fixed
+    /// rule's first: the `gpu` mat-vec with 2, 4 and 8 rows per workgroup.
+    pub fn matvec_candidates(&self) -> Vec<MatvecVariant> {
+        match self.matvec {
+            MatvecVariant::Rows8 => vec![self.matvec],
+            v => [MATVEC_ROWS_DEFAULT, 4, MATVEC_ROWS_MAX]
+                .map(|rows| v.with_rows(rows))
+                .to_vec(),
+        }
+    }
+
+    /// The mat-mul variants worth timing for one row part, the fixed rule's
+    /// ([`KernelVariants::part_variant`]) first: on a device whose
+    /// cooperative kernels passed their start-up check, the direct one for
+    /// f16 parts it takes, the staged one for block formats and for f16
+    /// rows of whole 32-value slices, and the tiled kernel for everything
+    /// but the `cpu` set; f32 weights keep the tiled kernel (f32 arithmetic).
+    pub fn matmul_candidates(
+        &self,
+        format: crate::shaders::WeightFormat,
+        rows: usize,
+        cols: usize,
+    ) -> Vec<MatmulVariant> {
+        use crate::shaders::WeightFormat;
+        let rule = self.part_variant(self.matmul, format, rows, cols);
+        let mut out = vec![rule];
+        if self.matmul == MatmulVariant::Coop {
+            let direct = MatmulVariant::Coop.for_part(format, rows, cols);
+            let staged = self.coop_staged
+                && (format.block().is_some()
+                    || (format == WeightFormat::F16 && cols.is_multiple_of(32)));
+            let more = [
+                (direct == MatmulVariant::Coop).then_some(MatmulVariant::Coop),
+                staged.then_some(MatmulVariant::CoopStaged),
+                Some(MatmulVariant::Tiled),
+            ];
+            for v in more.into_iter().flatten() {
+                if !out.contains(&v) {
+                    out.push(v);
+                }
+            }
+        }
+        out
+    }
+
     /// One line for `sieve info` and `sieve bench`.
     pub fn describe(&self) -> String {
         let blocks = if self.matmul == MatmulVariant::Coop {
@@ -318,10 +412,23 @@ impl KernelVariants {
         } else {
             ""
         };
+        let matvec = match self.matvec {
+            MatvecVariant::WorkgroupReduce { .. } if self.tuned() => {
+                "WorkgroupReduce, 2, 4 or 8 rows timed per matrix".to_string()
+            }
+            MatvecVariant::SubgroupReduce { .. } if self.tuned() => {
+                "SubgroupReduce, 2, 4 or 8 rows timed per matrix".to_string()
+            }
+            v => format!("{v:?}"),
+        };
+        let timed = if self.tuned() && self.matmul == MatmulVariant::Coop {
+            ", each part's fastest of Coop, CoopStaged, Tiled timed"
+        } else {
+            ""
+        };
         format!(
-            "{} (mat-vec {:?}, mat-mul {:?}{blocks}, decode attention {:?}, prefill attention {:?})",
+            "{} (mat-vec {matvec}, mat-mul {:?}{blocks}{timed}, decode attention {:?}, prefill attention {:?})",
             self.set.name(),
-            self.matvec,
             self.matmul,
             self.attn_decode,
             self.attn_prefill
@@ -349,18 +456,22 @@ mod tests {
         assert_eq!(
             (v.set, v.matvec, v.matmul),
             (
-                KernelSet::Gpu,
-                MatvecVariant::SubgroupReduce,
+                KernelSet::Tuned,
+                MatvecVariant::SubgroupReduce { rows: 2 },
                 MatmulVariant::Coop
             )
         );
+        assert!(v.tuned());
         let v = KernelVariants::select(
             &DeviceProfile::for_tests(false, false, false),
             KernelSet::Auto,
         );
         assert_eq!(
             (v.matvec, v.matmul),
-            (MatvecVariant::WorkgroupReduce, MatmulVariant::Tiled)
+            (
+                MatvecVariant::WorkgroupReduce { rows: 2 },
+                MatmulVariant::Tiled
+            )
         );
         // Forcing works both ways.
         let v =
@@ -418,9 +529,56 @@ mod tests {
         assert_eq!(cpu.for_part(WeightFormat::F16, 36, 100), cpu);
     }
 
+    /// The candidates timed per matrix: the fixed rule's choice first, only
+    /// variants that take the part, none beyond the rule on the `cpu` set.
+    #[test]
+    fn candidates_start_with_the_rule() {
+        let coop = DeviceProfile::for_tests(false, true, true);
+        let mut v = KernelVariants::select(&coop, KernelSet::Tuned);
+        assert_eq!(
+            v.matvec_candidates(),
+            [2, 4, 8].map(|rows| MatvecVariant::SubgroupReduce { rows })
+        );
+        use MatmulVariant::*;
+        let f16 = v.matmul_candidates(WeightFormat::F16, 128, 576);
+        assert_eq!(f16, [Coop, CoopStaged, Tiled]);
+        // Not whole 64 x 64 tiles: the direct kernel does not take it, the
+        // staged one does (K a multiple of 32).
+        let f16 = v.matmul_candidates(WeightFormat::F16, 36, 544);
+        assert_eq!(f16, [Tiled, CoopStaged]);
+        let f16 = v.matmul_candidates(WeightFormat::F16, 36, 100);
+        assert_eq!(f16, [Tiled]);
+        assert_eq!(v.matmul_candidates(WeightFormat::F32, 128, 576), [Tiled]);
+        let q = v.matmul_candidates(WeightFormat::Q4_K, 128, 512);
+        assert_eq!(q, [CoopStaged, Tiled]);
+        v.coop_staged = false;
+        let f16 = v.matmul_candidates(WeightFormat::F16, 128, 576);
+        assert_eq!(f16, [Coop, Tiled]);
+        let q = v.matmul_candidates(WeightFormat::Q4_K, 128, 512);
+        assert_eq!(q, [Tiled]);
+        let plain = KernelVariants::select(
+            &DeviceProfile::for_tests(false, true, false),
+            KernelSet::Tuned,
+        );
+        let f16 = plain.matmul_candidates(WeightFormat::F16, 128, 576);
+        assert_eq!(f16, [Tiled]);
+        let cpu = KernelVariants::select(&coop, KernelSet::Cpu);
+        assert_eq!(cpu.matvec_candidates(), [MatvecVariant::Rows8]);
+        assert_eq!(
+            cpu.matmul_candidates(WeightFormat::F16, 128, 576),
+            [Blocked4x4]
+        );
+        assert!(!cpu.tuned());
+    }
+
     #[test]
     fn kernel_set_names_parse() {
-        for s in [KernelSet::Auto, KernelSet::Cpu, KernelSet::Gpu] {
+        for s in [
+            KernelSet::Auto,
+            KernelSet::Cpu,
+            KernelSet::Gpu,
+            KernelSet::Tuned,
+        ] {
             assert_eq!(KernelSet::parse(s.name()).unwrap(), s);
         }
         let e = KernelSet::parse("tpu").unwrap_err().to_string();

@@ -54,6 +54,9 @@ pub struct Gpu {
     pub profile: DeviceProfile,
     /// The kernel variant of every op, chosen once from the profile.
     pub kernels: KernelVariants,
+    /// The kernel timings made on this device (`--kernels tuned`), kept per
+    /// weight shape for every engine built on it.
+    pub tuner: crate::kernels::tune::Tuner,
     pipelines: Mutex<HashMap<String, Arc<wgpu::ComputePipeline>>>,
 }
 
@@ -208,6 +211,7 @@ impl Gpu {
             max_binding,
             profile,
             kernels,
+            tuner: Default::default(),
             pipelines: Mutex::new(HashMap::new()),
         };
         // The cooperative GEMMs rest on an experimental wgpu feature: before
@@ -226,9 +230,19 @@ impl Gpu {
                     gpu.info.name
                 );
             };
-            if let Err(e) = check_variant(&gpu, MatmulVariant::CoopStaged, WeightFormat::Q4_0) {
-                warn(MatmulVariant::CoopStaged, WeightFormat::Q4_0, e);
-                gpu.kernels.coop_staged = false;
+            // With timings the staged kernel is a candidate for f16 weights
+            // too; it is checked with both (a failure turns it off for all).
+            let staged_formats: &[WeightFormat] = if gpu.kernels.tuned() {
+                &[WeightFormat::Q4_0, WeightFormat::F16]
+            } else {
+                &[WeightFormat::Q4_0]
+            };
+            for &format in staged_formats {
+                if let Err(e) = check_variant(&gpu, MatmulVariant::CoopStaged, format) {
+                    warn(MatmulVariant::CoopStaged, format, e);
+                    gpu.kernels.coop_staged = false;
+                    break;
+                }
             }
             if let Err(e) = check_variant(&gpu, MatmulVariant::Coop, WeightFormat::F16) {
                 warn(MatmulVariant::Coop, WeightFormat::F16, e);

@@ -121,11 +121,12 @@ fn tiny_llama_gqa_matches_transformers() {
     check_model("tiny-llama-gqa", None);
 }
 
-/// Both kernel sets on whatever device runs the tests (`auto` above picks
-/// one of them): the same tolerances.
+/// Every kernel set on whatever device runs the tests (`auto` above picks
+/// one of them), `tuned` with the variants its timings chose here: the same
+/// tolerances.
 #[test]
-fn both_kernel_sets_match_transformers() {
-    for kernels in [KernelSet::Cpu, KernelSet::Gpu] {
+fn every_kernel_set_matches_transformers() {
+    for kernels in [KernelSet::Cpu, KernelSet::Gpu, KernelSet::Tuned] {
         for name in ["tiny-qwen2", "tiny-llama-gqa"] {
             check_model(name, Some(kernels));
         }

@@ -17,8 +17,9 @@ pub struct InfoArgs {
     /// Use the adapter whose name contains this text.
     #[arg(long)]
     pub adapter: Option<String>,
-    /// Kernel set: auto, cpu or gpu (also $SIEVE_KERNELS).
-    #[arg(long, value_parser = ["auto", "cpu", "gpu"])]
+    /// Kernel set: auto (cpu on a CPU Vulkan driver such as lavapipe, tuned
+    /// elsewhere), cpu, gpu or tuned (also $SIEVE_KERNELS).
+    #[arg(long, value_parser = ["auto", "cpu", "gpu", "tuned"])]
     pub kernels: Option<String>,
     /// Also load this model (directory or GGUF file) and print its shape,
     /// weight formats and bytes read per decoded token.

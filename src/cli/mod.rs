@@ -45,9 +45,11 @@ pub struct ModelArgs {
     /// Use the adapter whose name contains this text (also $SIEVE_ADAPTER).
     #[arg(long)]
     pub adapter: Option<String>,
-    /// Kernel set: auto (cpu on a CPU Vulkan driver such as lavapipe, gpu
-    /// elsewhere), cpu or gpu (also $SIEVE_KERNELS).
-    #[arg(long, value_parser = ["auto", "cpu", "gpu"])]
+    /// Kernel set: auto (cpu on a CPU Vulkan driver such as lavapipe, tuned
+    /// elsewhere), cpu, gpu (fixed rules per weight shape) or tuned (the gpu
+    /// kernels, each weight shape's variant timed on the device when the
+    /// model's engine is built) (also $SIEVE_KERNELS).
+    #[arg(long, value_parser = ["auto", "cpu", "gpu", "tuned"])]
     pub kernels: Option<String>,
 }
 

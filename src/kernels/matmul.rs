@@ -4,14 +4,15 @@
 //! `matvec_subgroup.wgsl`, `matmul_tiled.wgsl`, `matmul_coop.wgsl` and
 //! `matmul_coop_staged.wgsl` (`gpu`), all sharing `matmul_io.wgsl`. Which one runs is chosen in src/device.rs.
 
-use anyhow::Result;
+use anyhow::{bail, Result};
 use bytemuck::{Pod, Zeroable};
 use std::sync::Arc;
 
+use super::tune::{Candidate, TuneKey};
 use super::{ceil_div, dispatch, Rows};
-use crate::device::{MatmulVariant, MatvecVariant};
+use crate::device::{MatmulVariant, MatvecVariant, MATVEC_ROWS_MAX};
 use crate::gpu::Gpu;
-use crate::shaders::{self, Shader};
+use crate::shaders::{self, Shader, WeightFormat};
 use crate::weights::GpuMatrix;
 
 #[repr(C)]
@@ -62,10 +63,12 @@ pub enum FusedInput<'a> {
     SwiGlu { gate_up: &'a wgpu::Buffer },
 }
 
-/// One row part with its pipelines (a part's format picks its kernels).
+/// One row part with its pipelines (a part's format picks its kernels, and
+/// with `--kernels tuned` the timings on the device its variants).
 struct Part {
     rows: u32,
     matvec: (Arc<wgpu::ComputePipeline>, wgpu::BindGroup),
+    matvec_variant: MatvecVariant,
     matmul: (Arc<wgpu::ComputePipeline>, wgpu::BindGroup),
     matmul_variant: MatmulVariant,
 }
@@ -82,8 +85,8 @@ pub struct Matmul {
 fn matvec_kernel(v: MatvecVariant) -> (&'static Shader, &'static str) {
     match v {
         MatvecVariant::Rows8 => (&shaders::MATMUL, "matvec"),
-        MatvecVariant::WorkgroupReduce => (&shaders::MATVEC_WORKGROUP, "matvec"),
-        MatvecVariant::SubgroupReduce => (&shaders::MATVEC_SUBGROUP, "matvec"),
+        MatvecVariant::WorkgroupReduce { .. } => (&shaders::MATVEC_WORKGROUP, "matvec"),
+        MatvecVariant::SubgroupReduce { .. } => (&shaders::MATVEC_SUBGROUP, "matvec"),
     }
 }
 
@@ -93,6 +96,71 @@ fn matmul_kernel(v: MatmulVariant) -> (&'static Shader, &'static str) {
         MatmulVariant::Tiled => (&shaders::MATMUL_TILED, "matmul"),
         MatmulVariant::Coop => (&shaders::MATMUL_COOP, "matmul"),
         MatmulVariant::CoopStaged => (&shaders::MATMUL_COOP_STAGED, "matmul"),
+    }
+}
+
+/// The mat-vec pipeline of a variant for weights in `format` (the `gpu`
+/// ones with their rows per workgroup as the override constant ROWS).
+fn matvec_pipeline(
+    gpu: &Gpu,
+    v: MatvecVariant,
+    format: WeightFormat,
+) -> Result<Arc<wgpu::ComputePipeline>> {
+    let (shader, entry) = matvec_kernel(v);
+    match v {
+        MatvecVariant::Rows8 => gpu.pipeline(shader, Some(format), entry, &[]),
+        _ => {
+            let rows = v.rows();
+            if !(1..=MATVEC_ROWS_MAX).contains(&rows) {
+                bail!("{v:?}: rows per workgroup must be 1 to {MATVEC_ROWS_MAX}");
+            }
+            gpu.pipeline(shader, Some(format), entry, &[("ROWS", rows as f64)])
+        }
+    }
+}
+
+/// The mat-mul pipeline of a variant for weights in `format` (the
+/// cooperative ones sized in subgroups of the device's one subgroup size).
+fn matmul_pipeline(
+    gpu: &Gpu,
+    v: MatmulVariant,
+    format: WeightFormat,
+) -> Result<Arc<wgpu::ComputePipeline>> {
+    let (shader, entry) = matmul_kernel(v);
+    if v.cooperative() {
+        let lanes = gpu.profile.subgroup_max as f64;
+        gpu.pipeline(shader, Some(format), entry, &[("SUBGROUP_SIZE", lanes)])
+    } else {
+        gpu.pipeline(shader, Some(format), entry, &[])
+    }
+}
+
+/// The workgroups a mat-vec variant is dispatched with for `rows` rows of
+/// one part (each kernel's header says the same).
+fn matvec_groups(v: MatvecVariant, rows: u32) -> (u32, u32, u32) {
+    match v {
+        MatvecVariant::Rows8 => (ceil_div(rows, 64), 1, 1),
+        MatvecVariant::WorkgroupReduce { .. } | MatvecVariant::SubgroupReduce { .. } => {
+            let g = ceil_div(rows, v.rows());
+            (g.min(32768), ceil_div(g, 32768), 1)
+        }
+    }
+}
+
+/// Flag bits of `MatmulParams` (matmul_io.wgsl).
+const ACCUMULATE: u32 = 1;
+const BIAS: u32 = 2;
+const FUSED_NORM: u32 = 4;
+const FUSED_SWIGLU: u32 = 8;
+
+impl FusedInput<'_> {
+    /// The flag bit and the name the timings use.
+    fn kind(fused: Option<&Self>) -> (u32, &'static str) {
+        match fused {
+            None => (0, "x"),
+            Some(FusedInput::RmsNorm { .. }) => (FUSED_NORM, "rmsnorm"),
+            Some(FusedInput::SwiGlu { .. }) => (FUSED_SWIGLU, "swiglu"),
+        }
     }
 }
 
@@ -113,6 +181,8 @@ impl Matmul {
 
     /// As [`Matmul::new`], where `x` is written by the kernel `fused`
     /// describes: the `gpu` mat-vec folds that kernel in (`fuses_input`).
+    /// With `--kernels tuned`, each part's variants are timed on the device
+    /// (once per shape and device: src/kernels/tune.rs).
     #[allow(clippy::too_many_arguments)]
     pub fn normed(
         gpu: &Gpu,
@@ -125,7 +195,8 @@ impl Matmul {
         fused: Option<FusedInput>,
     ) -> Result<Self> {
         let variants = (gpu.kernels.matvec, gpu.kernels.matmul);
-        Self::with_variants(gpu, step, w, bias, x, y, opts, variants, fused)
+        let tune = gpu.kernels.tuned();
+        Self::build(gpu, step, w, bias, x, y, opts, variants, fused, tune)
     }
 
     /// As [`Matmul::new`] with the given variants (tests run every variant on
@@ -140,25 +211,26 @@ impl Matmul {
         x: &wgpu::Buffer,
         y: &wgpu::Buffer,
         opts: MatmulOptions,
-        (matvec_variant, matmul_variant): (MatvecVariant, MatmulVariant),
+        variants: (MatvecVariant, MatmulVariant),
         fused: Option<FusedInput>,
     ) -> Result<Self> {
+        Self::build(gpu, step, w, bias, x, y, opts, variants, fused, false)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn build(
+        gpu: &Gpu,
+        step: &wgpu::Buffer,
+        w: &GpuMatrix,
+        bias: Option<&wgpu::Buffer>,
+        x: &wgpu::Buffer,
+        y: &wgpu::Buffer,
+        opts: MatmulOptions,
+        (matvec_variant, matmul_variant): (MatvecVariant, MatmulVariant),
+        fused: Option<FusedInput>,
+        tune: bool,
+    ) -> Result<Self> {
         let fused = fused.filter(|_| matvec_variant.fuses_input());
-        // The pipelines of one part's format and mat-mul variant (cached by
-        // the device, so parts in one format share them).
-        let pipelines = |format, matmul_variant| -> Result<_> {
-            let fmt = Some(format);
-            let (shader, entry) = matvec_kernel(matvec_variant);
-            let matvec = gpu.pipeline(shader, fmt, entry, &[])?;
-            let (shader, entry) = matmul_kernel(matmul_variant);
-            let matmul = if matmul_variant.cooperative() {
-                let lanes = gpu.profile.subgroup_max as f64;
-                gpu.pipeline(shader, fmt, entry, &[("SUBGROUP_SIZE", lanes)])?
-            } else {
-                gpu.pipeline(shader, fmt, entry, &[])?
-            };
-            Ok((matvec, matmul))
-        };
         let dummy;
         let bias_buf = match bias {
             Some(b) => b,
@@ -168,15 +240,15 @@ impl Matmul {
             }
         };
         let no_norm = gpu.storage("no-norm", 16);
-        let flags = opts.accumulate as u32 | ((bias.is_some() as u32) << 1);
+        let flags =
+            if opts.accumulate { ACCUMULATE } else { 0 } | if bias.is_some() { BIAS } else { 0 };
+        let (fused_flag, input) = FusedInput::kind(fused.as_ref());
+        // The most tokens a product runs for: y holds that many rows.
+        let max_tokens = (y.size() / (4 * w.rows as u64)) as usize;
         let parts = w
             .parts
             .iter()
             .map(|part| -> Result<Part> {
-                let part_variant =
-                    gpu.kernels
-                        .part_variant(matmul_variant, part.format, part.rows, w.cols);
-                let (matvec, matmul) = pipelines(part.format, part_variant)?;
                 let params = |flags: u32, eps: f64| Params {
                     rows: part.rows as u32,
                     k4: (w.cols / 4) as u32,
@@ -187,6 +259,24 @@ impl Matmul {
                     eps: eps as f32,
                     _p: 0,
                 };
+                let (matvec_v, matmul_v) = if tune {
+                    let shape = TunedPart {
+                        part,
+                        cols: w.cols,
+                        flags,
+                    };
+                    (
+                        shape.matvec(gpu, fused_flag, input),
+                        shape.matmul(gpu, max_tokens.min(TUNE_TOKENS)),
+                    )
+                } else {
+                    let m =
+                        gpu.kernels
+                            .part_variant(matmul_variant, part.format, part.rows, w.cols);
+                    (matvec_variant, m)
+                };
+                let matvec = matvec_pipeline(gpu, matvec_v, part.format)?;
+                let matmul = matmul_pipeline(gpu, matmul_v, part.format)?;
                 let plain = gpu.uniform("matmul-params", &params(flags, 0.0));
                 let bufs = [step, &plain, &part.buffer, bias_buf, x, y, &no_norm];
                 let matvec_group = match fused {
@@ -195,12 +285,12 @@ impl Matmul {
                         weights,
                         eps,
                     }) => {
-                        let fused = gpu.uniform("matvec-params", &params(flags | 4, eps));
+                        let fused = gpu.uniform("matvec-params", &params(flags | fused_flag, eps));
                         let bufs = [step, &fused, &part.buffer, bias_buf, residual, y, weights];
                         gpu.bind_group(&matvec, &bufs)
                     }
                     Some(FusedInput::SwiGlu { gate_up }) => {
-                        let fused = gpu.uniform("matvec-params", &params(flags | 8, 0.0));
+                        let fused = gpu.uniform("matvec-params", &params(flags | fused_flag, 0.0));
                         let bufs = [step, &fused, &part.buffer, bias_buf, gate_up, y, &no_norm];
                         gpu.bind_group(&matvec, &bufs)
                     }
@@ -209,9 +299,10 @@ impl Matmul {
                 let matmul_group = gpu.bind_group(&matmul, &bufs);
                 Ok(Part {
                     rows: part.rows as u32,
-                    matvec: (matvec.clone(), matvec_group),
+                    matvec: (matvec, matvec_group),
+                    matvec_variant: matvec_v,
                     matmul: (matmul, matmul_group),
-                    matmul_variant: part_variant,
+                    matmul_variant: matmul_v,
                 })
             })
             .collect::<Result<_>>()?;
@@ -223,29 +314,139 @@ impl Matmul {
     }
 
     /// The mat-mul variant of each row part (they differ where `Coop` falls
-    /// back for a part).
+    /// back for a part, or where timings chose differently).
     pub fn matmul_variants(&self) -> Vec<MatmulVariant> {
         self.parts.iter().map(|p| p.matmul_variant).collect()
+    }
+
+    /// The mat-vec variant of each row part.
+    pub fn matvec_variants(&self) -> Vec<MatvecVariant> {
+        self.parts.iter().map(|p| p.matvec_variant).collect()
     }
 
     /// Encodes the product for `n` rows of x (n must match the step's row count).
     pub fn encode(&self, pass: &mut wgpu::ComputePass, n: u32) {
         for part in &self.parts {
-            let rows = part.rows;
             if n == 1 {
-                let groups = match self.matvec_variant {
-                    MatvecVariant::Rows8 => (ceil_div(rows, 64), 1, 1),
-                    MatvecVariant::WorkgroupReduce | MatvecVariant::SubgroupReduce => {
-                        let g = ceil_div(rows, 2);
-                        (g.min(32768), ceil_div(g, 32768), 1)
-                    }
-                };
+                let groups = matvec_groups(part.matvec_variant, part.rows);
                 dispatch(pass, &part.matvec.0, &part.matvec.1, groups);
             } else {
-                let groups = matmul_groups(part.matmul_variant, rows, n);
+                let groups = matmul_groups(part.matmul_variant, part.rows, n);
                 dispatch(pass, &part.matmul.0, &part.matmul.1, groups);
             }
         }
+    }
+}
+
+/// Tokens the mat-mul candidates are timed at (fewer where the engine's
+/// steps hold fewer): a prompt chunk of this size is where prefill spends
+/// its time.
+const TUNE_TOKENS: usize = 512;
+
+/// One row part being tuned (`--kernels tuned`): its candidates run on
+/// scratch inputs and outputs of its shape, with its own weights.
+struct TunedPart<'a> {
+    part: &'a crate::weights::MatrixPart,
+    cols: usize,
+    /// Accumulate and bias flags as the engine's product has them.
+    flags: u32,
+}
+
+impl TunedPart<'_> {
+    /// Scratch bindings for `tokens` tokens with the given flags; x is
+    /// twice as wide with a fused SwiGLU (gate then up).
+    fn bind(
+        &self,
+        gpu: &Gpu,
+        pipeline: &wgpu::ComputePipeline,
+        tokens: usize,
+        flags: u32,
+    ) -> wgpu::BindGroup {
+        let (rows, cols) = (self.part.rows as u64, self.cols as u64);
+        let x_width = if flags & FUSED_SWIGLU != 0 { 2 } else { 1 };
+        let step = gpu.uniform(
+            "tune-step",
+            &super::Step {
+                n_tokens: tokens as u32,
+                ..Default::default()
+            },
+        );
+        let params = gpu.uniform(
+            "tune-params",
+            &Params {
+                rows: rows as u32,
+                k4: (cols / 4) as u32,
+                col0: 0,
+                out_stride: rows as u32,
+                flags,
+                count_sel: Rows::Tokens as u32,
+                eps: 1e-5,
+                _p: 0,
+            },
+        );
+        let bias = gpu.storage("tune-bias", rows * 4);
+        let x = gpu.storage("tune-x", tokens as u64 * cols * 4 * x_width);
+        let y = gpu.storage("tune-y", tokens as u64 * rows * 4);
+        let norm = gpu.storage("tune-norm", cols * 4);
+        let bufs = [&step, &params, &self.part.buffer, &bias, &x, &y, &norm];
+        gpu.bind_group(pipeline, &bufs)
+    }
+
+    fn key(&self, op: &'static str, input: &'static str, tokens: usize) -> TuneKey {
+        TuneKey {
+            op,
+            input,
+            format: self.part.format,
+            rows: self.part.rows,
+            cols: self.cols,
+            tokens,
+        }
+    }
+
+    /// The fastest mat-vec of the device's candidates for this part.
+    fn matvec(&self, gpu: &Gpu, fused_flag: u32, input: &'static str) -> MatvecVariant {
+        let cands = gpu.kernels.matvec_candidates();
+        if cands.len() == 1 {
+            return cands[0];
+        }
+        let flags = self.flags | fused_flag;
+        let rows = self.part.rows as u32;
+        let i = gpu.tuner.choose(gpu, self.key("mat-vec", input, 1), || {
+            cands
+                .iter()
+                .map(|&v| Candidate {
+                    label: format!("{} rows", v.rows()),
+                    dispatch: matvec_pipeline(gpu, v, self.part.format).map(|p| {
+                        let group = self.bind(gpu, &p, 1, flags);
+                        (p, group, matvec_groups(v, rows))
+                    }),
+                })
+                .collect()
+        });
+        cands[i]
+    }
+
+    /// The fastest mat-mul of the device's candidates for this part at
+    /// `tokens` tokens (the rule's when a product never has two).
+    fn matmul(&self, gpu: &Gpu, tokens: usize) -> MatmulVariant {
+        let (format, rows) = (self.part.format, self.part.rows);
+        let cands = gpu.kernels.matmul_candidates(format, rows, self.cols);
+        if cands.len() == 1 || tokens < 2 {
+            return cands[0];
+        }
+        let i = gpu.tuner.choose(gpu, self.key("mat-mul", "x", tokens), || {
+            cands
+                .iter()
+                .map(|&v| Candidate {
+                    label: format!("{v:?}"),
+                    dispatch: matmul_pipeline(gpu, v, format).map(|p| {
+                        let group = self.bind(gpu, &p, tokens, self.flags);
+                        (p, group, matmul_groups(v, rows as u32, tokens as u32))
+                    }),
+                })
+                .collect()
+        });
+        cands[i]
     }
 }
 
@@ -389,13 +590,29 @@ mod tests {
     use crate::kernels::Step;
     use crate::shaders::{Shader, WeightFormat};
 
-    /// The variant pairs this device can run: every mat-vec and mat-mul
-    /// variant, the subgroup and cooperative ones where the device has the
-    /// features (the cooperative one only for shapes it takes).
-    fn variants(gpu: &Gpu, m: &GpuMatrix) -> Vec<(MatvecVariant, MatmulVariant)> {
-        let mut matvec = vec![MatvecVariant::Rows8, MatvecVariant::WorkgroupReduce];
-        if gpu.profile.subgroups {
-            matvec.push(MatvecVariant::SubgroupReduce);
+    /// Every mat-vec variant this device can run: the `gpu` ones with 1, 2,
+    /// 3 (not a power of two), 4 and 8 rows per workgroup, the subgroup one
+    /// where the device has subgroups.
+    fn matvecs(gpu: &Gpu) -> Vec<MatvecVariant> {
+        let mut out = vec![MatvecVariant::Rows8];
+        for rows in [1, 2, 3, 4, 8] {
+            out.push(MatvecVariant::WorkgroupReduce { rows });
+            if gpu.profile.subgroups {
+                out.push(MatvecVariant::SubgroupReduce { rows });
+            }
+        }
+        out
+    }
+
+    /// The variant pairs this device can run for `n` tokens: every mat-vec
+    /// (n = 1) or every mat-mul variant (n > 1: the cooperative ones where
+    /// the device has the features and the shape is one they take).
+    fn variants(gpu: &Gpu, m: &GpuMatrix, n: usize) -> Vec<(MatvecVariant, MatmulVariant)> {
+        if n == 1 {
+            return matvecs(gpu)
+                .into_iter()
+                .map(|v| (v, MatmulVariant::Tiled))
+                .collect();
         }
         let mut matmul = vec![MatmulVariant::Blocked4x4, MatmulVariant::Tiled];
         // The cooperative variants where the device has them and every
@@ -409,14 +626,9 @@ mod tests {
         if coop_device == MatmulVariant::Coop && m.parts.iter().all(coop_takes) {
             matmul.push(MatmulVariant::Coop);
         }
-        // Pair them so that each variant runs at least once.
-        (0..matvec.len().max(matmul.len()))
-            .map(|i| {
-                (
-                    matvec[i.min(matvec.len() - 1)],
-                    matmul[i.min(matmul.len() - 1)],
-                )
-            })
+        matmul
+            .into_iter()
+            .map(|v| (MatvecVariant::Rows8, v))
             .collect()
     }
 
@@ -474,7 +686,7 @@ mod tests {
             accumulate,
         );
         let mut ran = vec![];
-        for pair in variants(gpu, &m) {
+        for pair in variants(gpu, &m, n) {
             let yb = gpu.storage_from("y", &y0);
             let mm = Matmul::with_variants(
                 gpu,
@@ -699,6 +911,88 @@ mod tests {
         }
     }
 
+    /// `--kernels tuned`: building a product times the device's candidates
+    /// once per shape (the mat-vec's three row counts with the fused norm,
+    /// the mat-mul's at the tokens y holds), uses the one it chose, and
+    /// still matches the reference; a second product of the same shape
+    /// reuses the timing.
+    #[test]
+    fn tuned_products_time_their_candidates_once_per_shape() {
+        let gpu = gpu_with(KernelSet::Tuned);
+        let (rows, cols, n) = (40, 96, 5);
+        let m = GpuMatrix::new(&gpu, "w", rows, cols, WeightFormat::F16).unwrap();
+        let w = fill_test_weights(&gpu, &m, 21);
+        let residual = rand_vec(n * cols, 6, 3.0);
+        let g = rand_vec(cols, 8, 1.0);
+        let eps = 1e-5;
+        let (rb, gb) = (gpu.storage_from("r", &residual), gpu.storage_from("g", &g));
+        let xb = gpu.storage_from("x", &vec![0f32; n * cols]);
+        let build = |y: &wgpu::Buffer, step: &wgpu::Buffer| {
+            let fused = FusedInput::RmsNorm {
+                residual: &rb,
+                weights: &gb,
+                eps,
+            };
+            let opts = MatmulOptions {
+                accumulate: false,
+                rows: Rows::Tokens,
+            };
+            Matmul::normed(&gpu, step, &m, None, &xb, y, opts, Some(fused)).unwrap()
+        };
+        let one = step_buffer(
+            &gpu,
+            Step {
+                n_tokens: 1,
+                ..Default::default()
+            },
+        );
+        let yb = gpu.storage_from("y", &vec![0f32; n * rows]);
+        let mm = build(&yb, &one);
+        let results = gpu.tuner.results();
+        let matvec = results
+            .iter()
+            .find(|t| t.key.op == "mat-vec")
+            .expect("the mat-vec was timed");
+        assert_eq!(matvec.key.input, "rmsnorm");
+        assert_eq!(matvec.labels, ["2 rows", "4 rows", "8 rows"]);
+        assert!(
+            matvec.seconds.iter().all(|s| s.is_some_and(|s| s > 0.0)),
+            "{matvec:?}"
+        );
+        let chosen = mm.matvec_variants()[0];
+        assert_eq!(chosen, gpu.kernels.matvec_candidates()[matvec.choice]);
+        // The mat-mul has candidates only where cooperative matrices are.
+        let mm_timed = results.iter().filter(|t| t.key.op == "mat-mul").count();
+        let want_mm = (gpu
+            .kernels
+            .matmul_candidates(WeightFormat::F16, rows, cols)
+            .len()
+            > 1) as usize;
+        assert_eq!(mm_timed, want_mm);
+        assert!(results
+            .iter()
+            .filter(|t| t.key.op == "mat-mul")
+            .all(|t| t.key.tokens == n));
+        let x = crate::kernels::rmsnorm::reference(&residual[..cols], &g, eps as f32);
+        let mut want = vec![0f32; rows];
+        reference(&w, rows, cols, None, &x, &mut want, false);
+        run_pass(&gpu, |pass| mm.encode(pass, 1));
+        let got: Vec<f32> = gpu.read(&yb, 0, rows).unwrap();
+        let w_max = w.iter().fold(1f32, |a, v| a.max(v.abs()));
+        let err = max_abs_diff(&got, &want);
+        assert!(
+            err < 1e-4 * w_max * (cols as f32).sqrt(),
+            "{chosen:?}: {err}"
+        );
+        let y2 = gpu.storage_from("y2", &vec![0f32; n * rows]);
+        let again = build(&y2, &one);
+        assert_eq!(gpu.tuner.results().len(), results.len(), "timed again");
+        assert_eq!(again.matvec_variants(), mm.matvec_variants());
+        for t in &results {
+            assert!(crate::kernels::tune::describe(t).contains(&format!("{rows}x{cols}")));
+        }
+    }
+
     /// Every mat-vec variant given `fused`, whose result the product should
     /// see as `x`: the `gpu` ones take it and match the reference product of
     /// `x` (bias and residual on), the `cpu` one declines it.
@@ -727,11 +1021,7 @@ mod tests {
         let bb = gpu.storage_from("b", &b);
         // The input buffer holds garbage: the fused path must not read it.
         let garbage = gpu.storage_from("x", &vec![1e3f32; cols]);
-        let mut matvecs = vec![MatvecVariant::Rows8, MatvecVariant::WorkgroupReduce];
-        if gpu.profile.subgroups {
-            matvecs.push(MatvecVariant::SubgroupReduce);
-        }
-        for v in matvecs {
+        for v in matvecs(gpu) {
             let yb = gpu.storage_from("y", &y0);
             let opts = MatmulOptions {
                 accumulate: true,
@@ -971,6 +1261,9 @@ fn emu_store_{name}(c: u32, at: u32, stride: u32) {{
             (staged, MatmulVariant::CoopStaged, Q4_0, 200, 576, 70),
             (staged, MatmulVariant::CoopStaged, Q4_K, 136, 1024, 3),
             (staged, MatmulVariant::CoopStaged, Q8_0, 16, 32, 1),
+            // f16 weights through the staged kernel (a candidate of the
+            // timings): rows not a multiple of its tile, K not of 64.
+            (staged, MatmulVariant::CoopStaged, F16, 72, 96, 9),
         ];
         for ((shader, init), variant, format, rows, cols, n) in cases {
             let leak = |s: String| -> &'static str { Box::leak(s.into_boxed_str()) };

@@ -16,6 +16,7 @@ pub mod rope_kv;
 pub mod sample;
 pub mod silu_mul;
 pub mod token_logit;
+pub mod tune;
 
 use bytemuck::{Pod, Zeroable};
 

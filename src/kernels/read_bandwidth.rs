@@ -32,7 +32,9 @@ fn groups_for(n: u64, max_groups: u32) -> u32 {
     (n / (LANES * 32)).clamp(1, max_groups as u64) as u32
 }
 
-struct Probe {
+/// The probe's kernel bound to one buffer (also the cache flush of the
+/// kernel timings in src/kernels/tune.rs).
+pub(crate) struct Probe {
     pipeline: std::sync::Arc<wgpu::ComputePipeline>,
     group: wgpu::BindGroup,
     groups: u32,
@@ -42,7 +44,7 @@ struct Probe {
 }
 
 impl Probe {
-    fn new(gpu: &Gpu, src: &wgpu::Buffer, bytes: u64) -> Result<Self> {
+    pub(crate) fn new(gpu: &Gpu, src: &wgpu::Buffer, bytes: u64) -> Result<Self> {
         let groups = groups_for(bytes / 16, gpu.limits.max_compute_workgroups_per_dimension);
         let dst = gpu.storage("bandwidth-dst", groups as u64 * LANES * 4);
         let pipeline = gpu.pipeline(&shaders::READ_BANDWIDTH, None, "main", &[])?;
@@ -55,6 +57,13 @@ impl Probe {
         })
     }
 
+    /// Encodes one read of the whole buffer.
+    pub(crate) fn encode(&self, pass: &mut wgpu::ComputePass) {
+        pass.set_pipeline(&self.pipeline);
+        pass.set_bind_group(0, &self.group, &[]);
+        pass.dispatch_workgroups(self.groups, 1, 1);
+    }
+
     /// Runs once; the GPU time in seconds when `prof` is given, else the
     /// host's time around submission and wait.
     fn run(&self, gpu: &Gpu, prof: Option<&mut Profiler>) -> Result<f64> {
@@ -65,9 +74,7 @@ impl Probe {
             if let Some(p) = prof.as_deref_mut() {
                 p.mark(&mut pass, "start");
             }
-            pass.set_pipeline(&self.pipeline);
-            pass.set_bind_group(0, &self.group, &[]);
-            pass.dispatch_workgroups(self.groups, 1, 1);
+            self.encode(&mut pass);
             if let Some(p) = prof.as_deref_mut() {
                 p.mark(&mut pass, "read");
             }

@@ -122,6 +122,12 @@ pub fn run(model: &std::sync::Arc<Model>, a: &BenchArgs) -> Result<serde_json::V
         gpu.describe()
     );
     println!("kernels: {}", gpu.kernels.describe());
+    // With `--kernels tuned` the engine timed each weight shape's
+    // candidates when it was built ('*': chosen; microseconds of GPU time).
+    let timings = gpu.tuner.results();
+    for t in &timings {
+        println!("kernel timing: {}", sieve::kernels::tune::describe(t));
+    }
     let probe = sieve::kernels::read_bandwidth::measure(&gpu, 5)?;
     let bw = probe.bytes_per_second;
     println!(
@@ -222,6 +228,12 @@ pub fn run(model: &std::sync::Arc<Model>, a: &BenchArgs) -> Result<serde_json::V
         "kv_cache": model.kv_format.name(),
         "adapter": gpu.describe(),
         "kernels": gpu.kernels.describe(),
+        "kernel_timings": timings.iter().map(|t| json!({
+            "op": t.key.op, "input": t.key.input, "format": t.key.format.name(),
+            "rows": t.key.rows, "cols": t.key.cols, "tokens": t.key.tokens,
+            "candidates": t.labels, "seconds": t.seconds, "errors": t.errors,
+            "chosen": t.labels[t.choice], "untimed": t.untimed,
+        })).collect::<Vec<_>>(),
         "read_bandwidth_bytes_per_second": bw,
         "prefill": prefill,
         "decode": decode,

@@ -1,0 +1,277 @@
+//! Kernel autotuning: with `--kernels tuned` (what `auto` picks on a GPU),
+//! each weight matrix's mat-vec and mat-mul variant is the fastest of a few
+//! candidates, timed on the device with the matrix's own weights when the
+//! engine is built, instead of a fixed rule.
+//!
+//! Why: the `gpu` kernels were written without a GPU at hand to tune them
+//! on, and what is fastest differs between devices and shapes (rows per
+//! mat-vec workgroup against the number of workgroups; the direct or the
+//! staged cooperative GEMM). burn/CubeCL's autotune is the model: the
+//! candidates are variants that all compute the same result (each is tested
+//! against the CPU reference), the fixed rule's choice comes first and is
+//! what runs when nothing can be timed, and a result is kept per shape, so
+//! the 32 layers of a model with one shape cost one timing, and a second
+//! engine on the same device (a session's counter-causal pass, a new
+//! session) reuses it.
+//!
+//! How: each candidate runs once to warm up, then three times, each time
+//! after a pass that reads a large scratch buffer (so the weights are not
+//! in the GPU's cache, as in a real decode step where every matrix is read
+//! once), timed by timestamp queries at the start and end of its own compute
+//! pass; the median counts. A candidate three times slower than the best so
+//! far after its first timed run is not run again. Candidates run on scratch
+//! inputs and outputs: the engine's buffers are untouched. A device without
+//! timestamp queries keeps the rule's choice, and says so.
+
+use anyhow::{anyhow, Result};
+use std::sync::{Arc, Mutex};
+
+use super::dispatch;
+use super::read_bandwidth::Probe;
+use crate::gpu::Gpu;
+use crate::shaders::WeightFormat;
+
+/// What a timing is kept for: one op on one weight shape.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct TuneKey {
+    /// "mat-vec" (one token) or "mat-mul" (`tokens` tokens).
+    pub op: &'static str,
+    /// What the kernel reads as x: "x", or the kernel it folds in
+    /// ("rmsnorm", "swiglu"), which changes its cost.
+    pub input: &'static str,
+    pub format: WeightFormat,
+    pub rows: usize,
+    pub cols: usize,
+    pub tokens: usize,
+}
+
+/// A pipeline, its bind group (on scratch buffers) and its workgroup counts.
+pub type Dispatch = (Arc<wgpu::ComputePipeline>, wgpu::BindGroup, (u32, u32, u32));
+
+/// One candidate ready to run (or why it could not be built).
+pub struct Candidate {
+    pub label: String,
+    pub dispatch: Result<Dispatch>,
+}
+
+/// The outcome for one key.
+#[derive(Clone, Debug)]
+pub struct Tuned {
+    pub key: TuneKey,
+    pub labels: Vec<String>,
+    /// Median GPU seconds of each candidate; None where it was not timed
+    /// (it failed to build or to run: `errors` says why).
+    pub seconds: Vec<Option<f64>>,
+    pub errors: Vec<Option<String>>,
+    /// Index of the chosen candidate (0, the fixed rule's, when none was
+    /// timed).
+    pub choice: usize,
+    /// Why nothing was timed, where that is so.
+    pub untimed: Option<String>,
+}
+
+/// The timings of one device (a field of [`Gpu`]), in the order they were
+/// made.
+#[derive(Default)]
+pub struct Tuner {
+    done: Mutex<Vec<Tuned>>,
+}
+
+/// Timed runs per candidate after the warm-up.
+const RUNS: usize = 3;
+/// A candidate this many times slower than the best so far is not run again.
+const CUTOFF: f64 = 3.0;
+
+impl Tuner {
+    /// The index of the fastest of the candidates `build` makes for `key`
+    /// (called only when `key` has not been timed on this device yet).
+    pub fn choose(&self, gpu: &Gpu, key: TuneKey, build: impl FnOnce() -> Vec<Candidate>) -> usize {
+        if let Some(t) = self.done.lock().unwrap().iter().find(|t| t.key == key) {
+            return t.choice;
+        }
+        let candidates = build();
+        let tuned = time_all(gpu, key, &candidates);
+        let choice = tuned.choice;
+        self.done.lock().unwrap().push(tuned);
+        choice
+    }
+
+    /// Every timing made so far, oldest first.
+    pub fn results(&self) -> Vec<Tuned> {
+        self.done.lock().unwrap().clone()
+    }
+}
+
+fn time_all(gpu: &Gpu, key: TuneKey, candidates: &[Candidate]) -> Tuned {
+    let n = candidates.len();
+    let mut tuned = Tuned {
+        key,
+        labels: candidates.iter().map(|c| c.label.clone()).collect(),
+        seconds: vec![None; n],
+        errors: vec![None; n],
+        choice: 0,
+        untimed: None,
+    };
+    let timer = match Timer::new(gpu) {
+        Ok(t) => t,
+        Err(e) => {
+            tuned.untimed = Some(format!("{e:#}"));
+            return tuned;
+        }
+    };
+    let mut best = f64::INFINITY;
+    for (i, c) in candidates.iter().enumerate() {
+        let run = match &c.dispatch {
+            Ok(d) => d,
+            Err(e) => {
+                tuned.errors[i] = Some(format!("{e:#}"));
+                continue;
+            }
+        };
+        match timer.median(gpu, run, best) {
+            Ok(s) => {
+                tuned.seconds[i] = Some(s);
+                if s < best {
+                    best = s;
+                    tuned.choice = i;
+                }
+            }
+            Err(e) => tuned.errors[i] = Some(format!("{e:#}")),
+        }
+    }
+    tuned
+}
+
+/// Timestamps around one compute pass, after a pass that evicts the cache.
+struct Timer {
+    set: wgpu::QuerySet,
+    resolve: wgpu::Buffer,
+    readback: wgpu::Buffer,
+    period_ns: f64,
+    flush: Probe,
+    _flush_src: wgpu::Buffer,
+}
+
+impl Timer {
+    fn new(gpu: &Gpu) -> Result<Self> {
+        if !gpu.features.contains(wgpu::Features::TIMESTAMP_QUERY) {
+            return Err(anyhow!(
+                "not timed: the device has no timestamp queries; the fixed rule's choice is kept"
+            ));
+        }
+        let set = gpu.device.create_query_set(&wgpu::QuerySetDescriptor {
+            label: Some("tune-timestamps"),
+            ty: wgpu::QueryType::Timestamp,
+            count: 2,
+        });
+        let resolve = gpu.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("tune-resolve"),
+            size: 16,
+            usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
+            mapped_at_creation: false,
+        });
+        // Larger than the caches of today's GPUs (tens of MiB of L2, up to
+        // 256 MiB of AMD's Infinity Cache); on a CPU implementation, where
+        // only tests tune, a small one keeps them quick.
+        let flush_bytes = if gpu.profile.cpu_implementation {
+            1 << 20
+        } else {
+            gpu.max_binding.min(512 << 20) / 16 * 16
+        };
+        let flush_src = gpu.storage("tune-flush", flush_bytes);
+        Ok(Timer {
+            set,
+            resolve,
+            readback: gpu.readback("tune-readback", 16),
+            period_ns: gpu.queue.get_timestamp_period() as f64,
+            flush: Probe::new(gpu, &flush_src, flush_bytes)?,
+            _flush_src: flush_src,
+        })
+    }
+
+    /// GPU seconds of one run of `run`.
+    fn once(&self, gpu: &Gpu, (pipeline, group, groups): &Dispatch) -> Result<f64> {
+        let mut enc = gpu.device.create_command_encoder(&Default::default());
+        {
+            let mut pass = enc.begin_compute_pass(&Default::default());
+            self.flush.encode(&mut pass);
+        }
+        {
+            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                label: Some("tune-candidate"),
+                timestamp_writes: Some(wgpu::ComputePassTimestampWrites {
+                    query_set: &self.set,
+                    beginning_of_pass_write_index: Some(0),
+                    end_of_pass_write_index: Some(1),
+                }),
+            });
+            dispatch(&mut pass, pipeline, group, *groups);
+        }
+        enc.resolve_query_set(&self.set, 0..2, &self.resolve, 0);
+        enc.copy_buffer_to_buffer(&self.resolve, 0, &self.readback, 0, 16);
+        let scope = gpu.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        gpu.queue.submit([enc.finish()]);
+        if let Some(e) = pollster::block_on(scope.pop()) {
+            return Err(anyhow!("running the candidate: {e}"));
+        }
+        let ticks: Vec<u64> = bytemuck::pod_collect_to_vec(&gpu.map_and_read(&self.readback, 16)?);
+        let ns = ticks[1]
+            .checked_sub(ticks[0])
+            .ok_or_else(|| anyhow!("timestamps went backwards"))? as f64
+            * self.period_ns;
+        Ok(ns * 1e-9)
+    }
+
+    /// The median of [`RUNS`] runs after a warm-up, or the first run alone
+    /// when it is [`CUTOFF`] times slower than `best`.
+    fn median(&self, gpu: &Gpu, run: &Dispatch, best: f64) -> Result<f64> {
+        self.once(gpu, run)?;
+        let mut times = vec![self.once(gpu, run)?];
+        if times[0] > CUTOFF * best {
+            return Ok(times[0]);
+        }
+        for _ in 1..RUNS {
+            times.push(self.once(gpu, run)?);
+        }
+        times.sort_by(f64::total_cmp);
+        Ok(times[RUNS / 2])
+    }
+}
+
+/// One line per timing, for `sieve bench` and `sieve info`: the shape, each
+/// candidate's time in microseconds, and the choice.
+pub fn describe(t: &Tuned) -> String {
+    let k = &t.key;
+    let cands: Vec<String> = (0..t.labels.len())
+        .map(|i| {
+            let mark = if i == t.choice { "*" } else { "" };
+            match (&t.seconds[i], &t.errors[i]) {
+                (Some(s), _) => format!("{}{mark} {:.1} us", t.labels[i], s * 1e6),
+                (None, Some(e)) => format!("{}{mark} failed: {e}", t.labels[i]),
+                (None, None) => format!("{}{mark} not timed", t.labels[i]),
+            }
+        })
+        .collect();
+    let tokens = if k.tokens > 1 {
+        format!(", {} tokens", k.tokens)
+    } else {
+        String::new()
+    };
+    let input = if k.input == "x" {
+        String::new()
+    } else {
+        format!(" ({} folded in)", k.input)
+    };
+    let untimed = t
+        .untimed
+        .as_ref()
+        .map_or(String::new(), |u| format!(" [{u}]"));
+    format!(
+        "{} {} {}x{}{tokens}{input}: {}{untimed}",
+        k.op,
+        k.format.name(),
+        k.rows,
+        k.cols,
+        cands.join(", ")
+    )
+}

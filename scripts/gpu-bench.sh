@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # sieve's GPU benchmark: kernel and golden tests on the GPU, then synthetic 1B
 # and 8B shapes (random weights made on the GPU, no download): prefill 512 and
-# decode at depths 0/4096/16384 next to llama.cpp's Vulkan figures, the `cpu`
-# kernel set side by side, contexts 4k/16k/64k with the full cache and with
+# decode at depths 0/4096/16384 next to llama.cpp's Vulkan figures (with
+# `--kernels auto`: on a GPU each weight shape's kernels timed on the device),
+# the fixed-rule `gpu` and the `cpu` kernel sets side by side, contexts 4k/16k/64k with the full cache and with
 # eviction, and the CCS refresh. On a Linux machine with an NVIDIA GPU and its
 # driver (any Vulkan device works). Prints each result as it comes and writes
 # OUT/gpu-bench.json and OUT/gpu-bench.md. Sized for 8 minutes on an H200.
@@ -113,10 +114,18 @@ for shape in "${speed_shapes[@]}"; do
     json="$out/$shape-speed.json"
     echo "== $shape (speed): sieve bench --synthetic $shape --kv-dtype $kv_dtype ${speed_args[*]} --refresh-sizes 0"
     timeout 120 "$bin" bench --synthetic "$shape" --kv-dtype "$kv_dtype" "${speed_args[@]}" \
-        --refresh-sizes 0 --json "$json" | grep -E '^\||^kernels|^streaming' | tee "$out/$shape-speed.md"
+        --refresh-sizes 0 --json "$json" | grep -E '^\||^kernel|^streaming' | tee "$out/$shape-speed.md"
     [ -f "$json" ] && runs+=("$json")
 done
 shape=${speed_shapes[-1]}
+# What the timings bought: the same `gpu` kernels with the fixed rules
+# (2 rows per mat-vec workgroup, Coop for f16 prefill).
+json="$out/$shape-speed-gpu-kernels.json"
+echo "== $shape (speed, --kernels gpu: fixed rules, no timings)"
+timeout 120 "$bin" bench --synthetic "$shape" --kv-dtype "$kv_dtype" --kernels gpu \
+    --prefill "${speed_args[1]}" --depths 0 --decode-steps 8 --refresh-sizes 0 --json "$json" |
+    grep -E '^\||^kernels' | tee "$out/$shape-speed-gpu-kernels.md"
+[ -f "$json" ] && runs+=("$json")
 json="$out/$shape-speed-cpu-kernels.json"
 echo "== $shape (speed, --kernels cpu)"
 timeout 120 "$bin" bench --synthetic "$shape" --kv-dtype "$kv_dtype" --kernels cpu \
@@ -137,7 +146,7 @@ for dtype in "${quant_formats[@]}"; do
     echo "== $shape (speed, --dtype $dtype)"
     timeout 90 "$bin" bench --synthetic "$shape" --kv-dtype "$kv_dtype" --dtype "$dtype" \
         "${quant_args[@]}" --refresh-sizes 0 --json "$json" |
-        grep -E '^\||^kernels|^sieve bench' | tee "$out/$shape-speed-$dtype.md"
+        grep -E '^\||^kernel|^sieve bench' | tee "$out/$shape-speed-$dtype.md"
     [ -f "$json" ] && runs+=("$json")
 done
 # Side by side with llama.cpp's Vulkan backend on an H200 (flash attention

@@ -68,6 +68,8 @@ pub struct Tuned {
     pub choice: usize,
     /// Why nothing was timed, where that is so.
     pub untimed: Option<String>,
+    /// Host seconds the timing took, pipeline builds included.
+    pub wall_seconds: f64,
 }
 
 /// The timings of one device (a field of [`Gpu`]), in the order they were
@@ -89,8 +91,10 @@ impl Tuner {
         if let Some(t) = self.done.lock().unwrap().iter().find(|t| t.key == key) {
             return t.choice;
         }
+        let start = std::time::Instant::now();
         let candidates = build();
-        let tuned = time_all(gpu, key, &candidates);
+        let mut tuned = time_all(gpu, key, &candidates);
+        tuned.wall_seconds = start.elapsed().as_secs_f64();
         let choice = tuned.choice;
         self.done.lock().unwrap().push(tuned);
         choice
@@ -111,6 +115,7 @@ fn time_all(gpu: &Gpu, key: TuneKey, candidates: &[Candidate]) -> Tuned {
         errors: vec![None; n],
         choice: 0,
         untimed: None,
+        wall_seconds: 0.0,
     };
     let timer = match Timer::new(gpu) {
         Ok(t) => t,
@@ -176,7 +181,7 @@ impl Timer {
         let flush_bytes = if gpu.profile.cpu_implementation {
             1 << 20
         } else {
-            gpu.max_binding.min(512 << 20) / 16 * 16
+            gpu.max_binding.min(256 << 20) / 16 * 16
         };
         let flush_src = gpu.storage("tune-flush", flush_bytes);
         Ok(Timer {

@@ -128,6 +128,13 @@ pub fn run(model: &std::sync::Arc<Model>, a: &BenchArgs) -> Result<serde_json::V
     for t in &timings {
         println!("kernel timing: {}", sieve::kernels::tune::describe(t));
     }
+    if !timings.is_empty() {
+        let wall: f64 = timings.iter().map(|t| t.wall_seconds).sum();
+        println!(
+            "kernel timings took {:.0} ms of the engine's build",
+            wall * 1e3
+        );
+    }
     let probe = sieve::kernels::read_bandwidth::measure(&gpu, 5)?;
     let bw = probe.bytes_per_second;
     println!(
@@ -232,7 +239,7 @@ pub fn run(model: &std::sync::Arc<Model>, a: &BenchArgs) -> Result<serde_json::V
             "op": t.key.op, "input": t.key.input, "format": t.key.format.name(),
             "rows": t.key.rows, "cols": t.key.cols, "tokens": t.key.tokens,
             "candidates": t.labels, "seconds": t.seconds, "errors": t.errors,
-            "chosen": t.labels[t.choice], "untimed": t.untimed,
+            "chosen": t.labels[t.choice], "untimed": t.untimed, "wall_seconds": t.wall_seconds,
         })).collect::<Vec<_>>(),
         "read_bandwidth_bytes_per_second": bw,
         "prefill": prefill,

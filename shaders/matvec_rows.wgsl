@@ -1,14 +1,16 @@
-// matvec_rows.wgsl: the lane loops both `gpu` mat-vecs share (included after
-// matmul_io.wgsl by matvec_workgroup.wgsl and matvec_subgroup.wgsl, which
-// declare LANES; the weights come from the format prelude: `weight4`,
+// matvec_rows.wgsl: the workgroup shape and lane loops both `gpu` mat-vecs
+// share (included after matmul_io.wgsl by matvec_workgroup.wgsl and
+// matvec_subgroup.wgsl; the weights come from the format prelude: `weight4`,
 // `dot32` and `QUANTIZED`).
 //
-// A workgroup takes ROWS consecutive rows (an override constant: 2, 4 or 8,
-// set per weight matrix by the launcher; with `--kernels auto` on a GPU the
-// fastest of the three on that device, timed when the engine is built, see
-// src/kernels/tune.rs). Each load of x serves all ROWS rows, so more rows
-// per workgroup means fewer passes over x (which the fused RMSNorm and
-// SwiGLU make costlier) but fewer workgroups to fill the device with.
+// A workgroup of LANES lanes (64, 128 or 256) takes ROWS consecutive rows
+// (1 to 8): two override constants set per weight matrix by the launcher
+// (128 and 2 by the fixed rule; with `--kernels tuned`, what `auto` picks on
+// a GPU, the fastest pair on that device, timed when the engine is built,
+// see src/kernels/tune.rs). Each load of x serves all ROWS rows, so more
+// rows per workgroup means fewer passes over x (which the fused RMSNorm and
+// SwiGLU make costlier) but fewer workgroups to fill the device with; more
+// lanes per row mean fewer loads per lane and more reduction.
 //
 // This lane's partial sums of rows r0 .. r0 + ROWS (clamped to the part) of
 // W x, with x scaled by `inv` and the norm weights when the norm is fused.
@@ -18,9 +20,12 @@
 // would leave half the lanes without a block) keep every lane loading.
 // `QUANTIZED` is a constant of the prelude and K uniform: no divergence.
 
+override LANES: u32 = 128u;
 override ROWS: u32 = 2u;
 // The largest ROWS: the size of the per-lane accumulators.
 const ROWS_MAX: u32 = 8u;
+// The size of the workgroup's partial sums: LANES_MAX (256) * ROWS_MAX.
+const PARTIALS: u32 = 2048u;
 
 // The first packed group of row r0 + i, clamped to the part's last row (the
 // sums of rows past it are computed and not stored).

@@ -3,8 +3,8 @@
 // prelude; matmul_io.wgsl has the shared parameters, bindings and store;
 // matvec_rows.wgsl the lane loop).
 //
-// The same work split as matvec_workgroup.wgsl (a workgroup of 128 lanes per
-// ROWS rows, coalesced loads along K, two loads per row in flight), but each
+// The same work split as matvec_workgroup.wgsl (a workgroup of LANES lanes
+// per ROWS rows, coalesced loads along K, two loads per row in flight), but each
 // subgroup sums its lanes with subgroupAdd and only one value per row and
 // subgroup goes through workgroup memory: one barrier instead of eight.
 //
@@ -14,15 +14,13 @@
 // or a fused SwiGLU (flags bit 3; x is then [2k/4], gate then up).
 // Dispatch: (min(groups, 32768), ceil(groups / 32768), 1), groups =
 // ceil(rows / ROWS); workgroup g = id.x + id.y * 32768 takes rows ROWS * g ..
-// ROWS * g + ROWS - 1 (ROWS: override constant, 2, 4 or 8; matvec_rows.wgsl).
+// ROWS * g + ROWS - 1 (LANES and ROWS: override constants, matvec_rows.wgsl).
 // Needs the SUBGROUP feature (naga takes subgroup builtins without an
 // `enable`; the device refuses the module without the feature).
 
-const LANES: u32 = 128u;
-
-// One slot per subgroup and row (subgroup s, row i at s * ROWS_MAX + i); 128
-// subgroups cover any subgroup size.
-var<workgroup> partial: array<f32, 1024>; // LANES * ROWS_MAX
+// One slot per subgroup and row (subgroup s, row i at s * ROWS_MAX + i);
+// PARTIALS covers any subgroup size.
+var<workgroup> partial: array<f32, PARTIALS>;
 
 // With a fused norm (flags bit 2): 1 / rms of x, summed by all lanes with
 // subgroup sums; 1 otherwise.

@@ -5,11 +5,11 @@
 // variant gives each lane four whole rows, which leaves a large GPU mostly
 // idle (a 4,096-row matrix is 1,024 lanes).
 //
-// A workgroup of 128 lanes takes ROWS rows (an override constant: 2, 4 or
-// 8; matvec_rows.wgsl). Lane i reads the packed weights k = i, i + 128, ...
-// of each row, so the lanes of a subgroup read one contiguous run of memory
-// per load; each load of x serves all ROWS rows, and the loop keeps two
-// loads per row in flight. The 128 partial sums of each row are then
+// A workgroup of LANES lanes takes ROWS rows (override constants, 128 and 2
+// unless timings chose others; matvec_rows.wgsl). Lane i reads the packed
+// weights k = i, i + LANES, ... of each row, so the lanes of a subgroup read
+// one contiguous run of memory per load; each load of x serves all ROWS
+// rows, and the loop keeps two loads per row in flight. The LANES partial sums of each row are then
 // reduced in workgroup memory (matvec_subgroup.wgsl: with subgroup sums).
 //
 // Bindings (group 0): as matmul_io.wgsl, with
@@ -20,10 +20,8 @@
 // ceil(rows / ROWS); workgroup g = id.x + id.y * 32768 takes rows ROWS * g ..
 // ROWS * g + ROWS - 1.
 
-const LANES: u32 = 128u;
-
 // Row i's partial sum of lane l at i * LANES + l.
-var<workgroup> partial: array<f32, 1024>; // LANES * ROWS_MAX
+var<workgroup> partial: array<f32, PARTIALS>;
 
 // With a fused norm (flags bit 2): 1 / rms of x, summed by all lanes and
 // reduced in workgroup memory; 1 otherwise.

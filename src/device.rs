@@ -147,16 +147,19 @@ pub enum MatvecVariant {
     /// workgroup, 32 values a step through the format's `dot32` (whole quant
     /// words, one scale per block).
     Rows8,
-    /// `matvec_workgroup.wgsl`: a workgroup of 128 lanes per `rows` rows (2,
-    /// 4 or 8), coalesced loads along K, reduced in workgroup memory.
-    WorkgroupReduce { rows: u32 },
+    /// `matvec_workgroup.wgsl`: a workgroup of `lanes` lanes (64, 128 or
+    /// 256) per `rows` rows (1 to 8), coalesced loads along K, reduced in
+    /// workgroup memory.
+    WorkgroupReduce { lanes: u32, rows: u32 },
     /// `matvec_subgroup.wgsl`: the same, reduced with subgroup sums.
-    SubgroupReduce { rows: u32 },
+    SubgroupReduce { lanes: u32, rows: u32 },
 }
 
-/// Rows per workgroup of the `gpu` mat-vecs: the fixed rule's choice, and
-/// what the shaders' accumulators allow.
+/// Lanes and rows per workgroup of the `gpu` mat-vecs: the fixed rule's
+/// choice, and what the shaders allow (their accumulators and partial sums).
+pub const MATVEC_LANES_DEFAULT: u32 = 128;
 pub const MATVEC_ROWS_DEFAULT: u32 = 2;
+pub const MATVEC_LANES: [u32; 3] = [64, 128, 256];
 pub const MATVEC_ROWS_MAX: u32 = 8;
 
 impl MatvecVariant {
@@ -166,23 +169,22 @@ impl MatvecVariant {
         self != MatvecVariant::Rows8
     }
 
-    /// Rows per workgroup.
-    pub fn rows(self) -> u32 {
+    /// (lanes, rows) per workgroup.
+    pub fn shape(self) -> (u32, u32) {
         match self {
-            MatvecVariant::Rows8 => 64,
-            MatvecVariant::WorkgroupReduce { rows } | MatvecVariant::SubgroupReduce { rows } => {
-                rows
-            }
+            MatvecVariant::Rows8 => (8, 64),
+            MatvecVariant::WorkgroupReduce { lanes, rows }
+            | MatvecVariant::SubgroupReduce { lanes, rows } => (lanes, rows),
         }
     }
 
-    /// The same kernel with `rows` rows per workgroup (the `cpu` variant
-    /// has one shape).
-    pub fn with_rows(self, rows: u32) -> Self {
+    /// The same kernel with `lanes` lanes per `rows` rows (the `cpu`
+    /// variant has one shape).
+    pub fn with_shape(self, lanes: u32, rows: u32) -> Self {
         match self {
             MatvecVariant::Rows8 => self,
-            MatvecVariant::WorkgroupReduce { .. } => MatvecVariant::WorkgroupReduce { rows },
-            MatvecVariant::SubgroupReduce { .. } => MatvecVariant::SubgroupReduce { rows },
+            MatvecVariant::WorkgroupReduce { .. } => MatvecVariant::WorkgroupReduce { lanes, rows },
+            MatvecVariant::SubgroupReduce { .. } => MatvecVariant::SubgroupReduce { lanes, rows },
         }
     }
 }
@@ -318,10 +320,12 @@ impl KernelVariants {
                     set,
                     matvec: if profile.subgroups {
                         MatvecVariant::SubgroupReduce {
+                            lanes: MATVEC_LANES_DEFAULT,
                             rows: MATVEC_ROWS_DEFAULT,
                         }
                     } else {
                         MatvecVariant::WorkgroupReduce {
+                            lanes: MATVEC_LANES_DEFAULT,
                             rows: MATVEC_ROWS_DEFAULT,
                         }
                     },
@@ -357,14 +361,23 @@ impl KernelVariants {
     }
 
     /// The mat-vec variants worth timing for a weight matrix, the fixed
-    /// rule's first: the `gpu` mat-vec with 2, 4 and 8 rows per workgroup.
+    /// rule's first: the `gpu` mat-vec with 64, 128 or 256 lanes per 1, 2,
+    /// 4 or 8 rows.
     pub fn matvec_candidates(&self) -> Vec<MatvecVariant> {
-        match self.matvec {
-            MatvecVariant::Rows8 => vec![self.matvec],
-            v => [MATVEC_ROWS_DEFAULT, 4, MATVEC_ROWS_MAX]
-                .map(|rows| v.with_rows(rows))
-                .to_vec(),
+        let v = self.matvec;
+        if v == MatvecVariant::Rows8 {
+            return vec![v];
         }
+        let mut out = vec![v];
+        for lanes in MATVEC_LANES {
+            for rows in [1, 2, 4, MATVEC_ROWS_MAX] {
+                let c = v.with_shape(lanes, rows);
+                if c != v {
+                    out.push(c);
+                }
+            }
+        }
+        out
     }
 
     /// The mat-mul variants worth timing for one row part, the fixed rule's
@@ -414,10 +427,10 @@ impl KernelVariants {
         };
         let matvec = match self.matvec {
             MatvecVariant::WorkgroupReduce { .. } if self.tuned() => {
-                "WorkgroupReduce, 2, 4 or 8 rows timed per matrix".to_string()
+                "WorkgroupReduce, lanes and rows timed per matrix".to_string()
             }
             MatvecVariant::SubgroupReduce { .. } if self.tuned() => {
-                "SubgroupReduce, 2, 4 or 8 rows timed per matrix".to_string()
+                "SubgroupReduce, lanes and rows timed per matrix".to_string()
             }
             v => format!("{v:?}"),
         };
@@ -457,7 +470,10 @@ mod tests {
             (v.set, v.matvec, v.matmul),
             (
                 KernelSet::Tuned,
-                MatvecVariant::SubgroupReduce { rows: 2 },
+                MatvecVariant::SubgroupReduce {
+                    lanes: 128,
+                    rows: 2
+                },
                 MatmulVariant::Coop
             )
         );
@@ -469,7 +485,10 @@ mod tests {
         assert_eq!(
             (v.matvec, v.matmul),
             (
-                MatvecVariant::WorkgroupReduce { rows: 2 },
+                MatvecVariant::WorkgroupReduce {
+                    lanes: 128,
+                    rows: 2
+                },
                 MatmulVariant::Tiled
             )
         );
@@ -535,10 +554,13 @@ mod tests {
     fn candidates_start_with_the_rule() {
         let coop = DeviceProfile::for_tests(false, true, true);
         let mut v = KernelVariants::select(&coop, KernelSet::Tuned);
-        assert_eq!(
-            v.matvec_candidates(),
-            [2, 4, 8].map(|rows| MatvecVariant::SubgroupReduce { rows })
-        );
+        let mv = v.matvec_candidates();
+        assert_eq!(mv[0], v.matvec);
+        assert_eq!(mv.len(), 12);
+        for (i, c) in mv.iter().enumerate() {
+            assert!(!mv[..i].contains(c), "{c:?} twice");
+            assert!(matches!(c, MatvecVariant::SubgroupReduce { .. }));
+        }
         use MatmulVariant::*;
         let f16 = v.matmul_candidates(WeightFormat::F16, 128, 576);
         assert_eq!(f16, [Coop, CoopStaged, Tiled]);

@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use super::tune::{Candidate, TuneKey};
 use super::{ceil_div, dispatch, Rows};
-use crate::device::{MatmulVariant, MatvecVariant, MATVEC_ROWS_MAX};
+use crate::device::{MatmulVariant, MatvecVariant, MATVEC_LANES, MATVEC_ROWS_MAX};
 use crate::gpu::Gpu;
 use crate::shaders::{self, Shader, WeightFormat};
 use crate::weights::GpuMatrix;
@@ -110,11 +110,12 @@ fn matvec_pipeline(
     match v {
         MatvecVariant::Rows8 => gpu.pipeline(shader, Some(format), entry, &[]),
         _ => {
-            let rows = v.rows();
-            if !(1..=MATVEC_ROWS_MAX).contains(&rows) {
-                bail!("{v:?}: rows per workgroup must be 1 to {MATVEC_ROWS_MAX}");
+            let (lanes, rows) = v.shape();
+            if !(1..=MATVEC_ROWS_MAX).contains(&rows) || !MATVEC_LANES.contains(&lanes) {
+                bail!("{v:?}: lanes must be one of {MATVEC_LANES:?}, rows 1 to {MATVEC_ROWS_MAX}");
             }
-            gpu.pipeline(shader, Some(format), entry, &[("ROWS", rows as f64)])
+            let constants = [("LANES", lanes as f64), ("ROWS", rows as f64)];
+            gpu.pipeline(shader, Some(format), entry, &constants)
         }
     }
 }
@@ -141,7 +142,7 @@ fn matvec_groups(v: MatvecVariant, rows: u32) -> (u32, u32, u32) {
     match v {
         MatvecVariant::Rows8 => (ceil_div(rows, 64), 1, 1),
         MatvecVariant::WorkgroupReduce { .. } | MatvecVariant::SubgroupReduce { .. } => {
-            let g = ceil_div(rows, v.rows());
+            let g = ceil_div(rows, v.shape().1);
             (g.min(32768), ceil_div(g, 32768), 1)
         }
     }
@@ -415,7 +416,7 @@ impl TunedPart<'_> {
             cands
                 .iter()
                 .map(|&v| Candidate {
-                    label: format!("{} rows", v.rows()),
+                    label: format!("{}x{}", v.shape().0, v.shape().1),
                     dispatch: matvec_pipeline(gpu, v, self.part.format).map(|p| {
                         let group = self.bind(gpu, &p, 1, flags);
                         (p, group, matvec_groups(v, rows))
@@ -591,14 +592,26 @@ mod tests {
     use crate::shaders::{Shader, WeightFormat};
 
     /// Every mat-vec variant this device can run: the `gpu` ones with 1, 2,
-    /// 3 (not a power of two), 4 and 8 rows per workgroup, the subgroup one
-    /// where the device has subgroups.
+    /// 3 (not a power of two), 4 and 8 rows per workgroup of 128 lanes, and
+    /// of 64 and 256 lanes with a few row counts, the subgroup one where the
+    /// device has subgroups.
     fn matvecs(gpu: &Gpu) -> Vec<MatvecVariant> {
         let mut out = vec![MatvecVariant::Rows8];
-        for rows in [1, 2, 3, 4, 8] {
-            out.push(MatvecVariant::WorkgroupReduce { rows });
+        let shapes = [
+            (128, 1),
+            (128, 2),
+            (128, 3),
+            (128, 4),
+            (128, 8),
+            (64, 1),
+            (64, 8),
+            (256, 2),
+            (256, 8),
+        ];
+        for (lanes, rows) in shapes {
+            out.push(MatvecVariant::WorkgroupReduce { lanes, rows });
             if gpu.profile.subgroups {
-                out.push(MatvecVariant::SubgroupReduce { rows });
+                out.push(MatvecVariant::SubgroupReduce { lanes, rows });
             }
         }
         out
@@ -954,7 +967,8 @@ mod tests {
             .find(|t| t.key.op == "mat-vec")
             .expect("the mat-vec was timed");
         assert_eq!(matvec.key.input, "rmsnorm");
-        assert_eq!(matvec.labels, ["2 rows", "4 rows", "8 rows"]);
+        assert_eq!(matvec.labels.len(), 12);
+        assert_eq!(matvec.labels[0], "128x2");
         assert!(
             matvec.seconds.iter().all(|s| s.is_some_and(|s| s > 0.0)),
             "{matvec:?}"

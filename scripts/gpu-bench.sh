@@ -90,12 +90,12 @@ fi
 
 # 4. Correctness on this device first: every kernel variant against its CPU
 # reference (the cooperative GEMM included where the device offers it) and
-# both kernel sets on the tiny golden models.
+# every kernel set on the tiny golden models.
 if [ -n "$from" ] && [ -x "$from/bin/sieve-lib-tests" ]; then
     echo "== kernel tests on this device"
     timeout 120 "$from/bin/sieve-lib-tests" --test-threads 1 kernels:: device:: 2>&1 |
         grep -E '^test |test result|panicked|note:' | tee "$out/kernel-tests.txt"
-    echo "== golden tests (tiny models, both kernel sets)"
+    echo "== golden tests (tiny models, every kernel set)"
     SIEVE_GOLDEN_DIR="$from/golden" timeout 120 "$from/bin/golden-tiny-tests" --test-threads 1 2>&1 |
         grep -E '^test |test result|panicked' | tee "$out/golden-tests.txt"
 fi
@@ -282,7 +282,7 @@ fi
         cat "$out/vs-llama-cpp.md"
     fi
     for shape in "${speed_shapes[@]}"; do
-        for f in "$shape-speed" "$shape-speed-cpu-kernels"; do
+        for f in "$shape-speed" "$shape-speed-gpu-kernels" "$shape-speed-cpu-kernels"; do
             [ -f "$out/$f.md" ] || continue
             echo
             echo "## $f"

@@ -16,16 +16,16 @@
 // W x, with x scaled by `inv` and the norm weights when the norm is fused.
 // Float weights go four values (one packed word) at a time; quantized ones a
 // block of 32 values at a time where a row has a block for every lane (K of
-// 4,096 and more), else also a word at a time, so that short rows (K = 2,048
-// would leave half the lanes without a block) keep every lane loading.
+// 32 * LANES and more: 4,096 with 128 lanes), else also a word at a time, so
+// that short rows (K = 2,048 would leave half of 128 lanes without a block)
+// keep every lane loading.
 // `QUANTIZED` is a constant of the prelude and K uniform: no divergence.
 
 override LANES: u32 = 128u;
 override ROWS: u32 = 2u;
 // The largest ROWS: the size of the per-lane accumulators.
 const ROWS_MAX: u32 = 8u;
-// The size of the workgroup's partial sums: LANES_MAX (256) * ROWS_MAX.
-const PARTIALS: u32 = 2048u;
+
 
 // The first packed group of row r0 + i, clamped to the part's last row (the
 // sums of rows past it are computed and not stored).

@@ -18,9 +18,10 @@
 // Needs the SUBGROUP feature (naga takes subgroup builtins without an
 // `enable`; the device refuses the module without the feature).
 
-// One slot per subgroup and row (subgroup s, row i at s * ROWS_MAX + i);
-// PARTIALS covers any subgroup size.
-var<workgroup> partial: array<f32, PARTIALS>;
+// One slot per subgroup and row (subgroup s, row i at s * ROWS + i); LANES
+// subgroups cover any subgroup size. Sized by the override constants, so
+// that small shapes keep workgroup memory free for more workgroups.
+var<workgroup> partial: array<f32, LANES * ROWS>;
 
 // With a fused norm (flags bit 2): 1 / rms of x, summed by all lanes with
 // subgroup sums; 1 otherwise.
@@ -35,12 +36,12 @@ fn row_inv_rms(lane: u32, sg: u32, n_sg: u32, sg_lane: u32) -> f32 {
     }
     let s = subgroupAdd(ss);
     if (sg_lane == 0u) {
-        partial[sg * ROWS_MAX] = s;
+        partial[sg * ROWS] = s;
     }
     workgroupBarrier();
     var total = 0.0;
     for (var i = 0u; i < n_sg; i++) {
-        total += partial[i * ROWS_MAX];
+        total += partial[i * ROWS];
     }
     workgroupBarrier();
     return inv_rms(total);
@@ -63,14 +64,14 @@ fn matvec(
     for (var i = 0u; i < ROWS; i++) {
         let s = subgroupAdd(acc[i]);
         if (sg_lane == 0u) {
-            partial[sg * ROWS_MAX + i] = s;
+            partial[sg * ROWS + i] = s;
         }
     }
     workgroupBarrier();
     if (lane < ROWS && r0 + lane < p.rows) {
         var total = 0.0;
         for (var i = 0u; i < n_sg; i++) {
-            total += partial[i * ROWS_MAX + lane];
+            total += partial[i * ROWS + lane];
         }
         store(0u, r0 + lane, total);
     }

@@ -20,8 +20,9 @@
 // ceil(rows / ROWS); workgroup g = id.x + id.y * 32768 takes rows ROWS * g ..
 // ROWS * g + ROWS - 1.
 
-// Row i's partial sum of lane l at i * LANES + l.
-var<workgroup> partial: array<f32, PARTIALS>;
+// Row i's partial sum of lane l at i * LANES + l (sized by the override
+// constants, so that small shapes keep workgroup memory free).
+var<workgroup> partial: array<f32, LANES * ROWS>;
 
 // With a fused norm (flags bit 2): 1 / rms of x, summed by all lanes and
 // reduced in workgroup memory; 1 otherwise.

@@ -282,6 +282,9 @@ pub struct KernelVariants {
     /// `Coop` (cleared when that kernel fails its start-up check, which
     /// leaves f16 weights on the cooperative kernel).
     pub coop_staged: bool,
+    /// Whether `CoopStaged` is a timed candidate for f16 parts (`tuned`
+    /// only; cleared when it fails its start-up check with f16 weights).
+    pub coop_staged_f16: bool,
     pub attn_decode: AttnDecodeVariant,
     pub attn_prefill: AttnPrefillVariant,
 }
@@ -300,6 +303,7 @@ impl KernelVariants {
                 matvec: MatvecVariant::Rows8,
                 matmul: MatmulVariant::Blocked4x4,
                 coop_staged: false,
+                coop_staged_f16: false,
                 attn_decode: AttnDecodeVariant::Serial,
                 attn_prefill: AttnPrefillVariant::RowPerLane,
             },
@@ -331,6 +335,7 @@ impl KernelVariants {
                     },
                     matmul,
                     coop_staged: matmul == MatmulVariant::Coop,
+                    coop_staged_f16: matmul == MatmulVariant::Coop && set == KernelSet::Tuned,
                     attn_decode: AttnDecodeVariant::Parallel,
                     attn_prefill: AttnPrefillVariant::Tiled,
                 }
@@ -383,9 +388,10 @@ impl KernelVariants {
     /// The mat-mul variants worth timing for one row part, the fixed rule's
     /// ([`KernelVariants::part_variant`]) first: on a device whose
     /// cooperative kernels passed their start-up check, the direct one for
-    /// f16 parts it takes, the staged one for block formats and for f16
-    /// rows of whole 32-value slices, and the tiled kernel for everything
-    /// but the `cpu` set; f32 weights keep the tiled kernel (f32 arithmetic).
+    /// f16 parts it takes, the staged one for block formats and (`tuned`)
+    /// for f16 rows of whole 32-value slices, and the tiled kernel; f32
+    /// weights keep the tiled kernel (f32 arithmetic), and the `cpu` set
+    /// has one variant.
     pub fn matmul_candidates(
         &self,
         format: crate::shaders::WeightFormat,
@@ -397,9 +403,10 @@ impl KernelVariants {
         let mut out = vec![rule];
         if self.matmul == MatmulVariant::Coop {
             let direct = MatmulVariant::Coop.for_part(format, rows, cols);
-            let staged = self.coop_staged
-                && (format.block().is_some()
-                    || (format == WeightFormat::F16 && cols.is_multiple_of(32)));
+            let staged = match format {
+                WeightFormat::F16 => self.coop_staged_f16 && cols.is_multiple_of(32),
+                f => self.coop_staged && f.block().is_some(),
+            };
             let more = [
                 (direct == MatmulVariant::Coop).then_some(MatmulVariant::Coop),
                 staged.then_some(MatmulVariant::CoopStaged),
@@ -573,11 +580,22 @@ mod tests {
         assert_eq!(v.matmul_candidates(WeightFormat::F32, 128, 576), [Tiled]);
         let q = v.matmul_candidates(WeightFormat::Q4_K, 128, 512);
         assert_eq!(q, [CoopStaged, Tiled]);
+        // The staged kernel failing its check with block formats leaves it
+        // a candidate for f16, and the other way round.
         v.coop_staged = false;
+        let f16 = v.matmul_candidates(WeightFormat::F16, 128, 576);
+        assert_eq!(f16, [Coop, CoopStaged, Tiled]);
+        let q = v.matmul_candidates(WeightFormat::Q4_K, 128, 512);
+        assert_eq!(q, [Tiled]);
+        v.coop_staged = true;
+        v.coop_staged_f16 = false;
         let f16 = v.matmul_candidates(WeightFormat::F16, 128, 576);
         assert_eq!(f16, [Coop, Tiled]);
         let q = v.matmul_candidates(WeightFormat::Q4_K, 128, 512);
-        assert_eq!(q, [Tiled]);
+        assert_eq!(q, [CoopStaged, Tiled]);
+        // The fixed-rule set times nothing, and has no f16 staged candidate.
+        let fixed = KernelVariants::select(&coop, KernelSet::Gpu);
+        assert!(!fixed.tuned() && !fixed.coop_staged_f16);
         let plain = KernelVariants::select(
             &DeviceProfile::for_tests(false, true, false),
             KernelSet::Tuned,

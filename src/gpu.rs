@@ -223,31 +223,36 @@ impl Gpu {
         if gpu.kernels.matmul == MatmulVariant::Coop {
             use crate::kernels::matmul::check_variant;
             use crate::shaders::WeightFormat;
-            let warn = |variant: MatmulVariant, format: WeightFormat, e: anyhow::Error| {
+            let warn = |variant: MatmulVariant,
+                        format: WeightFormat,
+                        e: anyhow::Error,
+                        then: &str| {
                 eprintln!(
-                    "warning: the cooperative-matrix mat-mul ({variant:?}) failed its check with {} weights on {} ({e:#}); those weights use the tiled kernel",
+                    "warning: the cooperative-matrix mat-mul ({variant:?}) failed its check with {} weights on {} ({e:#}); {then}",
                     format.name(),
                     gpu.info.name
                 );
             };
-            // With timings the staged kernel is a candidate for f16 weights
-            // too; it is checked with both (a failure turns it off for all).
-            let staged_formats: &[WeightFormat] = if gpu.kernels.tuned() {
-                &[WeightFormat::Q4_0, WeightFormat::F16]
-            } else {
-                &[WeightFormat::Q4_0]
-            };
-            for &format in staged_formats {
-                if let Err(e) = check_variant(&gpu, MatmulVariant::CoopStaged, format) {
-                    warn(MatmulVariant::CoopStaged, format, e);
-                    gpu.kernels.coop_staged = false;
-                    break;
+            if let Err(e) = check_variant(&gpu, MatmulVariant::CoopStaged, WeightFormat::Q4_0) {
+                let then = "weights in block formats use the tiled kernel";
+                warn(MatmulVariant::CoopStaged, WeightFormat::Q4_0, e, then);
+                gpu.kernels.coop_staged = false;
+            }
+            // With timings the staged kernel is also a candidate for f16
+            // weights, checked with them on its own.
+            if gpu.kernels.coop_staged_f16 {
+                if let Err(e) = check_variant(&gpu, MatmulVariant::CoopStaged, WeightFormat::F16) {
+                    let then = "it is not timed for f16 weights";
+                    warn(MatmulVariant::CoopStaged, WeightFormat::F16, e, then);
+                    gpu.kernels.coop_staged_f16 = false;
                 }
             }
             if let Err(e) = check_variant(&gpu, MatmulVariant::Coop, WeightFormat::F16) {
-                warn(MatmulVariant::Coop, WeightFormat::F16, e);
+                let then = "every weight format uses the tiled kernel";
+                warn(MatmulVariant::Coop, WeightFormat::F16, e, then);
                 gpu.kernels.matmul = MatmulVariant::Tiled;
                 gpu.kernels.coop_staged = false;
+                gpu.kernels.coop_staged_f16 = false;
             }
         }
         Ok(Arc::new(gpu))

@@ -138,7 +138,7 @@ fn every_format_converted_matches_its_reference_logits() {
 
 /// Each GGUF file loaded directly, its weights kept in their own formats on
 /// the GPU and dequantized inside the kernels, runs to its reference logits
-/// within the same 1e-3, with both kernel sets (f32 KV cache); 5e-2 where the
+/// within the same 1e-3, with every kernel set (f32 KV cache); 5e-2 where the
 /// mat-muls run on cooperative matrices, which round to f16.
 #[test]
 fn every_format_loaded_directly_matches_its_reference_logits() {
@@ -147,7 +147,7 @@ fn every_format_loaded_directly_matches_its_reference_logits() {
     use sieve::model::{LoadOptions, Model};
     use sieve::shaders::WeightFormat;
     let dir = golden_dir().join("quant");
-    for kernels in [KernelSet::Cpu, KernelSet::Gpu] {
+    for kernels in [KernelSet::Cpu, KernelSet::Gpu, KernelSet::Tuned] {
         for tag in TAGS {
             let opts = LoadOptions {
                 gpu: GpuOptions {

@@ -297,7 +297,7 @@ fn f16_kv_cache_logits_and_greedy_match() {
     check_logits_kv(OutDtype::F32, WeightFormat::F16, 0.06, &ALL);
 }
 
-/// The `gpu` kernel set (whatever the device would pick by itself): f32
+/// The `gpu` kernel set (its fixed rules; `auto` picks it, timed, on a GPU): f32
 /// weights at the f32 tolerance, f16 weights with an f16 cache at the f16
 /// tolerances.
 #[test]

@@ -75,6 +75,9 @@ struct Part {
 
 /// One weight matrix bound to its input and output buffers.
 pub struct Matmul {
+    /// The mat-vec variant asked for (the device's, or the test's); each
+    /// part's own, which timings may have changed, is in
+    /// [`Matmul::matvec_variants`].
     pub matvec_variant: MatvecVariant,
     /// The mat-vec computes its input itself ([`FusedInput`]): skip the
     /// kernel that writes x when n = 1.
@@ -353,16 +356,28 @@ struct TunedPart<'a> {
     flags: u32,
 }
 
-impl TunedPart<'_> {
-    /// Scratch bindings for `tokens` tokens with the given flags; x is
-    /// twice as wide with a fused SwiGLU (gate then up).
+/// Scratch bindings standing in for the engine's while a part's candidates
+/// are timed (one set shared by all of them).
+struct Scratch {
+    buffers: [wgpu::Buffer; 6],
+}
+
+impl Scratch {
     fn bind(
         &self,
         gpu: &Gpu,
         pipeline: &wgpu::ComputePipeline,
-        tokens: usize,
-        flags: u32,
+        weights: &wgpu::Buffer,
     ) -> wgpu::BindGroup {
+        let [step, params, bias, x, y, norm] = &self.buffers;
+        gpu.bind_group(pipeline, &[step, params, weights, bias, x, y, norm])
+    }
+}
+
+impl TunedPart<'_> {
+    /// Scratch bindings for `tokens` tokens with the given flags; x is
+    /// twice as wide with a fused SwiGLU (gate then up).
+    fn scratch(&self, gpu: &Gpu, tokens: usize, flags: u32) -> Scratch {
         let (rows, cols) = (self.part.rows as u64, self.cols as u64);
         let x_width = if flags & FUSED_SWIGLU != 0 { 2 } else { 1 };
         let step = gpu.uniform(
@@ -385,12 +400,16 @@ impl TunedPart<'_> {
                 _p: 0,
             },
         );
-        let bias = gpu.storage("tune-bias", rows * 4);
-        let x = gpu.storage("tune-x", tokens as u64 * cols * 4 * x_width);
-        let y = gpu.storage("tune-y", tokens as u64 * rows * 4);
-        let norm = gpu.storage("tune-norm", cols * 4);
-        let bufs = [&step, &params, &self.part.buffer, &bias, &x, &y, &norm];
-        gpu.bind_group(pipeline, &bufs)
+        Scratch {
+            buffers: [
+                step,
+                params,
+                gpu.storage("tune-bias", rows * 4),
+                gpu.storage("tune-x", tokens as u64 * cols * 4 * x_width),
+                gpu.storage("tune-y", tokens as u64 * rows * 4),
+                gpu.storage("tune-norm", cols * 4),
+            ],
+        }
     }
 
     fn key(&self, op: &'static str, input: &'static str, tokens: usize) -> TuneKey {
@@ -413,12 +432,13 @@ impl TunedPart<'_> {
         let flags = self.flags | fused_flag;
         let rows = self.part.rows as u32;
         let i = gpu.tuner.choose(gpu, self.key("mat-vec", input, 1), || {
+            let scratch = self.scratch(gpu, 1, flags);
             cands
                 .iter()
                 .map(|&v| Candidate {
                     label: format!("{}x{}", v.shape().0, v.shape().1),
                     dispatch: matvec_pipeline(gpu, v, self.part.format).map(|p| {
-                        let group = self.bind(gpu, &p, 1, flags);
+                        let group = scratch.bind(gpu, &p, &self.part.buffer);
                         (p, group, matvec_groups(v, rows))
                     }),
                 })
@@ -436,12 +456,13 @@ impl TunedPart<'_> {
             return cands[0];
         }
         let i = gpu.tuner.choose(gpu, self.key("mat-mul", "x", tokens), || {
+            let scratch = self.scratch(gpu, tokens, self.flags);
             cands
                 .iter()
                 .map(|&v| Candidate {
                     label: format!("{v:?}"),
                     dispatch: matmul_pipeline(gpu, v, format).map(|p| {
-                        let group = self.bind(gpu, &p, tokens, self.flags);
+                        let group = scratch.bind(gpu, &p, &self.part.buffer);
                         (p, group, matmul_groups(v, rows as u32, tokens as u32))
                     }),
                 })
@@ -888,6 +909,9 @@ mod tests {
         (130, 1028, WeightFormat::F32),
         (64, 2400, WeightFormat::F16),
         (7, 4160, WeightFormat::Q4_0),
+        // A block for each of 256 lanes (K >= 8,192): the block loop with
+        // the widest workgroup, in a K-quant.
+        (3, 8448, WeightFormat::Q4_K),
     ];
 
     /// The `gpu` mat-vecs with the RMSNorm folded in match the norm's CPU
@@ -932,6 +956,13 @@ mod tests {
     #[test]
     fn tuned_products_time_their_candidates_once_per_shape() {
         let gpu = gpu_with(KernelSet::Tuned);
+        if !gpu.features.contains(wgpu::Features::TIMESTAMP_QUERY) {
+            eprintln!(
+                "note: {} has no timestamp queries: nothing to time",
+                gpu.info.name
+            );
+            return;
+        }
         let (rows, cols, n) = (40, 96, 5);
         let m = GpuMatrix::new(&gpu, "w", rows, cols, WeightFormat::F16).unwrap();
         let w = fill_test_weights(&gpu, &m, 21);

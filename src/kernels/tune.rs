@@ -12,16 +12,18 @@
 //! what runs when nothing can be timed, and a result is kept per shape, so
 //! the 32 layers of a model with one shape cost one timing, and a second
 //! engine on the same device (a session's counter-causal pass, a new
-//! session) reuses it.
+//! session) reuses it (mat-muls are keyed by the token count they are
+//! timed at too: an engine with other prompt chunks times those again).
 //!
 //! How: each candidate runs once to warm up, then three times, each time
-//! after a pass that reads a large scratch buffer (so the weights are not
-//! in the GPU's cache, as in a real decode step where every matrix is read
-//! once), timed by timestamp queries at the start and end of its own compute
-//! pass; the median counts. A candidate three times slower than the best so
+//! after a submission that reads a large scratch buffer (so the weights are
+//! not in the GPU's cache, as in a real decode step where every matrix is
+//! read once), timed by timestamp queries at the start and end of its own
+//! compute pass; the median counts. A candidate three times slower than the best so
 //! far after its first timed run is not run again. Candidates run on scratch
 //! inputs and outputs: the engine's buffers are untouched. A device without
-//! timestamp queries keeps the rule's choice, and says so.
+//! timestamp queries, or without the memory for the timings, keeps the
+//! rule's choice, and says so.
 
 use anyhow::{anyhow, Result};
 use std::sync::{Arc, Mutex};
@@ -86,14 +88,48 @@ const CUTOFF: f64 = 3.0;
 
 impl Tuner {
     /// The index of the fastest of the candidates `build` makes for `key`
-    /// (called only when `key` has not been timed on this device yet).
+    /// (called only when `key` has not been timed on this device yet;
+    /// two threads asking at once may both time it, which is harmless).
+    /// Timing never fails the caller: without timestamp queries, or when
+    /// the candidates or their scratch buffers do not fit in memory, the
+    /// rule's choice (index 0) is kept and the result says why.
     pub fn choose(&self, gpu: &Gpu, key: TuneKey, build: impl FnOnce() -> Vec<Candidate>) -> usize {
         if let Some(t) = self.done.lock().unwrap().iter().find(|t| t.key == key) {
             return t.choice;
         }
         let start = std::time::Instant::now();
-        let candidates = build();
-        let mut tuned = time_all(gpu, key, &candidates);
+        let mut tuned = if gpu.features.contains(wgpu::Features::TIMESTAMP_QUERY) {
+            // The scratch buffers and the flush are not the engine's: a
+            // device too full for them skips the timings instead of failing
+            // the engine's build (whose own error scope would catch them).
+            let scope = gpu.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+            let candidates = build();
+            let tuned = time_all(gpu, key.clone(), &candidates);
+            drop(candidates);
+            match pollster::block_on(scope.pop()) {
+                None => tuned,
+                Some(e) => Tuned {
+                    untimed: Some(format!(
+                        "not timed: out of GPU memory for the timings ({e})"
+                    )),
+                    choice: 0,
+                    ..tuned
+                },
+            }
+        } else {
+            Tuned {
+                key,
+                labels: vec![],
+                seconds: vec![],
+                errors: vec![],
+                choice: 0,
+                untimed: Some(
+                    "not timed: the device has no timestamp queries; the fixed rule's choice is kept"
+                        .into(),
+                ),
+                wall_seconds: 0.0,
+            }
+        };
         tuned.wall_seconds = start.elapsed().as_secs_f64();
         let choice = tuned.choice;
         self.done.lock().unwrap().push(tuned);
@@ -120,7 +156,7 @@ fn time_all(gpu: &Gpu, key: TuneKey, candidates: &[Candidate]) -> Tuned {
     let timer = match Timer::new(gpu) {
         Ok(t) => t,
         Err(e) => {
-            tuned.untimed = Some(format!("{e:#}"));
+            tuned.untimed = Some(format!("not timed: {e:#}"));
             return tuned;
         }
     };
@@ -148,6 +184,9 @@ fn time_all(gpu: &Gpu, key: TuneKey, candidates: &[Candidate]) -> Tuned {
 }
 
 /// Timestamps around one compute pass, after a pass that evicts the cache.
+/// Made per timed shape, so that its 256 MiB flush buffer is not held for
+/// the engine's life (allocating it again costs a fraction of a
+/// millisecond on a GPU).
 struct Timer {
     set: wgpu::QuerySet,
     resolve: wgpu::Buffer,
@@ -159,11 +198,6 @@ struct Timer {
 
 impl Timer {
     fn new(gpu: &Gpu) -> Result<Self> {
-        if !gpu.features.contains(wgpu::Features::TIMESTAMP_QUERY) {
-            return Err(anyhow!(
-                "not timed: the device has no timestamp queries; the fixed rule's choice is kept"
-            ));
-        }
         let set = gpu.device.create_query_set(&wgpu::QuerySetDescriptor {
             label: Some("tune-timestamps"),
             ty: wgpu::QueryType::Timestamp,
@@ -177,9 +211,8 @@ impl Timer {
         });
         // Larger than the caches of today's GPUs (tens of MiB of L2, up to
         // 256 MiB of AMD's Infinity Cache) and of most CPUs (a CPU
-        // implementation's "GPU memory" is host memory: with a 1 MiB flush,
-        // SmolLM2's matrices stayed in a 32 MiB L3 and timed at half their
-        // cost in a decode step), as far as one binding allows.
+        // implementation's "GPU memory" is host memory), as far as one
+        // binding allows.
         let flush_bytes = gpu.max_binding.min(256 << 20) / 16 * 16;
         let flush_src = gpu.storage("tune-flush", flush_bytes);
         Ok(Timer {
@@ -192,13 +225,21 @@ impl Timer {
         })
     }
 
-    /// GPU seconds of one run of `run`.
+    /// GPU seconds of one run of `run`. The flush is its own submission,
+    /// waited for, so that the candidate starts on an idle device (a GPU
+    /// may overlap independent passes, and the pass's start timestamp
+    /// would then fall after the candidate had begun).
     fn once(&self, gpu: &Gpu, (pipeline, group, groups): &Dispatch) -> Result<f64> {
         let mut enc = gpu.device.create_command_encoder(&Default::default());
         {
             let mut pass = enc.begin_compute_pass(&Default::default());
             self.flush.encode(&mut pass);
         }
+        gpu.queue.submit([enc.finish()]);
+        gpu.device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .map_err(|e| anyhow!("waiting for the GPU: {e}"))?;
+        let mut enc = gpu.device.create_command_encoder(&Default::default());
         {
             let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
                 label: Some("tune-candidate"),
@@ -241,8 +282,8 @@ impl Timer {
     }
 }
 
-/// One line per timing, for `sieve bench` and `sieve info`: the shape, each
-/// candidate's time in microseconds, and the choice.
+/// One line per timing, for `sieve bench`: the shape, each candidate's time
+/// in microseconds, and the choice.
 pub fn describe(t: &Tuned) -> String {
     let k = &t.key;
     let cands: Vec<String> = (0..t.labels.len())

@@ -118,20 +118,21 @@ for shape in "${speed_shapes[@]}"; do
     [ -f "$json" ] && runs+=("$json")
 done
 shape=${speed_shapes[-1]}
-# What the timings bought: the same `gpu` kernels with the fixed rules
-# (2 rows per mat-vec workgroup, Coop for f16 prefill).
-json="$out/$shape-speed-gpu-kernels.json"
-echo "== $shape (speed, --kernels gpu: fixed rules, no timings)"
-timeout 120 "$bin" bench --synthetic "$shape" --kv-dtype "$kv_dtype" --kernels gpu \
-    --prefill "${speed_args[1]}" --depths 0 --decode-steps 8 --refresh-sizes 0 --json "$json" |
-    grep -E '^\||^kernels' | tee "$out/$shape-speed-gpu-kernels.md"
-[ -f "$json" ] && runs+=("$json")
-json="$out/$shape-speed-cpu-kernels.json"
-echo "== $shape (speed, --kernels cpu)"
-timeout 120 "$bin" bench --synthetic "$shape" --kv-dtype "$kv_dtype" --kernels cpu \
-    --prefill "${speed_args[1]}" --depths 0 --decode-steps 4 --refresh-sizes 0 --json "$json" |
-    grep -E '^\||^kernels' | tee "$out/$shape-speed-cpu-kernels.md"
-[ -f "$json" ] && runs+=("$json")
+# Beside it, the same shape with the fixed-rule `gpu` kernels (what the
+# timings bought: 2 rows per mat-vec workgroup, Coop for f16 prefill) and
+# with the `cpu` kernels.
+for kernels in gpu cpu; do
+    case $kernels in
+        gpu) steps=8; what="fixed rules, no timings" ;;
+        cpu) steps=4; what="the lavapipe kernels" ;;
+    esac
+    json="$out/$shape-speed-$kernels-kernels.json"
+    echo "== $shape (speed, --kernels $kernels: $what)"
+    timeout 120 "$bin" bench --synthetic "$shape" --kv-dtype "$kv_dtype" --kernels "$kernels" \
+        --prefill "${speed_args[1]}" --depths 0 --decode-steps "$steps" --refresh-sizes 0 --json "$json" |
+        grep -E '^\||^kernels' | tee "$out/$shape-speed-$kernels-kernels.md"
+    [ -f "$json" ] && runs+=("$json")
+done
 # Quantized weights (issue #13): the largest shape with random blocks made on
 # the GPU in each format; decode against the read bound of its own bytes.
 if [ "$small" = 1 ]; then

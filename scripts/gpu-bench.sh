@@ -3,7 +3,8 @@
 # and 8B shapes (random weights made on the GPU, no download): prefill 512 and
 # decode at depths 0/4096/16384 next to llama.cpp's Vulkan figures (with
 # `--kernels auto`: on a GPU each weight shape's kernels timed on the device),
-# the fixed-rule `gpu` and the `cpu` kernel sets side by side, contexts 4k/16k/64k with the full cache and with
+# the fixed-rule `gpu` and the `cpu` kernel sets and the device's kernels
+# with wgpu's shader loop counters side by side, contexts 4k/16k/64k with the full cache and with
 # eviction, and the CCS refresh. On a Linux machine with an NVIDIA GPU and its
 # driver (any Vulkan device works). Prints each result as it comes and writes
 # OUT/gpu-bench.json and OUT/gpu-bench.md. Sized for 8 minutes on an H200.
@@ -119,18 +120,23 @@ for shape in "${speed_shapes[@]}"; do
 done
 shape=${speed_shapes[-1]}
 # Beside it, the same shape with the fixed-rule `gpu` kernels (what the
-# timings bought: 2 rows per mat-vec workgroup, Coop for f16 prefill) and
-# with the `cpu` kernels.
-for kernels in gpu cpu; do
-    case $kernels in
+# timings bought: 2 rows per mat-vec workgroup, Coop for f16 prefill), with
+# the `cpu` kernels, and with the device's kernels compiled with wgpu's loop
+# counters (SIEVE_LOOP_BOUNDING=1: what dropping them bought).
+for run in gpu cpu bounded; do
+    kernels=$run
+    bounding=0
+    case $run in
         gpu) steps=8; what="fixed rules, no timings" ;;
         cpu) steps=4; what="the lavapipe kernels" ;;
+        bounded) steps=8; kernels=auto; bounding=1; what="shader loops bounded" ;;
     esac
-    json="$out/$shape-speed-$kernels-kernels.json"
+    json="$out/$shape-speed-$run-kernels.json"
     echo "== $shape (speed, --kernels $kernels: $what)"
-    timeout 120 "$bin" bench --synthetic "$shape" --kv-dtype "$kv_dtype" --kernels "$kernels" \
-        --prefill "${speed_args[1]}" --depths 0 --decode-steps "$steps" --refresh-sizes 0 --json "$json" |
-        grep -E '^\||^kernels' | tee "$out/$shape-speed-$kernels-kernels.md"
+    SIEVE_LOOP_BOUNDING=$bounding timeout 120 "$bin" bench --synthetic "$shape" --kv-dtype "$kv_dtype" \
+        --kernels "$kernels" --prefill "${speed_args[1]}" --depths 0 --decode-steps "$steps" \
+        --refresh-sizes 0 --json "$json" |
+        grep -E '^\||^kernel' | tee "$out/$shape-speed-$run-kernels.md"
     [ -f "$json" ] && runs+=("$json")
 done
 # Quantized weights (issue #13): the largest shape with random blocks made on
@@ -171,7 +177,8 @@ for path in sys.argv[2:]:
         if v is None:
             return "-"
         return f"{v:,.0f}" + (f" ({l:,.0f}, x{v / l:.2f})" if l else "")
-    print(f"| {r['model']} {r['weights'].split()[0]} | {r['kernels'].split()[0]} | {cell(pre.get(512), lp)} | {cell(dec.get(0), l0)} | {cell(dec.get(4096), l4)} | {cell(dec.get(16384), None)} | {cell(ahead.get(0), l0)} | {record.get(0) or 0:.2f} |")
+    kernels = r["kernels"].split()[0] + (", loops bounded" if "shader loops bounded" in r["kernels"] else "")
+    print(f"| {r['model']} {r['weights'].split()[0]} | {kernels} | {cell(pre.get(512), lp)} | {cell(dec.get(0), l0)} | {cell(dec.get(4096), l4)} | {cell(dec.get(16384), None)} | {cell(ahead.get(0), l0)} | {record.get(0) or 0:.2f} |")
 PY
 fi
 

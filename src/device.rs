@@ -194,9 +194,13 @@ impl MatvecVariant {
 pub enum MatmulVariant {
     /// `matmul.wgsl` `matmul`: 4 rows x 4 tokens per invocation, no tiles.
     Blocked4x4,
-    /// `matmul_tiled.wgsl`: 64 x 64 output tiles staged in workgroup memory,
-    /// 4 x 4 per lane.
+    /// `matmul_tiled.wgsl` with WIDE = 1: 64 x 64 output tiles staged in
+    /// workgroup memory, 4 x 4 per lane.
     Tiled,
+    /// `matmul_tiled.wgsl` with WIDE = 2: 128 x 128 output tiles, 8 x 8 per
+    /// lane (twice the arithmetic per workgroup-memory load, a quarter of the
+    /// workgroups). A timed candidate of `tuned` wherever `Tiled` is one.
+    TiledWide,
     /// `matmul_coop.wgsl`: 64 x 32 output tiles from 16x16x16 cooperative
     /// matrices (tensor cores), f16 inputs, f32 accumulation. Needs f16
     /// weights, rows a multiple of 64 (per row part) and K a multiple of 64;
@@ -287,6 +291,10 @@ pub struct KernelVariants {
     pub coop_staged_f16: bool,
     pub attn_decode: AttnDecodeVariant,
     pub attn_prefill: AttnPrefillVariant,
+    /// Whether sieve's own kernels keep the loop counter wgpu adds to every
+    /// shader loop (`SIEVE_LOOP_BOUNDING=1`; off by default: their loops all
+    /// end, and the counter can keep a driver from unrolling them).
+    pub bounded_loops: bool,
 }
 
 impl KernelVariants {
@@ -306,6 +314,7 @@ impl KernelVariants {
                 coop_staged_f16: false,
                 attn_decode: AttnDecodeVariant::Serial,
                 attn_prefill: AttnPrefillVariant::RowPerLane,
+                bounded_loops: false,
             },
             KernelSet::Gpu | KernelSet::Tuned => {
                 // The cooperative GEMMs size their workgroups in subgroups
@@ -338,6 +347,7 @@ impl KernelVariants {
                     coop_staged_f16: matmul == MatmulVariant::Coop && set == KernelSet::Tuned,
                     attn_decode: AttnDecodeVariant::Parallel,
                     attn_prefill: AttnPrefillVariant::Tiled,
+                    bounded_loops: false,
                 }
             }
         }
@@ -388,10 +398,10 @@ impl KernelVariants {
     /// The mat-mul variants worth timing for one row part, the fixed rule's
     /// ([`KernelVariants::part_variant`]) first: on a device whose
     /// cooperative kernels passed their start-up check, the direct one for
-    /// f16 parts it takes, the staged one for block formats and (`tuned`)
-    /// for f16 rows of whole 32-value slices, and the tiled kernel; f32
-    /// weights keep the tiled kernel (f32 arithmetic), and the `cpu` set
-    /// has one variant.
+    /// f16 parts it takes and the staged one for block formats and (`tuned`)
+    /// for f16 rows of whole 32-value slices; then the tiled kernel with
+    /// both tile sizes (f32 weights keep to these: f32 arithmetic). The
+    /// `cpu` set has one variant.
     pub fn matmul_candidates(
         &self,
         format: crate::shaders::WeightFormat,
@@ -400,22 +410,27 @@ impl KernelVariants {
     ) -> Vec<MatmulVariant> {
         use crate::shaders::WeightFormat;
         let rule = self.part_variant(self.matmul, format, rows, cols);
-        let mut out = vec![rule];
-        if self.matmul == MatmulVariant::Coop {
-            let direct = MatmulVariant::Coop.for_part(format, rows, cols);
-            let staged = match format {
+        if self.matmul == MatmulVariant::Blocked4x4 {
+            return vec![rule];
+        }
+        let coop = self.matmul == MatmulVariant::Coop;
+        let direct =
+            coop && MatmulVariant::Coop.for_part(format, rows, cols) == MatmulVariant::Coop;
+        let staged = coop
+            && match format {
                 WeightFormat::F16 => self.coop_staged_f16 && cols.is_multiple_of(32),
                 f => self.coop_staged && f.block().is_some(),
             };
-            let more = [
-                (direct == MatmulVariant::Coop).then_some(MatmulVariant::Coop),
-                staged.then_some(MatmulVariant::CoopStaged),
-                Some(MatmulVariant::Tiled),
-            ];
-            for v in more.into_iter().flatten() {
-                if !out.contains(&v) {
-                    out.push(v);
-                }
+        let more = [
+            direct.then_some(MatmulVariant::Coop),
+            staged.then_some(MatmulVariant::CoopStaged),
+            Some(MatmulVariant::Tiled),
+            Some(MatmulVariant::TiledWide),
+        ];
+        let mut out = vec![rule];
+        for v in more.into_iter().flatten() {
+            if !out.contains(&v) {
+                out.push(v);
             }
         }
         out
@@ -442,12 +457,19 @@ impl KernelVariants {
             v => format!("{v:?}"),
         };
         let timed = if self.tuned() && self.matmul == MatmulVariant::Coop {
-            ", each part's fastest of Coop, CoopStaged, Tiled timed"
+            ", each part's fastest of Coop, CoopStaged, Tiled, TiledWide timed"
+        } else if self.tuned() {
+            ", each part's fastest of Tiled, TiledWide timed"
+        } else {
+            ""
+        };
+        let loops = if self.bounded_loops {
+            ", shader loops bounded"
         } else {
             ""
         };
         format!(
-            "{} (mat-vec {matvec}, mat-mul {:?}{blocks}{timed}, decode attention {:?}, prefill attention {:?})",
+            "{} (mat-vec {matvec}, mat-mul {:?}{blocks}{timed}, decode attention {:?}, prefill attention {:?}{loops})",
             self.set.name(),
             self.matmul,
             self.attn_decode,
@@ -570,29 +592,30 @@ mod tests {
         }
         use MatmulVariant::*;
         let f16 = v.matmul_candidates(WeightFormat::F16, 128, 576);
-        assert_eq!(f16, [Coop, CoopStaged, Tiled]);
+        assert_eq!(f16, [Coop, CoopStaged, Tiled, TiledWide]);
         // Not whole 64 x 64 tiles: the direct kernel does not take it, the
         // staged one does (K a multiple of 32).
         let f16 = v.matmul_candidates(WeightFormat::F16, 36, 544);
-        assert_eq!(f16, [Tiled, CoopStaged]);
+        assert_eq!(f16, [Tiled, CoopStaged, TiledWide]);
         let f16 = v.matmul_candidates(WeightFormat::F16, 36, 100);
-        assert_eq!(f16, [Tiled]);
-        assert_eq!(v.matmul_candidates(WeightFormat::F32, 128, 576), [Tiled]);
+        assert_eq!(f16, [Tiled, TiledWide]);
+        let f32 = v.matmul_candidates(WeightFormat::F32, 128, 576);
+        assert_eq!(f32, [Tiled, TiledWide]);
         let q = v.matmul_candidates(WeightFormat::Q4_K, 128, 512);
-        assert_eq!(q, [CoopStaged, Tiled]);
+        assert_eq!(q, [CoopStaged, Tiled, TiledWide]);
         // The staged kernel failing its check with block formats leaves it
         // a candidate for f16, and the other way round.
         v.coop_staged = false;
         let f16 = v.matmul_candidates(WeightFormat::F16, 128, 576);
-        assert_eq!(f16, [Coop, CoopStaged, Tiled]);
+        assert_eq!(f16, [Coop, CoopStaged, Tiled, TiledWide]);
         let q = v.matmul_candidates(WeightFormat::Q4_K, 128, 512);
-        assert_eq!(q, [Tiled]);
+        assert_eq!(q, [Tiled, TiledWide]);
         v.coop_staged = true;
         v.coop_staged_f16 = false;
         let f16 = v.matmul_candidates(WeightFormat::F16, 128, 576);
-        assert_eq!(f16, [Coop, Tiled]);
+        assert_eq!(f16, [Coop, Tiled, TiledWide]);
         let q = v.matmul_candidates(WeightFormat::Q4_K, 128, 512);
-        assert_eq!(q, [CoopStaged, Tiled]);
+        assert_eq!(q, [CoopStaged, Tiled, TiledWide]);
         // The fixed-rule set times nothing, and has no f16 staged candidate.
         let fixed = KernelVariants::select(&coop, KernelSet::Gpu);
         assert!(!fixed.tuned() && !fixed.coop_staged_f16);
@@ -601,7 +624,7 @@ mod tests {
             KernelSet::Tuned,
         );
         let f16 = plain.matmul_candidates(WeightFormat::F16, 128, 576);
-        assert_eq!(f16, [Tiled]);
+        assert_eq!(f16, [Tiled, TiledWide]);
         let cpu = KernelVariants::select(&coop, KernelSet::Cpu);
         assert_eq!(cpu.matvec_candidates(), [MatvecVariant::Rows8]);
         assert_eq!(

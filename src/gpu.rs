@@ -201,7 +201,8 @@ impl Gpu {
             None => real_max_binding,
         };
         let profile = DeviceProfile::new(&info, features, &limits);
-        let kernels = KernelVariants::select(&profile, kernel_set);
+        let mut kernels = KernelVariants::select(&profile, kernel_set);
+        kernels.bounded_loops = std::env::var("SIEVE_LOOP_BOUNDING").is_ok_and(|v| v == "1");
         let mut gpu = Gpu {
             device,
             queue,
@@ -285,12 +286,31 @@ impl Gpu {
         }
         let src = shaders::source(shader, weights);
         let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
-        let module = self
-            .device
-            .create_shader_module(wgpu::ShaderModuleDescriptor {
-                label: Some(shader.name),
-                source: wgpu::ShaderSource::Wgsl(src.as_str().into()),
-            });
+        let desc = wgpu::ShaderModuleDescriptor {
+            label: Some(shader.name),
+            source: wgpu::ShaderSource::Wgsl(src.as_str().into()),
+        };
+        // wgpu adds a 64-bit counter to every shader loop by default, so
+        // that a loop that never ends cannot let the driver's compiler assume
+        // it unreachable; the counter can keep that compiler from unrolling
+        // a loop and from keeping its arrays in registers (wgpu issue 7698:
+        // a 100x slower pipeline). sieve's own kernels (and only those) drop
+        // it unless `SIEVE_LOOP_BOUNDING=1`; bounds checks stay on.
+        let module = if self.kernels.bounded_loops || !shaders::is_builtin(shader) {
+            self.device.create_shader_module(desc)
+        } else {
+            let checks = wgpu::ShaderRuntimeChecks {
+                force_loop_bounding: false,
+                ..wgpu::ShaderRuntimeChecks::checked()
+            };
+            // SAFETY: the one check turned off asks that no loop runs
+            // forever. Every loop in shaders/ counts up to a bound taken
+            // from a uniform, a constant or an override constant (a tensor
+            // size or a kernel shape the engine has checked) in steps of a
+            // positive constant, or halves a positive constant down to
+            // zero; none waits on data another invocation writes.
+            unsafe { self.device.create_shader_module_trusted(desc, checks) }
+        };
         let layout = self.layout_for(&src, shader.file)?;
         let pipeline = self
             .device

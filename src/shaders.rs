@@ -205,6 +205,15 @@ pub fn all() -> Vec<&'static Shader> {
     ]
 }
 
+/// Whether `shader` is one of sieve's own kernels (its body and shared
+/// declarations), whose loops are known to end: only these are compiled
+/// without wgpu's loop bounding (see `Gpu::pipeline`).
+pub fn is_builtin(shader: &Shader) -> bool {
+    all()
+        .iter()
+        .any(|s| s.body == shader.body && s.include == shader.include)
+}
+
 /// The full WGSL source of a kernel. `format` (of its weights or of the KV
 /// cache) is required exactly when the kernel takes a prelude.
 pub fn source(shader: &Shader, format: Option<WeightFormat>) -> String {
@@ -238,4 +247,26 @@ pub fn enables(shader: &Shader) -> Vec<&'static str> {
         .filter_map(|l| l.strip_prefix("enable "))
         .map(|l| l.trim_end_matches(';').trim())
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Only sieve's own kernels are compiled without wgpu's loop bounding:
+    /// a kernel with another body or other shared declarations is not one.
+    #[test]
+    fn builtin_kernels_are_recognised_and_others_are_not() {
+        assert!(all().into_iter().all(is_builtin));
+        let foreign = Shader {
+            body: "@compute @workgroup_size(1) fn main() { loop {} }",
+            ..MATMUL_TILED
+        };
+        assert!(!is_builtin(&foreign));
+        let foreign_include = Shader {
+            include: "fn spin() { loop {} }",
+            ..MATMUL_TILED
+        };
+        assert!(!is_builtin(&foreign_include));
+    }
 }

@@ -96,7 +96,7 @@ fn matvec_kernel(v: MatvecVariant) -> (&'static Shader, &'static str) {
 fn matmul_kernel(v: MatmulVariant) -> (&'static Shader, &'static str) {
     match v {
         MatmulVariant::Blocked4x4 => (&shaders::MATMUL, "matmul"),
-        MatmulVariant::Tiled => (&shaders::MATMUL_TILED, "matmul"),
+        MatmulVariant::Tiled | MatmulVariant::TiledWide => (&shaders::MATMUL_TILED, "matmul"),
         MatmulVariant::Coop => (&shaders::MATMUL_COOP, "matmul"),
         MatmulVariant::CoopStaged => (&shaders::MATMUL_COOP_STAGED, "matmul"),
     }
@@ -124,19 +124,23 @@ fn matvec_pipeline(
 }
 
 /// The mat-mul pipeline of a variant for weights in `format` (the
-/// cooperative ones sized in subgroups of the device's one subgroup size).
+/// cooperative ones sized in subgroups of the device's one subgroup size,
+/// the tiled ones by their tile width).
 fn matmul_pipeline(
     gpu: &Gpu,
     v: MatmulVariant,
     format: WeightFormat,
 ) -> Result<Arc<wgpu::ComputePipeline>> {
     let (shader, entry) = matmul_kernel(v);
-    if v.cooperative() {
-        let lanes = gpu.profile.subgroup_max as f64;
-        gpu.pipeline(shader, Some(format), entry, &[("SUBGROUP_SIZE", lanes)])
-    } else {
-        gpu.pipeline(shader, Some(format), entry, &[])
-    }
+    let constants = match v {
+        MatmulVariant::Coop | MatmulVariant::CoopStaged => {
+            vec![("SUBGROUP_SIZE", gpu.profile.subgroup_max as f64)]
+        }
+        MatmulVariant::Tiled => vec![("WIDE", 1.0)],
+        MatmulVariant::TiledWide => vec![("WIDE", 2.0)],
+        MatmulVariant::Blocked4x4 => vec![],
+    };
+    gpu.pipeline(shader, Some(format), entry, &constants)
 }
 
 /// The workgroups a mat-vec variant is dispatched with for `rows` rows of
@@ -478,6 +482,7 @@ fn matmul_groups(variant: MatmulVariant, rows: u32, n: u32) -> (u32, u32, u32) {
     match variant {
         MatmulVariant::Blocked4x4 => (ceil_div(ceil_div(rows, 4), 64), ceil_div(n, 4), 1),
         MatmulVariant::Tiled => (ceil_div(rows, 64), ceil_div(n, 64), 1),
+        MatmulVariant::TiledWide => (ceil_div(rows, 128), ceil_div(n, 128), 1),
         MatmulVariant::Coop => (rows / 64, ceil_div(n, 32), 1),
         MatmulVariant::CoopStaged => (ceil_div(rows, 128), ceil_div(n, 64), 1),
     }
@@ -648,7 +653,11 @@ mod tests {
                 .map(|v| (v, MatmulVariant::Tiled))
                 .collect();
         }
-        let mut matmul = vec![MatmulVariant::Blocked4x4, MatmulVariant::Tiled];
+        let mut matmul = vec![
+            MatmulVariant::Blocked4x4,
+            MatmulVariant::Tiled,
+            MatmulVariant::TiledWide,
+        ];
         // The cooperative variants where the device has them and every
         // part takes one (Coop and CoopStaged run side by side in a stack).
         let coop_takes = |p: &crate::weights::MatrixPart| {
@@ -782,6 +791,8 @@ mod tests {
             // Several tiles of the tiled variant in both directions, a partial
             // last tile, K not a multiple of its 16-value step.
             (197, 132, 70),
+            // The same for the wide tiled variant (128 x 128 tiles).
+            (300, 68, 140),
             // Mat-vec: K long enough for the two-loads loop and its tail
             // (k/4 = 257 and 600 with 128 lanes), odd row count.
             (5, 1028, 1),
@@ -949,7 +960,7 @@ mod tests {
     }
 
     /// `--kernels tuned`: building a product times the device's candidates
-    /// once per shape (the mat-vec's three row counts with the fused norm,
+    /// once per shape (the mat-vec's twelve shapes with the fused norm,
     /// the mat-mul's at the tokens y holds), uses the one it chose, and
     /// still matches the reference; a second product of the same shape
     /// reuses the timing.
@@ -1006,18 +1017,14 @@ mod tests {
         );
         let chosen = mm.matvec_variants()[0];
         assert_eq!(chosen, gpu.kernels.matvec_candidates()[matvec.choice]);
-        // The mat-mul has candidates only where cooperative matrices are.
-        let mm_timed = results.iter().filter(|t| t.key.op == "mat-mul").count();
-        let want_mm = (gpu
-            .kernels
-            .matmul_candidates(WeightFormat::F16, rows, cols)
-            .len()
-            > 1) as usize;
-        assert_eq!(mm_timed, want_mm);
-        assert!(results
-            .iter()
-            .filter(|t| t.key.op == "mat-mul")
-            .all(|t| t.key.tokens == n));
+        // The mat-mul (the tiled kernel's two tile sizes at least) once, at
+        // the tokens y holds.
+        let mm_timed: Vec<_> = results.iter().filter(|t| t.key.op == "mat-mul").collect();
+        assert_eq!(mm_timed.len(), 1);
+        assert_eq!(mm_timed[0].key.tokens, n);
+        let mm_cands = gpu.kernels.matmul_candidates(WeightFormat::F16, rows, cols);
+        assert_eq!(mm_timed[0].labels.len(), mm_cands.len());
+        assert_eq!(mm.matmul_variants()[0], mm_cands[mm_timed[0].choice]);
         let x = crate::kernels::rmsnorm::reference(&residual[..cols], &g, eps as f32);
         let mut want = vec![0f32; rows];
         reference(&w, rows, cols, None, &x, &mut want, false);
@@ -1393,6 +1400,7 @@ fn emu_store_{name}(c: u32, at: u32, stride: u32) {{
         for format in [WeightFormat::F16, WeightFormat::Q4_0] {
             check_variant(&gpu, MatmulVariant::Blocked4x4, format).unwrap();
             check_variant(&gpu, MatmulVariant::Tiled, format).unwrap();
+            check_variant(&gpu, MatmulVariant::TiledWide, format).unwrap();
         }
         let has_coop =
             KernelVariants::select(&gpu.profile, KernelSet::Gpu).matmul == MatmulVariant::Coop;

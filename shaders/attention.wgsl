@@ -131,7 +131,7 @@ var<workgroup> ml: array<vec2<f32>, GMAX>;
 fn decode_partial(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let c = page.first / CHUNK + wid.x;
     let kvh = wid.y;
-    let g_n = p.n_heads / p.n_kv;
+    let g_n = GROUP; // p.n_heads / p.n_kv
     let hd4 = p.hd4;
     let kv_stride = p.n_kv * hd4;
     let n_keys = step.start_slot + 1u;

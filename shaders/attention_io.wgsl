@@ -41,6 +41,12 @@ const HD4_MAX: u32 = 32u;
 const GMAX: u32 = 8u;
 const NEG: f32 = -3.0e38;
 
+// Query heads per KV head (n_heads / n_kv, 1 to GMAX): an override constant
+// the launcher sets for the decode kernels, whose per-head loops then have a
+// constant trip count (unrolled, their per-head sums stay in registers); the
+// other entry points do not read it.
+override GROUP: u32 = 1u;
+
 fn n_chunks() -> u32 {
     return (step.start_slot + step.n_tokens + CHUNK - 1u) / CHUNK;
 }

@@ -292,8 +292,8 @@ pub struct KernelVariants {
     pub attn_decode: AttnDecodeVariant,
     pub attn_prefill: AttnPrefillVariant,
     /// Whether sieve's own kernels keep the loop counter wgpu adds to every
-    /// shader loop (`SIEVE_LOOP_BOUNDING=1`; off by default: their loops all
-    /// end, and the counter can keep a driver from unrolling them).
+    /// shader loop (the default); `SIEVE_LOOP_BOUNDING=0` drops it, to
+    /// measure what it costs (docs/ARCHITECTURE.md, "Kernel variants").
     pub bounded_loops: bool,
 }
 
@@ -314,7 +314,7 @@ impl KernelVariants {
                 coop_staged_f16: false,
                 attn_decode: AttnDecodeVariant::Serial,
                 attn_prefill: AttnPrefillVariant::RowPerLane,
-                bounded_loops: false,
+                bounded_loops: true,
             },
             KernelSet::Gpu | KernelSet::Tuned => {
                 // The cooperative GEMMs size their workgroups in subgroups
@@ -347,7 +347,7 @@ impl KernelVariants {
                     coop_staged_f16: matmul == MatmulVariant::Coop && set == KernelSet::Tuned,
                     attn_decode: AttnDecodeVariant::Parallel,
                     attn_prefill: AttnPrefillVariant::Tiled,
-                    bounded_loops: false,
+                    bounded_loops: true,
                 }
             }
         }
@@ -464,9 +464,9 @@ impl KernelVariants {
             ""
         };
         let loops = if self.bounded_loops {
-            ", shader loops bounded"
-        } else {
             ""
+        } else {
+            ", shader loops unbounded"
         };
         format!(
             "{} (mat-vec {matvec}, mat-mul {:?}{blocks}{timed}, decode attention {:?}, prefill attention {:?}{loops})",
@@ -530,6 +530,15 @@ mod tests {
             KernelSet::Gpu,
         );
         assert_eq!(v.matmul, MatmulVariant::Tiled);
+    }
+
+    #[test]
+    fn unbounded_loops_are_said() {
+        let mut v =
+            KernelVariants::select(&DeviceProfile::for_tests(false, true, true), KernelSet::Gpu);
+        assert!(v.bounded_loops && !v.describe().contains("loops"));
+        v.bounded_loops = false;
+        assert!(v.describe().ends_with(", shader loops unbounded)"));
     }
 
     #[test]

@@ -202,7 +202,7 @@ impl Gpu {
         };
         let profile = DeviceProfile::new(&info, features, &limits);
         let mut kernels = KernelVariants::select(&profile, kernel_set);
-        kernels.bounded_loops = std::env::var("SIEVE_LOOP_BOUNDING").is_ok_and(|v| v == "1");
+        kernels.bounded_loops = std::env::var("SIEVE_LOOP_BOUNDING").map_or(true, |v| v != "0");
         let mut gpu = Gpu {
             device,
             queue,
@@ -280,7 +280,13 @@ impl Gpu {
         entry: &str,
         constants: &[(&str, f64)],
     ) -> Result<Arc<wgpu::ComputePipeline>> {
-        let key = format!("{}:{:?}:{}:{:?}", shader.name, weights, entry, constants);
+        // Sieve's own kernels and others of the same name are cached apart
+        // (the former may be compiled without loop counters).
+        let builtin = shaders::is_builtin(shader);
+        let key = format!(
+            "{}:{builtin}:{:?}:{}:{:?}",
+            shader.name, weights, entry, constants
+        );
         if let Some(p) = self.pipelines.lock().unwrap().get(&key) {
             return Ok(p.clone());
         }
@@ -292,11 +298,13 @@ impl Gpu {
         };
         // wgpu adds a 64-bit counter to every shader loop by default, so
         // that a loop that never ends cannot let the driver's compiler assume
-        // it unreachable; the counter can keep that compiler from unrolling
-        // a loop and from keeping its arrays in registers (wgpu issue 7698:
-        // a 100x slower pipeline). sieve's own kernels (and only those) drop
-        // it unless `SIEVE_LOOP_BOUNDING=1`; bounds checks stay on.
-        let module = if self.kernels.bounded_loops || !shaders::is_builtin(shader) {
+        // it unreachable; the counter can also keep that compiler from
+        // unrolling a loop and from keeping its arrays in registers (wgpu
+        // issue 7698: a pipeline a hundred times slower). sieve keeps it
+        // unless `SIEVE_LOOP_BOUNDING=0` (a measurement switch: whoever sets
+        // it vouches for the parameters every kernel is dispatched with), and
+        // then drops it for its own kernels only; bounds checks stay on.
+        let module = if self.kernels.bounded_loops || !builtin {
             self.device.create_shader_module(desc)
         } else {
             let checks = wgpu::ShaderRuntimeChecks {
@@ -304,11 +312,16 @@ impl Gpu {
                 ..wgpu::ShaderRuntimeChecks::checked()
             };
             // SAFETY: the one check turned off asks that no loop runs
-            // forever. Every loop in shaders/ counts up to a bound taken
-            // from a uniform, a constant or an override constant (a tensor
-            // size or a kernel shape the engine has checked) in steps of a
-            // positive constant, or halves a positive constant down to
-            // zero; none waits on data another invocation writes.
+            // forever. Every loop in shaders/ either halves a positive
+            // constant down to zero or counts up to a bound in steps of a
+            // positive constant, of a workgroup size (LANES, SUBGROUP_SIZE:
+            // wgpu refuses zero or one past the device limit) or of the
+            // dispatch width; it ends unless the counter wraps past 2^32,
+            // which needs a bound (a tensor size, token count or slot that
+            // the engine takes from buffers it allocated, all below 2^31)
+            // within one step of 2^32. A caller of the low-level kernel API
+            // that writes its own uniforms must keep to that too, which is
+            // why this is opt-in.
             unsafe { self.device.create_shader_module_trusted(desc, checks) }
         };
         let layout = self.layout_for(&src, shader.file)?;

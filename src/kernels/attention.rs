@@ -87,6 +87,9 @@ impl Attention {
         qslot: &wgpu::Buffer,
     ) -> Result<Self> {
         let decode_variant = gpu.kernels.attn_decode;
+        // Query heads per KV head, an override constant of both decode
+        // kernels: their per-head loops get a constant trip count.
+        let heads_per_kv = [("GROUP", (heads.n_heads / heads.n_kv) as f64)];
         let decode = match decode_variant {
             AttnDecodeVariant::Serial => {
                 gpu.check_workgroup_memory(
@@ -97,7 +100,7 @@ impl Attention {
                     &shaders::ATTENTION,
                     Some(heads.kv_format),
                     "decode_partial",
-                    &[],
+                    &heads_per_kv,
                 )?
             }
             AttnDecodeVariant::Parallel => {
@@ -106,7 +109,7 @@ impl Attention {
                     &shaders::ATTENTION_DECODE,
                     Some(heads.kv_format),
                     "decode_partial",
-                    &[],
+                    &heads_per_kv,
                 )?
             }
         };

@@ -137,7 +137,11 @@ fn matmul_pipeline(
             vec![("SUBGROUP_SIZE", gpu.profile.subgroup_max as f64)]
         }
         MatmulVariant::Tiled => vec![("WIDE", 1.0)],
-        MatmulVariant::TiledWide => vec![("WIDE", 2.0)],
+        MatmulVariant::TiledWide => {
+            // Two 512-vec4 tiles: the 16 KiB a downlevel device may lack.
+            gpu.check_workgroup_memory("matmul_tiled (WIDE = 2)", 2 * 512 * 16)?;
+            vec![("WIDE", 2.0)]
+        }
         MatmulVariant::Blocked4x4 => vec![],
     };
     gpu.pipeline(shader, Some(format), entry, &constants)
@@ -791,8 +795,9 @@ mod tests {
             // Several tiles of the tiled variant in both directions, a partial
             // last tile, K not a multiple of its 16-value step.
             (197, 132, 70),
-            // The same for the wide tiled variant (128 x 128 tiles).
-            (300, 68, 140),
+            // The same for the wide tiled variant (128 x 128 tiles), bias
+            // and residual on.
+            (301, 68, 141),
             // Mat-vec: K long enough for the two-loads loop and its tail
             // (k/4 = 257 and 600 with 128 lanes), odd row count.
             (5, 1028, 1),
@@ -818,6 +823,8 @@ mod tests {
                 (13, 3, 5),
                 (130, 1, 7),
                 (67, 9, 70),
+                // Two token tiles of the wide tiled variant, a partial row tile.
+                (131, 2, 133),
                 (5, 10, 1),
                 // Mat-vec: more 32-value blocks than the `gpu` variants'
                 // 128 lanes (130 blocks of 32, or 17 of 256: 136), so some

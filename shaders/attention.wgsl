@@ -46,7 +46,7 @@
 // all within the bound page.
 fn partial_row(t: u32, h: u32, c: u32, k_begin: u32, k_end: u32) {
     let kvh = h / (p.n_heads / p.n_kv);
-    let hd4 = p.hd4;
+    let hd4 = HD4; // p.hd4
     let kv_stride = p.n_kv * hd4;
     let base = part_base(t, h, c);
 

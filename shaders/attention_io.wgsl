@@ -46,6 +46,8 @@ const NEG: f32 = -3.0e38;
 // constant trip count (unrolled, their per-head sums stay in registers); the
 // other entry points do not read it.
 override GROUP: u32 = 1u;
+// head_dim / 4 (1 to HD4_MAX), the same way, for the row-per-lane partials.
+override HD4: u32 = HD4_MAX;
 
 fn n_chunks() -> u32 {
     return (step.start_slot + step.n_tokens + CHUNK - 1u) / CHUNK;

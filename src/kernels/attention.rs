@@ -131,9 +131,13 @@ impl Attention {
                 &shaders::ATTENTION_PREFILL
             }
         };
-        let prefill = gpu.pipeline(prefill_shader, kv, "prefill_partial", &[])?;
+        // head_dim / 4 as an override constant: the row-per-lane partials'
+        // loops over the head get a constant trip count (and their query
+        // and accumulator arrays constant indices).
+        let hd4 = [("HD4", (heads.head_dim / 4) as f64)];
+        let prefill = gpu.pipeline(prefill_shader, kv, "prefill_partial", &hd4)?;
         let merge = gpu.pipeline(&shaders::ATTENTION, kv, "merge", &[])?;
-        let anticausal = gpu.pipeline(prefill_shader, kv, "anticausal_partial", &[])?;
+        let anticausal = gpu.pipeline(prefill_shader, kv, "anticausal_partial", &hd4)?;
         anyhow::ensure!(
             k_cache.n_pages() == 1 || k_cache.page_slots.is_multiple_of(KEY_CHUNK as usize),
             "key cache pages of {} slots are not whole key chunks of {KEY_CHUNK}",

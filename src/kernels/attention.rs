@@ -86,6 +86,21 @@ impl Attention {
         lse: &wgpu::Buffer,
         qslot: &wgpu::Buffer,
     ) -> Result<Self> {
+        // The kernels' limits (GMAX and HD4_MAX in attention_io.wgsl): the
+        // head counts and head size become override constants below.
+        anyhow::ensure!(
+            heads.n_kv > 0
+                && heads.n_heads.is_multiple_of(heads.n_kv)
+                && (1..=8).contains(&(heads.n_heads / heads.n_kv)),
+            "attention: {} query heads over {} KV heads; expected 1 to 8 query heads per KV head",
+            heads.n_heads,
+            heads.n_kv
+        );
+        anyhow::ensure!(
+            heads.head_dim.is_multiple_of(4) && (4..=128).contains(&heads.head_dim),
+            "attention: head_dim {} must be a multiple of 4 from 4 to 128",
+            heads.head_dim
+        );
         let decode_variant = gpu.kernels.attn_decode;
         // Query heads per KV head, an override constant of both decode
         // kernels: their per-head loops get a constant trip count.
@@ -329,6 +344,30 @@ mod tests {
     use crate::kernels::testutil::*;
     use crate::kernels::Step;
     use crate::shaders::WeightFormat;
+
+    /// Head shapes past the kernels' limits (their override constants) are
+    /// refused with an error naming them, before anything is compiled.
+    #[test]
+    fn head_shapes_past_the_kernel_limits_are_refused() {
+        let gpu = gpu();
+        let step = step_buffer(&gpu, Step::default());
+        let buf = gpu.storage("any", 1 << 16);
+        for (nh, nkv, hd, what) in [
+            (9, 1, 64, "9 query heads over 1 KV heads"),
+            (6, 4, 64, "6 query heads over 4 KV heads"),
+            (4, 4, 132, "head_dim 132"),
+            (4, 4, 66, "head_dim 66"),
+        ] {
+            let h = Heads::new(nh, nkv, hd, WeightFormat::F32);
+            let (kb, _) = kv_pages(&gpu, &vec![0.0; nkv * hd], nkv * hd, 1, WeightFormat::F32);
+            let (vb, _) = kv_pages(&gpu, &vec![0.0; nkv * hd], nkv * hd, 1, WeightFormat::F32);
+            let err = Attention::new(&gpu, &step, h, 1, &buf, &kb, &vb, &buf, &buf, &buf, &buf)
+                .err()
+                .unwrap_or_else(|| panic!("{what}: accepted"))
+                .to_string();
+            assert!(err.contains(what), "{err}");
+        }
+    }
 
     /// Attention of `n` queries from slot `start` against a cache in pages of
     /// `page` slots (0: one page), stored in f32 and in f16.

@@ -16,8 +16,6 @@
 //            keys for all heads (the 32 columns of a value row are read by
 //            adjacent lanes), then the 8 slices are added per head.
 //
-// The per-head loops run to GROUP (attention_io.wgsl), a constant.
-//
 // Bindings (group 0): as attention_io.wgsl.
 // Dispatch: (n_chunks of the page, n_kv, 1), as decode_partial.
 // Workgroup memory: 16,448 bytes.
@@ -48,22 +46,22 @@ fn decode_partial(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocati
     for (var g = 0u; g < GMAX; g++) {
         s_own[g] = NEG;
     }
-    // The head loops run to the override constant GROUP rather than a
-    // bound read from memory, so that a compiler can unroll them and keep
-    // s_own and acc in registers.
+    // g_n is the override constant GROUP (attention_io.wgsl): the head
+    // loops below have a constant trip count, so s_own and acc can stay in
+    // registers.
     if (slot < n_keys) {
-        for (var g = 0u; g < GROUP; g++) {
+        for (var g = 0u; g < g_n; g++) {
             s_own[g] = 0.0;
         }
         let kb = (slot - page.first) * kv_stride + kvh * hd4;
         for (var d = 0u; d < hd4; d++) {
             let kv = unpack_kv(kc[kb + d]);
-            for (var g = 0u; g < GROUP; g++) {
+            for (var g = 0u; g < g_n; g++) {
                 s_own[g] += dot(qs[g * hd4 + d], kv);
             }
         }
     }
-    for (var g = 0u; g < GROUP; g++) {
+    for (var g = 0u; g < g_n; g++) {
         sc[g * CHUNK + lid] = s_own[g];
     }
     workgroupBarrier();
@@ -122,12 +120,12 @@ fn decode_partial(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocati
     if (d < hd4) {
         for (var j = s; j < n_valid; j += 8u) {
             let v = unpack_kv(vc[(k0 + j - page.first) * kv_stride + kvh * hd4 + d]);
-            for (var h = 0u; h < GROUP; h++) {
+            for (var h = 0u; h < g_n; h++) {
                 acc[h] += sc[h * CHUNK + j] * v;
             }
         }
     }
-    for (var h = 0u; h < GROUP; h++) {
+    for (var h = 0u; h < g_n; h++) {
         red[lid] = acc[h];
         workgroupBarrier();
         if (s == 0u && d < hd4) {

@@ -1,5 +1,6 @@
 //! Model configuration from a Hugging Face `config.json` (Llama and Qwen2 families).
 
+use crate::kernels::attention::{MAX_HEADS_PER_KV, MAX_HEAD_DIM};
 use anyhow::{bail, Context, Result};
 use serde_json::Value;
 use std::path::Path;
@@ -266,12 +267,12 @@ impl ModelConfig {
                 self.num_kv_heads
             );
         }
-        if self.num_heads / self.num_kv_heads > 8 {
-            bail!("{p}: more than 8 query heads per KV head is not supported");
+        if self.num_heads / self.num_kv_heads > MAX_HEADS_PER_KV {
+            bail!("{p}: more than {MAX_HEADS_PER_KV} query heads per KV head is not supported");
         }
-        if !self.head_dim.is_multiple_of(4) || self.head_dim > 128 {
+        if !self.head_dim.is_multiple_of(4) || self.head_dim > MAX_HEAD_DIM {
             bail!(
-                "{p}: head_dim {} must be a multiple of 4 and at most 128",
+                "{p}: head_dim {} must be a multiple of 4 and at most {MAX_HEAD_DIM}",
                 self.head_dim
             );
         }

@@ -60,6 +60,12 @@ pub struct Attention {
     max_slots: u32,
 }
 
+/// The most query heads per KV head and the largest head size the attention
+/// kernels take (GMAX and 4 x HD4_MAX in attention_io.wgsl); model configs
+/// are checked against the same limits when loaded (src/config.rs).
+pub const MAX_HEADS_PER_KV: usize = 8;
+pub const MAX_HEAD_DIM: usize = 128;
+
 impl Attention {
     /// Bytes of the partials buffer for up to `max_tokens` queries over `max_slots` slots.
     pub fn partials_bytes(heads: Heads, max_tokens: usize, max_slots: usize) -> u64 {
@@ -86,19 +92,18 @@ impl Attention {
         lse: &wgpu::Buffer,
         qslot: &wgpu::Buffer,
     ) -> Result<Self> {
-        // The kernels' limits (GMAX and HD4_MAX in attention_io.wgsl): the
-        // head counts and head size become override constants below.
+        // The head counts and head size become override constants below.
         anyhow::ensure!(
             heads.n_kv > 0
                 && heads.n_heads.is_multiple_of(heads.n_kv)
-                && (1..=8).contains(&(heads.n_heads / heads.n_kv)),
-            "attention: {} query heads over {} KV heads; expected 1 to 8 query heads per KV head",
+                && (1..=MAX_HEADS_PER_KV).contains(&(heads.n_heads / heads.n_kv)),
+            "attention: {} query heads over {} KV heads; expected 1 to {MAX_HEADS_PER_KV} query heads per KV head",
             heads.n_heads,
             heads.n_kv
         );
         anyhow::ensure!(
-            heads.head_dim.is_multiple_of(4) && (4..=128).contains(&heads.head_dim),
-            "attention: head_dim {} must be a multiple of 4 from 4 to 128",
+            heads.head_dim.is_multiple_of(4) && (4..=MAX_HEAD_DIM).contains(&heads.head_dim),
+            "attention: head_dim {} must be a multiple of 4 from 4 to {MAX_HEAD_DIM}",
             heads.head_dim
         );
         let decode_variant = gpu.kernels.attn_decode;

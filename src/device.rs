@@ -262,6 +262,10 @@ pub enum AttnDecodeVariant {
     /// `attention_decode.wgsl`: 256 lanes per (KV head, key chunk), one key
     /// per lane, tree reductions, values summed in 8 key slices.
     Parallel,
+    /// `attention_decode_lanes.wgsl`: as `Parallel`, but 8 lanes per key
+    /// reading consecutive words of its row, summed by subgroup shuffles
+    /// (needs subgroups of at least 8 lanes; a `tuned` candidate).
+    LanesPerKey,
 }
 
 /// Attention partials for many queries (prefill, counter-causal pass).
@@ -290,6 +294,9 @@ pub struct KernelVariants {
     /// only; cleared when it fails its start-up check with f16 weights).
     pub coop_staged_f16: bool,
     pub attn_decode: AttnDecodeVariant,
+    /// Whether `AttnDecodeVariant::LanesPerKey` can run here (subgroup
+    /// operations, subgroups of at least 8 lanes).
+    pub attn_decode_lanes: bool,
     pub attn_prefill: AttnPrefillVariant,
     /// Whether sieve's own kernels keep the loop counter wgpu adds to every
     /// shader loop (the default); `SIEVE_LOOP_BOUNDING=0` drops it, to
@@ -313,6 +320,7 @@ impl KernelVariants {
                 coop_staged: false,
                 coop_staged_f16: false,
                 attn_decode: AttnDecodeVariant::Serial,
+                attn_decode_lanes: false,
                 attn_prefill: AttnPrefillVariant::RowPerLane,
                 bounded_loops: true,
             },
@@ -346,6 +354,7 @@ impl KernelVariants {
                     coop_staged: matmul == MatmulVariant::Coop,
                     coop_staged_f16: matmul == MatmulVariant::Coop && set == KernelSet::Tuned,
                     attn_decode: AttnDecodeVariant::Parallel,
+                    attn_decode_lanes: profile.subgroups && profile.subgroup_min >= 8,
                     attn_prefill: AttnPrefillVariant::Tiled,
                     bounded_loops: true,
                 }
@@ -436,6 +445,30 @@ impl KernelVariants {
         out
     }
 
+    /// The decode attention variants worth timing (`tuned`), the fixed
+    /// rule's first: the one-key-per-lane and the eight-lanes-per-key
+    /// kernels, and the `cpu` set's serial one; one for the other sets.
+    pub fn attn_decode_candidates(&self) -> Vec<AttnDecodeVariant> {
+        let mut out = vec![self.attn_decode];
+        if self.tuned() {
+            if self.attn_decode_lanes {
+                out.push(AttnDecodeVariant::LanesPerKey);
+            }
+            out.push(AttnDecodeVariant::Serial);
+        }
+        out
+    }
+
+    /// The prefill attention variants worth timing (`tuned`), the fixed
+    /// rule's first; one for the other sets.
+    pub fn attn_prefill_candidates(&self) -> Vec<AttnPrefillVariant> {
+        let mut out = vec![self.attn_prefill];
+        if self.tuned() {
+            out.push(AttnPrefillVariant::RowPerLane);
+        }
+        out
+    }
+
     /// One line for `sieve info` and `sieve bench`.
     pub fn describe(&self) -> String {
         let blocks = if self.matmul == MatmulVariant::Coop {
@@ -468,12 +501,26 @@ impl KernelVariants {
         } else {
             ", shader loops unbounded"
         };
+        let attention = |names: Vec<String>| match names.as_slice() {
+            [one] => one.clone(),
+            more => format!("fastest of {} timed", more.join(", ")),
+        };
+        let decode = attention(
+            self.attn_decode_candidates()
+                .iter()
+                .map(|v| format!("{v:?}"))
+                .collect(),
+        );
+        let prefill = attention(
+            self.attn_prefill_candidates()
+                .iter()
+                .map(|v| format!("{v:?}"))
+                .collect(),
+        );
         format!(
-            "{} (mat-vec {matvec}, mat-mul {:?}{blocks}{timed}, decode attention {:?}, prefill attention {:?}{loops})",
+            "{} (mat-vec {matvec}, mat-mul {:?}{blocks}{timed}, decode attention {decode}, prefill attention {prefill}{loops})",
             self.set.name(),
             self.matmul,
-            self.attn_decode,
-            self.attn_prefill
         )
     }
 }
@@ -641,6 +688,34 @@ mod tests {
             [Blocked4x4]
         );
         assert!(!cpu.tuned());
+    }
+
+    /// The attention candidates: the rule's first; the eight-lanes-per-key
+    /// decode only with subgroups of at least 8 lanes; one variant for the
+    /// fixed sets.
+    #[test]
+    fn attention_candidates_start_with_the_rule() {
+        use AttnDecodeVariant::*;
+        use AttnPrefillVariant::*;
+        let subgroups = DeviceProfile::for_tests(false, true, false);
+        let v = KernelVariants::select(&subgroups, KernelSet::Tuned);
+        assert_eq!(v.attn_decode_candidates(), [Parallel, LanesPerKey, Serial]);
+        assert_eq!(v.attn_prefill_candidates(), [Tiled, RowPerLane]);
+        let small = DeviceProfile {
+            subgroup_min: 4,
+            ..subgroups.clone()
+        };
+        let v = KernelVariants::select(&small, KernelSet::Tuned);
+        assert_eq!(v.attn_decode_candidates(), [Parallel, Serial]);
+        let none = DeviceProfile::for_tests(false, false, false);
+        let v = KernelVariants::select(&none, KernelSet::Tuned);
+        assert_eq!(v.attn_decode_candidates(), [Parallel, Serial]);
+        let v = KernelVariants::select(&subgroups, KernelSet::Gpu);
+        assert_eq!(v.attn_decode_candidates(), [Parallel]);
+        assert_eq!(v.attn_prefill_candidates(), [Tiled]);
+        let v = KernelVariants::select(&subgroups, KernelSet::Cpu);
+        assert_eq!(v.attn_decode_candidates(), [Serial]);
+        assert_eq!(v.attn_prefill_candidates(), [RowPerLane]);
     }
 
     #[test]

@@ -141,6 +141,11 @@ const MATVEC_IO: &str = concat!(
     include_str!("../shaders/matvec_rows.wgsl")
 );
 const ATTENTION_IO: &str = include_str!("../shaders/attention_io.wgsl");
+/// The `gpu` decode attentions also share the phases after their scores.
+const ATTENTION_DECODE_IO: &str = concat!(
+    include_str!("../shaders/attention_io.wgsl"),
+    include_str!("../shaders/attention_decode_io.wgsl")
+);
 
 macro_rules! shader {
     ($ident:ident, $name:literal, $prelude:ident) => {
@@ -167,7 +172,18 @@ shader!(MATMUL_COOP, "matmul_coop", None, MATMUL_IO);
 shader!(MATMUL_COOP_STAGED, "matmul_coop_staged", Weights, MATMUL_IO);
 shader!(ROPE_KV, "rope_kv", Kv);
 shader!(ATTENTION, "attention", Kv, ATTENTION_IO);
-shader!(ATTENTION_DECODE, "attention_decode", Kv, ATTENTION_IO);
+shader!(
+    ATTENTION_DECODE,
+    "attention_decode",
+    Kv,
+    ATTENTION_DECODE_IO
+);
+shader!(
+    ATTENTION_DECODE_LANES,
+    "attention_decode_lanes",
+    Kv,
+    ATTENTION_DECODE_IO
+);
 shader!(ATTENTION_PREFILL, "attention_prefill", Kv, ATTENTION_IO);
 
 shader!(SILU_MUL, "silu_mul", None);
@@ -193,6 +209,7 @@ pub fn all() -> Vec<&'static Shader> {
         &ROPE_KV,
         &ATTENTION,
         &ATTENTION_DECODE,
+        &ATTENTION_DECODE_LANES,
         &ATTENTION_PREFILL,
         &SILU_MUL,
         &SAMPLE,

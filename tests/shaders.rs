@@ -129,6 +129,7 @@ fn shader_list_covers_the_folder() {
         "shaders/matmul_io.wgsl",
         "shaders/matvec_rows.wgsl",
         "shaders/attention_io.wgsl",
+        "shaders/attention_decode_io.wgsl",
     ];
     for entry in std::fs::read_dir(dir).unwrap() {
         let name = format!("shaders/{}", entry.unwrap().file_name().to_string_lossy());

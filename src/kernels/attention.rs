@@ -13,6 +13,7 @@ use std::sync::Arc;
 
 use super::paging::SlotPages;
 use super::rope_kv::Heads;
+use super::tune::{Candidate, TuneKey};
 use super::{ceil_div, dispatch};
 use crate::device::{AttnDecodeVariant, AttnPrefillVariant};
 use crate::gpu::Gpu;
@@ -32,7 +33,7 @@ struct Params {
 
 /// How `Params` mirrors `AttnParams` (checked against naga in tests/shaders.rs).
 pub(crate) fn uniform_layout() -> super::UniformLayout {
-    super::uniform_layout!(Params as "AttnParams" in [shaders::ATTENTION, shaders::ATTENTION_DECODE, shaders::ATTENTION_PREFILL] {
+    super::uniform_layout!(Params as "AttnParams" in [shaders::ATTENTION, shaders::ATTENTION_DECODE, shaders::ATTENTION_DECODE_LANES, shaders::ATTENTION_PREFILL] {
         n_heads, n_kv, hd4, scale
     })
 }
@@ -106,33 +107,6 @@ impl Attention {
             "attention: head_dim {} must be a multiple of 4 from 4 to {MAX_HEAD_DIM}",
             heads.head_dim
         );
-        let decode_variant = gpu.kernels.attn_decode;
-        // Query heads per KV head, an override constant of both decode
-        // kernels: their per-head loops get a constant trip count.
-        let heads_per_kv = [("GROUP", (heads.n_heads / heads.n_kv) as f64)];
-        let decode = match decode_variant {
-            AttnDecodeVariant::Serial => {
-                gpu.check_workgroup_memory(
-                    "attention decode_partial",
-                    256 * 16 + 2048 * 4 + 8 * 8,
-                )?;
-                gpu.pipeline(
-                    &shaders::ATTENTION,
-                    Some(heads.kv_format),
-                    "decode_partial",
-                    &heads_per_kv,
-                )?
-            }
-            AttnDecodeVariant::Parallel => {
-                gpu.check_workgroup_memory("attention_decode decode_partial", 16448)?;
-                gpu.pipeline(
-                    &shaders::ATTENTION_DECODE,
-                    Some(heads.kv_format),
-                    "decode_partial",
-                    &heads_per_kv,
-                )?
-            }
-        };
         let params = gpu.uniform(
             "attn-params",
             &Params {
@@ -142,35 +116,35 @@ impl Attention {
                 scale: 1.0 / (heads.head_dim as f32).sqrt(),
             },
         );
-        let kv = Some(heads.kv_format);
-        let prefill_variant = gpu.kernels.attn_prefill;
-        let prefill_shader = match prefill_variant {
-            AttnPrefillVariant::RowPerLane => &shaders::ATTENTION,
-            AttnPrefillVariant::Tiled => {
-                gpu.check_workgroup_memory("attention_prefill", 16384)?;
-                &shaders::ATTENTION_PREFILL
-            }
-        };
-        // head_dim / 4 as an override constant: the row-per-lane partials'
-        // loops over the head get a constant trip count (and their query
-        // and accumulator arrays constant indices).
-        let hd4 = [("HD4", (heads.head_dim / 4) as f64)];
-        let prefill = gpu.pipeline(prefill_shader, kv, "prefill_partial", &hd4)?;
-        let merge = gpu.pipeline(&shaders::ATTENTION, kv, "merge", &[])?;
-        let anticausal = gpu.pipeline(prefill_shader, kv, "anticausal_partial", &hd4)?;
         anyhow::ensure!(
             k_cache.n_pages() == 1 || k_cache.page_slots.is_multiple_of(KEY_CHUNK as usize),
             "key cache pages of {} slots are not whole key chunks of {KEY_CHUNK}",
             k_cache.page_slots
         );
+        let b = Bindings {
+            params: &params,
+            q,
+            k_cache,
+            v_cache,
+            part,
+            out,
+            lse,
+            qslot,
+        };
+        let decode_variant = tuned_decode(gpu, heads, &b);
+        let prefill_variant = tuned_prefill(gpu, heads, &b);
+        let decode = decode_pipeline(gpu, decode_variant, heads)?;
+        let kv = Some(heads.kv_format);
+        let prefill_shader = prefill_shader(gpu, prefill_variant)?;
+        let hd4 = head_dim_constant(heads);
+        let prefill = gpu.pipeline(prefill_shader, kv, "prefill_partial", &hd4)?;
+        let merge = gpu.pipeline(&shaders::ATTENTION, kv, "merge", &[])?;
+        let anticausal = gpu.pipeline(prefill_shader, kv, "anticausal_partial", &hd4)?;
         let pages = (0..k_cache.n_pages())
             .map(|p| {
-                let r = k_cache.range(p);
-                let (kc, vc) = (&k_cache.buffers[p], &v_cache.buffers[p]);
-                let page = &k_cache.uniforms[p];
-                let bufs = [step, &params, q, kc, vc, part, out, lse, qslot, page];
+                let bufs = b.page(step, p);
                 PageGroups {
-                    slots: r.start as u32..r.end as u32,
+                    slots: k_cache.range(p).start as u32..k_cache.range(p).end as u32,
                     group: gpu.bind_group(&merge, &bufs),
                     prefill_group: gpu.bind_group(&prefill, &bufs),
                     decode_group: gpu.bind_group(&decode, &bufs),
@@ -250,6 +224,190 @@ impl Attention {
         }
         self.encode_merge(pass, n_tokens);
     }
+}
+
+/// The buffers every attention kernel binds, but the step uniform (see
+/// attention_io.wgsl for the order).
+struct Bindings<'a> {
+    params: &'a wgpu::Buffer,
+    q: &'a wgpu::Buffer,
+    k_cache: &'a SlotPages,
+    v_cache: &'a SlotPages,
+    part: &'a wgpu::Buffer,
+    out: &'a wgpu::Buffer,
+    lse: &'a wgpu::Buffer,
+    qslot: &'a wgpu::Buffer,
+}
+
+impl<'a> Bindings<'a> {
+    /// The bindings of cache page `p` with the given step uniform.
+    fn page(&self, step: &'a wgpu::Buffer, p: usize) -> [&'a wgpu::Buffer; 10] {
+        [
+            step,
+            self.params,
+            self.q,
+            &self.k_cache.buffers[p],
+            &self.v_cache.buffers[p],
+            self.part,
+            self.out,
+            self.lse,
+            self.qslot,
+            &self.k_cache.uniforms[p],
+        ]
+    }
+}
+
+/// Query heads per KV head, an override constant of the decode kernels:
+/// their per-head loops get a constant trip count.
+fn group_constant(heads: Heads) -> [(&'static str, f64); 1] {
+    [("GROUP", (heads.n_heads / heads.n_kv) as f64)]
+}
+
+/// head_dim / 4 as an override constant: the row-per-lane partials' and
+/// the eight-lanes-per-key decode's loops over the head get a constant trip
+/// count (and their per-lane arrays constant indices).
+fn head_dim_constant(heads: Heads) -> [(&'static str, f64); 1] {
+    [("HD4", (heads.head_dim / 4) as f64)]
+}
+
+/// The decode partial pipeline of `variant` for `heads`.
+fn decode_pipeline(
+    gpu: &Gpu,
+    variant: AttnDecodeVariant,
+    heads: Heads,
+) -> Result<Arc<wgpu::ComputePipeline>> {
+    let kv = Some(heads.kv_format);
+    let [group] = group_constant(heads);
+    let [hd4] = head_dim_constant(heads);
+    let (shader, workgroup_bytes, constants) = match variant {
+        AttnDecodeVariant::Serial => (
+            &shaders::ATTENTION,
+            256 * 16 + 2048 * 4 + 8 * 8,
+            vec![group],
+        ),
+        AttnDecodeVariant::Parallel => (&shaders::ATTENTION_DECODE, 16448, vec![group]),
+        AttnDecodeVariant::LanesPerKey => {
+            (&shaders::ATTENTION_DECODE_LANES, 16448, vec![group, hd4])
+        }
+    };
+    gpu.check_workgroup_memory(&format!("{} decode_partial", shader.name), workgroup_bytes)?;
+    gpu.pipeline(shader, kv, "decode_partial", &constants)
+}
+
+/// The kernel file of a prefill (and counter-causal) variant.
+fn prefill_shader(gpu: &Gpu, variant: AttnPrefillVariant) -> Result<&'static shaders::Shader> {
+    Ok(match variant {
+        AttnPrefillVariant::RowPerLane => &shaders::ATTENTION,
+        AttnPrefillVariant::Tiled => {
+            gpu.check_workgroup_memory("attention_prefill", 16384)?;
+            &shaders::ATTENTION_PREFILL
+        }
+    })
+}
+
+/// Cache depth the decode candidates are timed at (less where the first
+/// cache page holds fewer slots): deep enough that the keys, not the
+/// launch, set the time.
+const TUNE_KEYS: usize = 4096;
+/// Queries the prefill candidates are timed at (fewer where the engine's
+/// steps hold fewer), from slot 0: a causal prompt chunk.
+const TUNE_QUERIES: usize = 512;
+
+/// The decode variant: the rule's, or with `tuned` the fastest of the
+/// candidates at a depth of [`TUNE_KEYS`] slots. Nothing is timed where
+/// the engine's buffers cannot hold that step (a first page of under
+/// [`KEY_CHUNK`] slots, a query buffer of no row).
+fn tuned_decode(gpu: &Gpu, heads: Heads, b: &Bindings) -> AttnDecodeVariant {
+    let cands = gpu.kernels.attn_decode_candidates();
+    let keys = b.k_cache.range(0).len().min(TUNE_KEYS);
+    let q_row = (heads.n_heads * heads.head_dim * 4) as u64;
+    if cands.len() == 1
+        || keys < KEY_CHUNK as usize
+        || b.q.size() < q_row
+        || b.part.size() < Attention::partials_bytes(heads, 1, keys)
+    {
+        return cands[0];
+    }
+    let key = TuneKey::Attention {
+        heads,
+        queries: 1,
+        keys,
+    };
+    let groups = ((keys as u32).div_ceil(KEY_CHUNK), heads.n_kv as u32, 1);
+    let i = gpu.tuner.choose(gpu, key, || {
+        let step = tune_step(gpu, 1, keys - 1);
+        let bufs = b.page(&step, 0);
+        cands
+            .iter()
+            .map(|&v| Candidate {
+                label: format!("{v:?}"),
+                dispatch: decode_pipeline(gpu, v, heads)
+                    .map(|p| (p.clone(), gpu.bind_group(&p, &bufs), groups)),
+            })
+            .collect()
+    });
+    cands[i]
+}
+
+/// The prefill (and counter-causal) variant: the rule's, or with `tuned`
+/// the fastest of the candidates on a causal chunk of up to
+/// [`TUNE_QUERIES`] queries from slot 0, as many as the engine's buffers
+/// hold.
+fn tuned_prefill(gpu: &Gpu, heads: Heads, b: &Bindings) -> AttnPrefillVariant {
+    let cands = gpu.kernels.attn_prefill_candidates();
+    let q_row = (heads.n_heads * heads.head_dim * 4) as u64;
+    let fits = |n: usize| {
+        n * q_row as usize <= b.q.size() as usize
+            && Attention::partials_bytes(heads, n, n) <= b.part.size()
+    };
+    let q_rows = (b.q.size() / q_row) as usize;
+    let mut queries = b.k_cache.range(0).len().min(TUNE_QUERIES).min(q_rows);
+    while queries > 1 && !fits(queries) {
+        queries /= 2;
+    }
+    if cands.len() == 1 || queries < 2 || !fits(queries) {
+        return cands[0];
+    }
+    let key = TuneKey::Attention {
+        heads,
+        queries,
+        keys: queries,
+    };
+    let n = queries as u32;
+    let groups = (ceil_div(n, 64), heads.n_heads as u32, n.div_ceil(KEY_CHUNK));
+    let i = gpu.tuner.choose(gpu, key, || {
+        let step = tune_step(gpu, queries, 0);
+        let bufs = b.page(&step, 0);
+        cands
+            .iter()
+            .map(|&v| Candidate {
+                label: format!("{v:?}"),
+                dispatch: prefill_shader(gpu, v)
+                    .and_then(|s| {
+                        gpu.pipeline(
+                            s,
+                            Some(heads.kv_format),
+                            "prefill_partial",
+                            &head_dim_constant(heads),
+                        )
+                    })
+                    .map(|p| (p.clone(), gpu.bind_group(&p, &bufs), groups)),
+            })
+            .collect()
+    });
+    cands[i]
+}
+
+/// A step uniform of the timings' own: `n_tokens` queries from `start_slot`.
+fn tune_step(gpu: &Gpu, n_tokens: usize, start_slot: usize) -> wgpu::Buffer {
+    gpu.uniform(
+        "tune-attn-step",
+        &super::Step {
+            n_tokens: n_tokens as u32,
+            start_slot: start_slot as u32,
+            ..Default::default()
+        },
+    )
 }
 
 /// CPU reference of one query row (row t, query head `head`) over the cache
@@ -465,8 +623,7 @@ mod tests {
     /// with queries on both sides of page boundaries and a short last page.
     #[test]
     fn paged_caches_match_reference() {
-        for set in [KernelSet::Cpu, KernelSet::Gpu] {
-            let gpu = gpu_with(set);
+        for gpu in decode_devices() {
             check(&gpu, 4, 2, 32, 100, 200, 256);
             check(&gpu, 6, 3, 64, 1, 256, 256);
             check(&gpu, 8, 2, 128, 1, 1100, 512);
@@ -474,19 +631,83 @@ mod tests {
         }
     }
 
-    /// Both decode variants (`cpu`: attention.wgsl, `gpu`: attention_decode.wgsl).
+    /// Devices with each decode variant: `cpu` (attention.wgsl), `gpu`
+    /// (attention_decode.wgsl) and the `gpu` set with the eight-lanes-per-key
+    /// kernel (attention_decode_lanes.wgsl), which lavapipe can run.
+    fn decode_devices() -> Vec<Arc<Gpu>> {
+        let lanes = gpu_with_variants(KernelSet::Gpu, |v| {
+            assert!(
+                v.attn_decode_lanes,
+                "the device runs the LanesPerKey decode"
+            );
+            v.attn_decode = AttnDecodeVariant::LanesPerKey;
+        });
+        vec![gpu_with(KernelSet::Cpu), gpu_with(KernelSet::Gpu), lanes]
+    }
+
     #[test]
     fn decode_matches_reference() {
-        for set in [KernelSet::Cpu, KernelSet::Gpu] {
-            let gpu = gpu_with(set);
+        for gpu in decode_devices() {
+            // Head sizes 64, 128 and 32, and 36 and 100 (columns not a
+            // multiple of the eight lanes of a key).
             check(&gpu, 2, 2, 64, 1, 0, 0);
             check(&gpu, 9, 3, 64, 1, 255, 0);
             check(&gpu, 8, 2, 128, 1, 600, 0);
             check(&gpu, 6, 2, 32, 1, 257, 0);
+            check(&gpu, 3, 1, 36, 1, 40, 0);
+            check(&gpu, 4, 2, 100, 1, 520, 0);
             // Group sizes 8 and 7 (the most the kernels take; Qwen2.5-7B's).
             check(&gpu, 8, 1, 128, 1, 300, 0);
             check(&gpu, 14, 2, 64, 1, 513, 0);
         }
+    }
+
+    /// With `tuned`, each attention shape's decode and prefill candidates
+    /// are timed once, on the engine's own buffers, and the chosen kernels
+    /// still match the reference.
+    #[test]
+    fn tuned_attention_times_each_shape_once() {
+        let gpu = gpu_with(KernelSet::Tuned);
+        check_format(&gpu, 8, 2, 128, 1, 600, 0, WeightFormat::F16);
+        check_format(&gpu, 4, 1, 64, 130, 17, 0, WeightFormat::F32);
+        let results = gpu.tuner.results();
+        let ops: Vec<_> = results.iter().map(|t| t.key.op()).collect();
+        assert_eq!(ops, ["attention decode", "attention prefill"]);
+        let decode = &results[0];
+        assert_eq!(
+            decode.key,
+            TuneKey::Attention {
+                heads: Heads::new(8, 2, 128, WeightFormat::F16),
+                queries: 1,
+                keys: 601
+            }
+        );
+        assert_eq!(decode.labels, ["Parallel", "LanesPerKey", "Serial"]);
+        // The prefill is timed at as many queries as the step's buffers hold.
+        assert!(
+            matches!(
+                results[1].key,
+                TuneKey::Attention {
+                    queries: 130,
+                    keys: 130,
+                    ..
+                }
+            ),
+            "{:?}",
+            results[1].key
+        );
+        assert_eq!(results[1].labels, ["Tiled", "RowPerLane"]);
+        for t in &results {
+            assert!(t.untimed.is_none(), "{t:?}");
+            assert!(
+                t.seconds.iter().all(|s| s.is_some_and(|s| s > 0.0)),
+                "{t:?}"
+            );
+            assert!(crate::kernels::tune::describe(t).contains("slots"));
+        }
+        // The same shapes again: nothing new is timed.
+        check_format(&gpu, 8, 2, 128, 1, 600, 0, WeightFormat::F16);
+        assert_eq!(gpu.tuner.results().len(), 2);
     }
 
     /// Both variants of the counter-causal pass (with the prefill kernels).
@@ -561,8 +782,7 @@ mod tests {
 
     #[test]
     fn long_contexts_past_4096() {
-        for set in [KernelSet::Cpu, KernelSet::Gpu] {
-            let gpu = gpu_with(set);
+        for gpu in decode_devices() {
             check(&gpu, 4, 1, 128, 1, 5000, 0);
             check(&gpu, 6, 2, 64, 3, 4200, 0);
             check(&gpu, 8, 2, 128, 70, 4100, 0);

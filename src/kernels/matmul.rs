@@ -421,7 +421,7 @@ impl TunedPart<'_> {
     }
 
     fn key(&self, op: &'static str, input: &'static str, tokens: usize) -> TuneKey {
-        TuneKey {
+        TuneKey::Matrix {
             op,
             input,
             format: self.part.format,
@@ -1013,9 +1013,19 @@ mod tests {
         let results = gpu.tuner.results();
         let matvec = results
             .iter()
-            .find(|t| t.key.op == "mat-vec")
+            .find(|t| t.key.op() == "mat-vec")
             .expect("the mat-vec was timed");
-        assert_eq!(matvec.key.input, "rmsnorm");
+        assert!(
+            matches!(
+                matvec.key,
+                TuneKey::Matrix {
+                    input: "rmsnorm",
+                    ..
+                }
+            ),
+            "{:?}",
+            matvec.key
+        );
         assert_eq!(matvec.labels.len(), 12);
         assert_eq!(matvec.labels[0], "128x2");
         assert!(
@@ -1026,9 +1036,13 @@ mod tests {
         assert_eq!(chosen, gpu.kernels.matvec_candidates()[matvec.choice]);
         // The mat-mul (the tiled kernel's two tile sizes at least) once, at
         // the tokens y holds.
-        let mm_timed: Vec<_> = results.iter().filter(|t| t.key.op == "mat-mul").collect();
+        let mm_timed: Vec<_> = results.iter().filter(|t| t.key.op() == "mat-mul").collect();
         assert_eq!(mm_timed.len(), 1);
-        assert_eq!(mm_timed[0].key.tokens, n);
+        assert!(
+            matches!(mm_timed[0].key, TuneKey::Matrix { tokens, .. } if tokens == n),
+            "{:?}",
+            mm_timed[0].key
+        );
         let mm_cands = gpu.kernels.matmul_candidates(WeightFormat::F16, rows, cols);
         assert_eq!(mm_timed[0].labels.len(), mm_cands.len());
         assert_eq!(mm.matmul_variants()[0], mm_cands[mm_timed[0].choice]);

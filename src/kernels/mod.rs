@@ -214,6 +214,19 @@ pub(crate) mod testutil {
         .expect("a GPU adapter (lavapipe on CI)")
     }
 
+    /// A device whose kernels are the given set, changed by `f` (to force
+    /// a variant no fixed rule picks).
+    pub fn gpu_with_variants(
+        set: crate::device::KernelSet,
+        f: impl FnOnce(&mut crate::device::KernelVariants),
+    ) -> Arc<Gpu> {
+        let mut gpu = gpu_with(set);
+        f(&mut Arc::get_mut(&mut gpu)
+            .expect("a device no one else holds")
+            .kernels);
+        gpu
+    }
+
     pub fn step_buffer(gpu: &Gpu, step: Step) -> wgpu::Buffer {
         gpu.uniform("step", &step)
     }

@@ -26,7 +26,7 @@ pub(crate) fn uniform_layout() -> super::UniformLayout {
 }
 
 /// Head counts of one attention layer, and how its cache stores keys and values.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Heads {
     pub n_heads: usize,
     pub n_kv: usize,

@@ -1,7 +1,8 @@
 //! Kernel autotuning: with `--kernels tuned` (what `auto` picks on a GPU),
-//! each weight matrix's mat-vec and mat-mul variant is the fastest of a few
-//! candidates, timed on the device with the matrix's own weights when the
-//! engine is built, instead of a fixed rule.
+//! each weight matrix's mat-vec and mat-mul variant, and the decode and
+//! prefill attention, is the fastest of a few candidates, timed on the
+//! device (with the matrix's own weights; on the engine's own cache) when
+//! the engine is built, instead of a fixed rule.
 //!
 //! Why: the `gpu` kernels were written without a GPU at hand to tune them
 //! on, and what is fastest differs between devices and shapes (rows per
@@ -20,8 +21,12 @@
 //! not in the GPU's cache, as in a real decode step where every matrix is
 //! read once), timed by timestamp queries at the start and end of its own
 //! compute pass; the median counts. A candidate three times slower than the best so
-//! far after its first timed run is not run again. Candidates run on scratch
-//! inputs and outputs: the engine's buffers are untouched. A device without
+//! far after its first timed run is not run again. Mat-vec and mat-mul
+//! candidates run on scratch inputs and outputs. Attention candidates read
+//! the engine's own query and cache buffers (what they hold does not change
+//! the work) and write only its partials, a scratch buffer every step
+//! rewrites before reading; a step uniform of their own sets the depth. So
+//! nothing the engine keeps is changed. A device without
 //! timestamp queries, or without the memory for the timings, keeps the
 //! rule's choice, and says so.
 
@@ -33,18 +38,76 @@ use super::read_bandwidth::Probe;
 use crate::gpu::Gpu;
 use crate::shaders::WeightFormat;
 
-/// What a timing is kept for: one op on one weight shape.
+/// What a timing is kept for: one op on one shape.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct TuneKey {
-    /// "mat-vec" (one token) or "mat-mul" (`tokens` tokens).
-    pub op: &'static str,
-    /// What the kernel reads as x: "x", or the kernel it folds in
-    /// ("rmsnorm", "swiglu"), which changes its cost.
-    pub input: &'static str,
-    pub format: WeightFormat,
-    pub rows: usize,
-    pub cols: usize,
-    pub tokens: usize,
+pub enum TuneKey {
+    /// A weight matrix's product.
+    Matrix {
+        /// "mat-vec" (one token) or "mat-mul" (`tokens` tokens).
+        op: &'static str,
+        /// What the kernel reads as x: "x", or the kernel it folds in
+        /// ("rmsnorm", "swiglu"), which changes its cost.
+        input: &'static str,
+        format: WeightFormat,
+        rows: usize,
+        cols: usize,
+        tokens: usize,
+    },
+    /// The attention partials of `queries` queries (1: decode) over the
+    /// first `keys` cache slots.
+    Attention {
+        heads: super::rope_kv::Heads,
+        queries: usize,
+        keys: usize,
+    },
+}
+
+impl TuneKey {
+    /// "mat-vec", "mat-mul", "attention decode" or "attention prefill".
+    pub fn op(&self) -> &'static str {
+        match self {
+            TuneKey::Matrix { op, .. } => op,
+            TuneKey::Attention { queries: 1, .. } => "attention decode",
+            TuneKey::Attention { .. } => "attention prefill",
+        }
+    }
+
+    /// The shape, as `sieve bench` prints it after the op.
+    pub fn shape(&self) -> String {
+        match self {
+            TuneKey::Matrix {
+                input,
+                format,
+                rows,
+                cols,
+                tokens,
+                ..
+            } => {
+                let tokens = if *tokens > 1 {
+                    format!(", {tokens} tokens")
+                } else {
+                    String::new()
+                };
+                let input = if *input == "x" {
+                    String::new()
+                } else {
+                    format!(" ({input} folded in)")
+                };
+                format!("{} {rows}x{cols}{tokens}{input}", format.name())
+            }
+            TuneKey::Attention {
+                heads,
+                queries,
+                keys,
+            } => format!(
+                "{} cache, {} heads over {} KV heads of {}, {queries} queries over {keys} slots",
+                heads.kv_format.name(),
+                heads.n_heads,
+                heads.n_kv,
+                heads.head_dim
+            ),
+        }
+    }
 }
 
 /// A pipeline, its bind group (on scratch buffers) and its workgroup counts.
@@ -285,7 +348,6 @@ impl Timer {
 /// One line per timing, for `sieve bench`: the shape, each candidate's time
 /// in microseconds, and the choice.
 pub fn describe(t: &Tuned) -> String {
-    let k = &t.key;
     let cands: Vec<String> = (0..t.labels.len())
         .map(|i| {
             let mark = if i == t.choice { "*" } else { "" };
@@ -296,26 +358,14 @@ pub fn describe(t: &Tuned) -> String {
             }
         })
         .collect();
-    let tokens = if k.tokens > 1 {
-        format!(", {} tokens", k.tokens)
-    } else {
-        String::new()
-    };
-    let input = if k.input == "x" {
-        String::new()
-    } else {
-        format!(" ({} folded in)", k.input)
-    };
     let untimed = t
         .untimed
         .as_ref()
         .map_or(String::new(), |u| format!(" [{u}]"));
     format!(
-        "{} {} {}x{}{tokens}{input}: {}{untimed}",
-        k.op,
-        k.format.name(),
-        k.rows,
-        k.cols,
+        "{} {}: {}{untimed}",
+        t.key.op(),
+        t.key.shape(),
         cands.join(", ")
     )
 }

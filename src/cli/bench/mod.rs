@@ -236,8 +236,7 @@ pub fn run(model: &std::sync::Arc<Model>, a: &BenchArgs) -> Result<serde_json::V
         "adapter": gpu.describe(),
         "kernels": gpu.kernels.describe(),
         "kernel_timings": timings.iter().map(|t| json!({
-            "op": t.key.op, "input": t.key.input, "format": t.key.format.name(),
-            "rows": t.key.rows, "cols": t.key.cols, "tokens": t.key.tokens,
+            "op": t.key.op(), "shape": t.key.shape(),
             "candidates": t.labels, "seconds": t.seconds, "errors": t.errors,
             "chosen": t.labels[t.choice], "untimed": t.untimed, "wall_seconds": t.wall_seconds,
         })).collect::<Vec<_>>(),

@@ -1,0 +1,130 @@
+// attention_decode_io.wgsl: what the two `gpu` decode attention partials
+// share (attention_decode.wgsl, attention_decode_lanes.wgsl; included after
+// attention_io.wgsl, src/shaders.rs): their workgroup memory, the query load,
+// and every phase after the scores. They differ only in how they score the
+// chunk's keys. One workgroup of 256 lanes per (key chunk, KV head), as the
+// merge in attention.wgsl expects:
+//   softmax  lane = (head g, segment of 8 keys): per-head max and sum by
+//            tree reductions over the 32 segments in workgroup memory;
+//   values   lane = (4-value column d, key slice s of 8): each lane sums 32
+//            keys for all heads (the 32 columns of a value row are read by
+//            adjacent lanes), then the 8 slices are added per head.
+// Workgroup memory: 16,448 bytes.
+
+var<workgroup> qs: array<vec4<f32>, 256>;  // GMAX * HD4_MAX, scaled queries
+var<workgroup> sc: array<f32, 2048>;       // GMAX * CHUNK scores, then weights
+var<workgroup> red: array<vec4<f32>, 256>; // reduction scratch
+var<workgroup> ml: array<vec2<f32>, GMAX>; // per head (max, sum)
+
+// What a decode workgroup works on: key chunk c of the cache, KV head kvh,
+// for a query that attends slots 0 .. n_keys - 1.
+struct DecodeChunk {
+    c: u32,
+    kvh: u32,
+    n_keys: u32,
+}
+
+fn decode_chunk(wid: vec3<u32>) -> DecodeChunk {
+    return DecodeChunk(page.first / CHUNK + wid.x, wid.y, step.start_slot + 1u);
+}
+
+// Index in kc and vc of word d (four values) of KV head kvh in the row of
+// `slot` (a slot of this page).
+fn kv_word(slot: u32, kvh: u32, d: u32) -> u32 {
+    return (slot - page.first) * p.n_kv * p.hd4 + kvh * p.hd4 + d;
+}
+
+// The scaled queries of KV head kvh's GROUP heads into qs.
+fn load_group_queries(kvh: u32, lid: u32) {
+    let n = GROUP * p.hd4;
+    if (lid < n) {
+        qs[lid] = q[kvh * n + lid] * p.scale;
+    }
+    workgroupBarrier();
+}
+
+// From the scores in sc (head g's key j at g * CHUNK + j; NEG for keys past
+// the last) to the chunk's partials of its KV head's query heads: the
+// softmax statistics, the weighted value sums, and (max, sum) per head.
+fn finish_chunk(ch: DecodeChunk, lid: u32) {
+    let g_n = GROUP; // p.n_heads / p.n_kv
+    let hd4 = p.hd4;
+    let c = ch.c;
+    let kvh = ch.kvh;
+    let k0 = c * CHUNK;
+
+    // Softmax statistics: lane = head g (lid % 8) x segment (lid / 8) of 8 keys.
+    let g = lid % GMAX;
+    let seg = lid / GMAX;
+    let in_group = g < g_n;
+    var m_part = NEG;
+    if (in_group) {
+        for (var j = seg * 8u; j < seg * 8u + 8u; j++) {
+            m_part = max(m_part, sc[g * CHUNK + j]);
+        }
+    }
+    red[lid].x = m_part;
+    workgroupBarrier();
+    for (var span = 16u; span > 0u; span /= 2u) {
+        if (seg < span) {
+            red[lid].x = max(red[lid].x, red[lid + span * GMAX].x);
+        }
+        workgroupBarrier();
+    }
+    let m = red[g].x;
+    workgroupBarrier();
+    var l_part = 0.0;
+    if (in_group) {
+        for (var j = seg * 8u; j < seg * 8u + 8u; j++) {
+            // Keys past n_keys score NEG: their weight is exp(NEG - m) = 0
+            // (all-NEG chunks do not occur: a dispatched chunk holds a key).
+            let e = exp(sc[g * CHUNK + j] - m);
+            sc[g * CHUNK + j] = e;
+            l_part += e;
+        }
+    }
+    red[lid].x = l_part;
+    workgroupBarrier();
+    for (var span = 16u; span > 0u; span /= 2u) {
+        if (seg < span) {
+            red[lid].x += red[lid + span * GMAX].x;
+        }
+        workgroupBarrier();
+    }
+    if (lid < g_n) {
+        ml[lid] = vec2<f32>(m, red[lid].x);
+    }
+    workgroupBarrier();
+
+    // Values: lane = column d (lid % 32) x key slice s (lid / 32).
+    let d = lid % HD4_MAX;
+    let s = lid / HD4_MAX;
+    let n_valid = min(CHUNK, ch.n_keys - k0);
+    var acc: array<vec4<f32>, GMAX>;
+    for (var h = 0u; h < GMAX; h++) {
+        acc[h] = vec4<f32>(0.0);
+    }
+    if (d < hd4) {
+        for (var j = s; j < n_valid; j += 8u) {
+            let v = unpack_kv(vc[kv_word(k0 + j, kvh, d)]);
+            for (var h = 0u; h < g_n; h++) {
+                acc[h] += sc[h * CHUNK + j] * v;
+            }
+        }
+    }
+    for (var h = 0u; h < g_n; h++) {
+        red[lid] = acc[h];
+        workgroupBarrier();
+        if (s == 0u && d < hd4) {
+            var total = red[d];
+            for (var k = 1u; k < 8u; k++) {
+                total += red[k * HD4_MAX + d];
+            }
+            part[part_base(0u, kvh * g_n + h, c) + d] = total;
+        }
+        workgroupBarrier();
+    }
+    if (lid < g_n) {
+        part[part_base(0u, kvh * g_n + lid, c) + hd4] = vec4<f32>(ml[lid].x, ml[lid].y, 0.0, 0.0);
+    }
+}

@@ -16,9 +16,13 @@
 // Bindings (group 0): as attention_io.wgsl.
 // Dispatch: (n_chunks of the page, n_kv, 1), as decode_partial.
 // Workgroup memory: 16,448 bytes (attention_decode_io.wgsl).
-// Needs the SUBGROUP feature with subgroups of at least 8 lanes, filled
-// (a workgroup of 256 lanes is whole subgroups of any size from 8 to 128);
-// naga takes subgroup builtins without an `enable`.
+// Needs the SUBGROUP feature, with subgroups of one size, a power of two
+// of at least 8 lanes, in a workgroup (a lane's number below counts
+// 256 / num_subgroups lanes per subgroup, whatever size the adapter
+// reports); naga takes subgroup builtins without an `enable`. Because
+// Vulkan does not promise full subgroups unless a pipeline asks (wgpu does
+// not), a device whose `tuned` set would time this kernel first runs it
+// once against the CPU reference (`attention::check_decode_variant`).
 
 const KEY_LANES: u32 = 8u;
 const ROUND_KEYS: u32 = 32u; // 256 lanes / KEY_LANES
@@ -28,14 +32,14 @@ fn decode_partial(
     @builtin(workgroup_id) wid: vec3<u32>,
     @builtin(local_invocation_index) lid: u32,
     @builtin(subgroup_id) sg: u32,
-    @builtin(subgroup_size) sg_size: u32,
+    @builtin(num_subgroups) n_sg: u32,
     @builtin(subgroup_invocation_id) sg_lane: u32,
 ) {
     let ch = decode_chunk(wid);
     load_group_queries(ch.kvh, lid);
 
     // The eight lanes of a key are consecutive lanes of one subgroup.
-    let t = sg * sg_size + sg_lane;
+    let t = sg * (256u / n_sg) + sg_lane;
     let col0 = t % KEY_LANES;
     // HD4 and GROUP are override constants: constant trip counts, so s
     // stays in registers.
@@ -50,10 +54,10 @@ fn decode_partial(
         if (slot < ch.n_keys) {
             for (var i = 0u; i < cols_per_lane; i++) {
                 let d = col0 + i * KEY_LANES;
-                if (d < p.hd4) {
+                if (d < HD4) {
                     let kv = unpack_kv(kc[kv_word(slot, ch.kvh, d)]);
                     for (var g = 0u; g < GROUP; g++) {
-                        s[g] += dot(qs[g * p.hd4 + d], kv);
+                        s[g] += dot(qs[g * HD4 + d], kv);
                     }
                 }
             }

@@ -1,5 +1,6 @@
 // attention_io.wgsl: what the attention kernels share (included by
-// attention.wgsl and attention_decode.wgsl after the KV-format prelude; see
+// attention.wgsl, attention_prefill.wgsl and, with attention_decode_io.wgsl
+// after it, the two `gpu` decode kernels, after the KV-format prelude; see
 // src/shaders.rs): parameters, bindings, the key chunk and the layout of the
 // per-chunk partials that the merge pass combines.
 //
@@ -46,7 +47,8 @@ const NEG: f32 = -3.0e38;
 // constant trip count (unrolled, their per-head sums stay in registers); the
 // other entry points do not read it.
 override GROUP: u32 = 1u;
-// head_dim / 4 (1 to HD4_MAX), the same way, for the row-per-lane partials.
+// head_dim / 4 (1 to HD4_MAX), the same way, for the row-per-lane partials
+// and the eight-lanes-per-key decode (attention_decode_lanes.wgsl).
 override HD4: u32 = HD4_MAX;
 
 fn n_chunks() -> u32 {

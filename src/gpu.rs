@@ -256,6 +256,20 @@ impl Gpu {
                 gpu.kernels.coop_staged_f16 = false;
             }
         }
+        // The eight-lanes-per-key decode attention numbers its lanes by
+        // subgroup, counting on subgroups of one size in a workgroup, which
+        // Vulkan does not promise: where `tuned` would time it, it runs once
+        // against the CPU reference first, and is dropped on a failure.
+        if gpu.kernels.tuned() && gpu.kernels.attn_decode_lanes {
+            use crate::device::AttnDecodeVariant::LanesPerKey;
+            if let Err(e) = crate::kernels::attention::check_decode_variant(&gpu, LanesPerKey) {
+                eprintln!(
+                    "warning: the eight-lanes-per-key decode attention failed its check on {} ({e:#}); it is not timed",
+                    gpu.info.name
+                );
+                gpu.kernels.attn_decode_lanes = false;
+            }
+        }
         Ok(Arc::new(gpu))
     }
 

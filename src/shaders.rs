@@ -5,7 +5,9 @@
 //! `weights_<format>.wgsl` (the weights binding `w` and `weight4`), for the KV
 //! cache `kv_f16.wgsl` or `kv_f32.wgsl` (`KvPacked`, `unpack_kv`, `pack_kv`);
 //! then the declarations it shares with its sibling variants (for the mat-mul
-//! variants `matmul_io.wgsl`, for attention `attention_io.wgsl`), then the kernel file itself. `enable`
+//! variants `matmul_io.wgsl`, and the `gpu` mat-vecs also `matvec_rows.wgsl`;
+//! for attention `attention_io.wgsl`, and the `gpu` decode kernels also
+//! `attention_decode_io.wgsl`), then the kernel file itself. `enable`
 //! directives of the kernel are moved to the top, where WGSL wants them.
 //! `all()` lists every kernel so that a test can validate each one
 //! with naga and translate it to SPIR-V, MSL and HLSL.

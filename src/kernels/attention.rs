@@ -31,6 +31,17 @@ struct Params {
     scale: f32,
 }
 
+impl Params {
+    fn of(heads: Heads) -> Self {
+        Params {
+            n_heads: heads.n_heads as u32,
+            n_kv: heads.n_kv as u32,
+            hd4: (heads.head_dim / 4) as u32,
+            scale: 1.0 / (heads.head_dim as f32).sqrt(),
+        }
+    }
+}
+
 /// How `Params` mirrors `AttnParams` (checked against naga in tests/shaders.rs).
 pub(crate) fn uniform_layout() -> super::UniformLayout {
     super::uniform_layout!(Params as "AttnParams" in [shaders::ATTENTION, shaders::ATTENTION_DECODE, shaders::ATTENTION_DECODE_LANES, shaders::ATTENTION_PREFILL] {
@@ -107,15 +118,7 @@ impl Attention {
             "attention: head_dim {} must be a multiple of 4 from 4 to {MAX_HEAD_DIM}",
             heads.head_dim
         );
-        let params = gpu.uniform(
-            "attn-params",
-            &Params {
-                n_heads: heads.n_heads as u32,
-                n_kv: heads.n_kv as u32,
-                hd4: (heads.head_dim / 4) as u32,
-                scale: 1.0 / (heads.head_dim as f32).sqrt(),
-            },
-        );
+        let params = gpu.uniform("attn-params", &Params::of(heads));
         anyhow::ensure!(
             k_cache.n_pages() == 1 || k_cache.page_slots.is_multiple_of(KEY_CHUNK as usize),
             "key cache pages of {} slots are not whole key chunks of {KEY_CHUNK}",
@@ -134,12 +137,10 @@ impl Attention {
         let decode_variant = tuned_decode(gpu, heads, &b);
         let prefill_variant = tuned_prefill(gpu, heads, &b);
         let decode = decode_pipeline(gpu, decode_variant, heads)?;
+        let prefill = prefill_pipeline(gpu, prefill_variant, heads, "prefill_partial")?;
+        let anticausal = prefill_pipeline(gpu, prefill_variant, heads, "anticausal_partial")?;
         let kv = Some(heads.kv_format);
-        let prefill_shader = prefill_shader(gpu, prefill_variant)?;
-        let hd4 = head_dim_constant(heads);
-        let prefill = gpu.pipeline(prefill_shader, kv, "prefill_partial", &hd4)?;
         let merge = gpu.pipeline(&shaders::ATTENTION, kv, "merge", &[])?;
-        let anticausal = gpu.pipeline(prefill_shader, kv, "anticausal_partial", &hd4)?;
         let pages = (0..k_cache.n_pages())
             .map(|p| {
                 let bufs = b.page(step, p);
@@ -294,15 +295,28 @@ fn decode_pipeline(
     gpu.pipeline(shader, kv, "decode_partial", &constants)
 }
 
-/// The kernel file of a prefill (and counter-causal) variant.
-fn prefill_shader(gpu: &Gpu, variant: AttnPrefillVariant) -> Result<&'static shaders::Shader> {
-    Ok(match variant {
+/// The prefill (or counter-causal, `entry`) partial pipeline of `variant`
+/// for `heads`.
+fn prefill_pipeline(
+    gpu: &Gpu,
+    variant: AttnPrefillVariant,
+    heads: Heads,
+    entry: &str,
+) -> Result<Arc<wgpu::ComputePipeline>> {
+    let shader = match variant {
         AttnPrefillVariant::RowPerLane => &shaders::ATTENTION,
         AttnPrefillVariant::Tiled => {
             gpu.check_workgroup_memory("attention_prefill", 16384)?;
             &shaders::ATTENTION_PREFILL
         }
-    })
+    };
+    let kv = Some(heads.kv_format);
+    gpu.pipeline(shader, kv, entry, &head_dim_constant(heads))
+}
+
+/// Bytes of one query row (all heads, f32).
+fn query_row_bytes(heads: Heads) -> u64 {
+    (heads.n_heads * heads.head_dim * 4) as u64
 }
 
 /// Cache depth the decode candidates are timed at (less where the first
@@ -314,33 +328,40 @@ const TUNE_KEYS: usize = 4096;
 const TUNE_QUERIES: usize = 512;
 
 /// The decode variant: the rule's, or with `tuned` the fastest of the
-/// candidates at a depth of [`TUNE_KEYS`] slots. Nothing is timed where
-/// the engine's buffers cannot hold that step (a first page of under
-/// [`KEY_CHUNK`] slots, a query buffer of no row).
+/// candidates at a depth of [`TUNE_KEYS`] slots of the first cache page
+/// (all of it, if it holds fewer: the depths that engine reaches first).
+/// Where the engine's buffers cannot hold such a step (a query buffer of no
+/// row), the rule's choice is kept, and the timings say why.
 fn tuned_decode(gpu: &Gpu, heads: Heads, b: &Bindings) -> AttnDecodeVariant {
     let cands = gpu.kernels.attn_decode_candidates();
-    let keys = b.k_cache.range(0).len().min(TUNE_KEYS);
-    let q_row = (heads.n_heads * heads.head_dim * 4) as u64;
-    if cands.len() == 1
-        || keys < KEY_CHUNK as usize
-        || b.q.size() < q_row
-        || b.part.size() < Attention::partials_bytes(heads, 1, keys)
-    {
+    if cands.len() == 1 {
         return cands[0];
     }
+    let keys = b.k_cache.range(0).len().min(TUNE_KEYS);
     let key = TuneKey::Attention {
+        op: "attention decode",
         heads,
         queries: 1,
         keys,
     };
+    if keys == 0
+        || b.q.size() < query_row_bytes(heads)
+        || b.part.size() < Attention::partials_bytes(heads, 1, keys)
+    {
+        let why =
+            "not timed: the step buffers hold no decode step; the fixed rule's choice is kept";
+        gpu.tuner.keep_rule(key, labels(&cands), why.into());
+        return cands[0];
+    }
     let groups = ((keys as u32).div_ceil(KEY_CHUNK), heads.n_kv as u32, 1);
     let i = gpu.tuner.choose(gpu, key, || {
         let step = tune_step(gpu, 1, keys - 1);
         let bufs = b.page(&step, 0);
         cands
             .iter()
-            .map(|&v| Candidate {
-                label: format!("{v:?}"),
+            .zip(labels(&cands))
+            .map(|(&v, label)| Candidate {
+                label,
                 dispatch: decode_pipeline(gpu, v, heads)
                     .map(|p| (p.clone(), gpu.bind_group(&p, &bufs), groups)),
             })
@@ -352,27 +373,30 @@ fn tuned_decode(gpu: &Gpu, heads: Heads, b: &Bindings) -> AttnDecodeVariant {
 /// The prefill (and counter-causal) variant: the rule's, or with `tuned`
 /// the fastest of the candidates on a causal chunk of up to
 /// [`TUNE_QUERIES`] queries from slot 0, as many as the engine's buffers
-/// hold.
+/// and first cache page hold (where that is under 2, the rule's choice is
+/// kept, and the timings say why).
 fn tuned_prefill(gpu: &Gpu, heads: Heads, b: &Bindings) -> AttnPrefillVariant {
     let cands = gpu.kernels.attn_prefill_candidates();
-    let q_row = (heads.n_heads * heads.head_dim * 4) as u64;
-    let fits = |n: usize| {
-        n * q_row as usize <= b.q.size() as usize
-            && Attention::partials_bytes(heads, n, n) <= b.part.size()
-    };
-    let q_rows = (b.q.size() / q_row) as usize;
+    if cands.len() == 1 {
+        return cands[0];
+    }
+    let fits = |n: usize| Attention::partials_bytes(heads, n, n) <= b.part.size();
+    let q_rows = (b.q.size() / query_row_bytes(heads)) as usize;
     let mut queries = b.k_cache.range(0).len().min(TUNE_QUERIES).min(q_rows);
     while queries > 1 && !fits(queries) {
         queries /= 2;
     }
-    if cands.len() == 1 || queries < 2 || !fits(queries) {
-        return cands[0];
-    }
     let key = TuneKey::Attention {
+        op: "attention prefill",
         heads,
         queries,
         keys: queries,
     };
+    if queries < 2 {
+        let why = "not timed: the step buffers or the cache's first page hold fewer than 2 queries; the fixed rule's choice is kept";
+        gpu.tuner.keep_rule(key, labels(&cands), why.into());
+        return cands[0];
+    }
     let n = queries as u32;
     let groups = (ceil_div(n, 64), heads.n_heads as u32, n.div_ceil(KEY_CHUNK));
     let i = gpu.tuner.choose(gpu, key, || {
@@ -380,22 +404,97 @@ fn tuned_prefill(gpu: &Gpu, heads: Heads, b: &Bindings) -> AttnPrefillVariant {
         let bufs = b.page(&step, 0);
         cands
             .iter()
-            .map(|&v| Candidate {
-                label: format!("{v:?}"),
-                dispatch: prefill_shader(gpu, v)
-                    .and_then(|s| {
-                        gpu.pipeline(
-                            s,
-                            Some(heads.kv_format),
-                            "prefill_partial",
-                            &head_dim_constant(heads),
-                        )
-                    })
+            .zip(labels(&cands))
+            .map(|(&v, label)| Candidate {
+                label,
+                dispatch: prefill_pipeline(gpu, v, heads, "prefill_partial")
                     .map(|p| (p.clone(), gpu.bind_group(&p, &bufs), groups)),
             })
             .collect()
     });
     cands[i]
+}
+
+/// Runs decode `variant` once, with the merge, against [`reference`]: 8
+/// query heads over 2 KV heads of 80 (columns not a multiple of the eight
+/// lanes of a key), an f32 cache of 600 slots (a partial last chunk). An
+/// error when the kernel fails to build or run, or its result is off.
+/// A device whose `tuned` set would time the eight-lanes-per-key kernel
+/// runs this first (`Gpu::new`): that kernel counts on the subgroup layout
+/// Vulkan does not promise.
+pub fn check_decode_variant(gpu: &Gpu, variant: AttnDecodeVariant) -> Result<()> {
+    let heads = Heads::new(8, 2, 80, crate::shaders::WeightFormat::F32);
+    let slots = 600usize;
+    let wave = |len: usize, f: f32, scale: f32| -> Vec<f32> {
+        (0..len).map(|i| (i as f32 * f).sin() * scale).collect()
+    };
+    let row = heads.n_kv * heads.head_dim;
+    let q = wave(heads.n_heads * heads.head_dim, 0.37, 1.0);
+    let k = wave(slots * row, 0.91, 2.0);
+    let v = wave(slots * row, 1.3, 1.0);
+    let (k_cache, v_cache) = (
+        SlotPages::from_rows(gpu, &k, row, slots),
+        SlotPages::from_rows(gpu, &v, row, slots),
+    );
+    let step = tune_step(gpu, 1, slots - 1);
+    let params = Params::of(heads);
+    let params = gpu.uniform("check-attn-params", &params);
+    let (qb, out) = (
+        gpu.storage_from("check-q", &q),
+        gpu.storage("check-out", query_row_bytes(heads)),
+    );
+    let b = Bindings {
+        params: &params,
+        q: &qb,
+        k_cache: &k_cache,
+        v_cache: &v_cache,
+        part: &gpu.storage("check-part", Attention::partials_bytes(heads, 1, slots)),
+        out: &out,
+        lse: &gpu.storage("check-lse", (heads.n_heads * 4) as u64),
+        qslot: &gpu.storage("check-qslot", 16),
+    };
+    let scope = gpu.device.push_error_scope(wgpu::ErrorFilter::Validation);
+    let decode = decode_pipeline(gpu, variant, heads)?;
+    let merge = gpu.pipeline(&shaders::ATTENTION, Some(heads.kv_format), "merge", &[])?;
+    let bufs = b.page(&step, 0);
+    let mut enc = gpu.device.create_command_encoder(&Default::default());
+    {
+        let mut pass = enc.begin_compute_pass(&Default::default());
+        let chunks = (slots as u32).div_ceil(KEY_CHUNK);
+        dispatch(
+            &mut pass,
+            &decode,
+            &gpu.bind_group(&decode, &bufs),
+            (chunks, heads.n_kv as u32, 1),
+        );
+        dispatch(
+            &mut pass,
+            &merge,
+            &gpu.bind_group(&merge, &bufs),
+            (1, heads.n_heads as u32, 1),
+        );
+    }
+    gpu.queue.submit([enc.finish()]);
+    if let Some(e) = pollster::block_on(scope.pop()) {
+        anyhow::bail!("{variant:?}: {e}");
+    }
+    let got: Vec<f32> = gpu.read(&out, 0, q.len())?;
+    let (want, _) = reference(&q, &k, &v, heads, slots - 1);
+    let err = got
+        .iter()
+        .zip(&want)
+        .map(|(a, b)| (a - b).abs())
+        .fold(
+            0f32,
+            |m, d| if d.is_nan() { f32::INFINITY } else { m.max(d) },
+        );
+    anyhow::ensure!(err < 1e-4, "{variant:?}: off the CPU reference by {err}");
+    Ok(())
+}
+
+/// The candidates' names, as the timings list them.
+fn labels<T: std::fmt::Debug>(cands: &[T]) -> Vec<String> {
+    cands.iter().map(|v| format!("{v:?}")).collect()
 }
 
 /// A step uniform of the timings' own: `n_tokens` queries from `start_slot`.
@@ -648,14 +747,15 @@ mod tests {
     #[test]
     fn decode_matches_reference() {
         for gpu in decode_devices() {
-            // Head sizes 64, 128 and 32, and 36 and 100 (columns not a
-            // multiple of the eight lanes of a key).
+            // Head sizes 64, 128 and 32, and 36, 100 and 16 (columns not a
+            // multiple of the eight lanes of a key; fewer than eight).
             check(&gpu, 2, 2, 64, 1, 0, 0);
             check(&gpu, 9, 3, 64, 1, 255, 0);
             check(&gpu, 8, 2, 128, 1, 600, 0);
             check(&gpu, 6, 2, 32, 1, 257, 0);
             check(&gpu, 3, 1, 36, 1, 40, 0);
             check(&gpu, 4, 2, 100, 1, 520, 0);
+            check(&gpu, 4, 2, 16, 1, 300, 0);
             // Group sizes 8 and 7 (the most the kernels take; Qwen2.5-7B's).
             check(&gpu, 8, 1, 128, 1, 300, 0);
             check(&gpu, 14, 2, 64, 1, 513, 0);
@@ -668,15 +768,29 @@ mod tests {
     #[test]
     fn tuned_attention_times_each_shape_once() {
         let gpu = gpu_with(KernelSet::Tuned);
+        // A decode step deep enough to time decode; its one-row query
+        // buffer holds no prefill chunk.
         check_format(&gpu, 8, 2, 128, 1, 600, 0, WeightFormat::F16);
+        // A prefill step: decode is timed at its 147 slots.
         check_format(&gpu, 4, 1, 64, 130, 17, 0, WeightFormat::F32);
         let results = gpu.tuner.results();
         let ops: Vec<_> = results.iter().map(|t| t.key.op()).collect();
-        assert_eq!(ops, ["attention decode", "attention prefill"]);
+        let timed: Vec<_> = results.iter().map(|t| t.untimed.is_none()).collect();
+        assert_eq!(
+            ops,
+            [
+                "attention decode",
+                "attention prefill",
+                "attention decode",
+                "attention prefill"
+            ]
+        );
+        assert_eq!(timed, [true, false, true, true], "{results:?}");
         let decode = &results[0];
         assert_eq!(
             decode.key,
             TuneKey::Attention {
+                op: "attention decode",
                 heads: Heads::new(8, 2, 128, WeightFormat::F16),
                 queries: 1,
                 keys: 601
@@ -684,9 +798,10 @@ mod tests {
         );
         assert_eq!(decode.labels, ["Parallel", "LanesPerKey", "Serial"]);
         // The prefill is timed at as many queries as the step's buffers hold.
+        let prefill = &results[3];
         assert!(
             matches!(
-                results[1].key,
+                prefill.key,
                 TuneKey::Attention {
                     queries: 130,
                     keys: 130,
@@ -694,20 +809,45 @@ mod tests {
                 }
             ),
             "{:?}",
-            results[1].key
+            prefill.key
         );
-        assert_eq!(results[1].labels, ["Tiled", "RowPerLane"]);
-        for t in &results {
-            assert!(t.untimed.is_none(), "{t:?}");
+        assert_eq!(prefill.labels, ["Tiled", "RowPerLane"]);
+        assert!(matches!(
+            results[2].key,
+            TuneKey::Attention { keys: 147, .. }
+        ));
+        for t in [decode, &results[2], prefill] {
             assert!(
                 t.seconds.iter().all(|s| s.is_some_and(|s| s > 0.0)),
                 "{t:?}"
             );
             assert!(crate::kernels::tune::describe(t).contains("slots"));
         }
-        // The same shapes again: nothing new is timed.
+        // What was not timed keeps the rule's choice and says why.
+        let t = &results[1];
+        assert_eq!(t.choice, 0);
+        assert!(t.seconds.iter().all(Option::is_none), "{t:?}");
+        assert!(
+            crate::kernels::tune::describe(t).contains("not timed: "),
+            "{t:?}"
+        );
+        // The same shapes again: nothing new is timed or recorded.
         check_format(&gpu, 8, 2, 128, 1, 600, 0, WeightFormat::F16);
-        assert_eq!(gpu.tuner.results().len(), 2);
+        check_format(&gpu, 4, 1, 64, 130, 17, 0, WeightFormat::F32);
+        assert_eq!(gpu.tuner.results().len(), 4);
+    }
+
+    /// The start-up check passes every decode variant on this device.
+    #[test]
+    fn decode_check_passes_every_variant() {
+        let gpu = gpu();
+        for v in [
+            AttnDecodeVariant::Serial,
+            AttnDecodeVariant::Parallel,
+            AttnDecodeVariant::LanesPerKey,
+        ] {
+            check_decode_variant(&gpu, v).unwrap();
+        }
     }
 
     /// Both variants of the counter-causal pass (with the prefill kernels).

@@ -53,9 +53,11 @@ pub enum TuneKey {
         cols: usize,
         tokens: usize,
     },
-    /// The attention partials of `queries` queries (1: decode) over the
-    /// first `keys` cache slots.
+    /// The attention partials of `queries` queries over the first `keys`
+    /// cache slots.
     Attention {
+        /// "attention decode" or "attention prefill".
+        op: &'static str,
         heads: super::rope_kv::Heads,
         queries: usize,
         keys: usize,
@@ -66,9 +68,7 @@ impl TuneKey {
     /// "mat-vec", "mat-mul", "attention decode" or "attention prefill".
     pub fn op(&self) -> &'static str {
         match self {
-            TuneKey::Matrix { op, .. } => op,
-            TuneKey::Attention { queries: 1, .. } => "attention decode",
-            TuneKey::Attention { .. } => "attention prefill",
+            TuneKey::Matrix { op, .. } | TuneKey::Attention { op, .. } => op,
         }
     }
 
@@ -99,6 +99,7 @@ impl TuneKey {
                 heads,
                 queries,
                 keys,
+                ..
             } => format!(
                 "{} cache, {} heads over {} KV heads of {}, {queries} queries over {keys} slots",
                 heads.kv_format.name(),
@@ -197,6 +198,26 @@ impl Tuner {
         let choice = tuned.choice;
         self.done.lock().unwrap().push(tuned);
         choice
+    }
+
+    /// Records that `key` keeps the fixed rule's choice (index 0) untimed,
+    /// and why, where its candidates cannot be timed on the engine's
+    /// buffers (unless it was timed already).
+    pub fn keep_rule(&self, key: TuneKey, labels: Vec<String>, why: String) {
+        let mut done = self.done.lock().unwrap();
+        if done.iter().any(|t| t.key == key) {
+            return;
+        }
+        let n = labels.len();
+        done.push(Tuned {
+            key,
+            labels,
+            seconds: vec![None; n],
+            errors: vec![None; n],
+            choice: 0,
+            untimed: Some(why),
+            wall_seconds: 0.0,
+        });
     }
 
     /// Every timing made so far, oldest first.

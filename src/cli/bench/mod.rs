@@ -235,11 +235,7 @@ pub fn run(model: &std::sync::Arc<Model>, a: &BenchArgs) -> Result<serde_json::V
         "kv_cache": model.kv_format.name(),
         "adapter": gpu.describe(),
         "kernels": gpu.kernels.describe(),
-        "kernel_timings": timings.iter().map(|t| json!({
-            "op": t.key.op(), "shape": t.key.shape(),
-            "candidates": t.labels, "seconds": t.seconds, "errors": t.errors,
-            "chosen": t.labels[t.choice], "untimed": t.untimed, "wall_seconds": t.wall_seconds,
-        })).collect::<Vec<_>>(),
+        "kernel_timings": timings.iter().map(timing_json).collect::<Vec<_>>(),
         "read_bandwidth_bytes_per_second": bw,
         "prefill": prefill,
         "decode": decode,
@@ -323,4 +319,39 @@ fn kernel_breakdown(
     }
     e.set_profiling(false);
     Ok(serde_json::Value::Object(out))
+}
+
+/// One kernel timing for the JSON report: the op, its shape's fields, and
+/// each candidate's time.
+fn timing_json(t: &sieve::kernels::tune::Tuned) -> serde_json::Value {
+    use sieve::kernels::tune::TuneKey;
+    let mut v = match &t.key {
+        TuneKey::Matrix {
+            op,
+            input,
+            format,
+            rows,
+            cols,
+            tokens,
+        } => json!({
+            "op": op, "input": input, "format": format.name(),
+            "rows": rows, "cols": cols, "tokens": tokens,
+        }),
+        TuneKey::Attention {
+            op,
+            heads,
+            queries,
+            keys,
+        } => json!({
+            "op": op, "format": heads.kv_format.name(), "n_heads": heads.n_heads,
+            "n_kv": heads.n_kv, "head_dim": heads.head_dim, "queries": queries, "keys": keys,
+        }),
+    };
+    v["candidates"] = json!(t.labels);
+    v["seconds"] = json!(t.seconds);
+    v["errors"] = json!(t.errors);
+    v["chosen"] = json!(t.labels[t.choice]);
+    v["untimed"] = json!(t.untimed);
+    v["wall_seconds"] = json!(t.wall_seconds);
+    v
 }

@@ -59,7 +59,7 @@ fn partial_row(t: u32, h: u32, c: u32, k_begin: u32, k_end: u32) {
     }
     var m = NEG;
     var l = 0.0;
-    for (var k0 = k_begin; k0 < k_end; k0 += BK) {
+    for (var k0 = k_begin; k0 < bounded(k_end); k0 += BK) {
         let n = min(BK, k_end - k0);
         var s: array<f32, BK>;
         var tile_max = NEG;
@@ -137,7 +137,7 @@ fn decode_partial(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocati
     let n_keys = step.start_slot + 1u;
     let k0 = c * CHUNK;
 
-    for (var i = lid; i < g_n * hd4; i += 64u) {
+    for (var i = lid; i < bounded(g_n * hd4); i += 64u) {
         qs[i] = q[kvh * g_n * hd4 + i] * p.scale;
     }
     workgroupBarrier();
@@ -178,7 +178,7 @@ fn decode_partial(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocati
     workgroupBarrier();
     let n_valid = min(CHUNK, n_keys - k0);
     // Each value vector is loaded once and accumulated for every head of the group.
-    for (var d = lid; d < hd4; d += 64u) {
+    for (var d = lid; d < bounded(hd4); d += 64u) {
         var acc: array<vec4<f32>, GMAX>;
         for (var g = 0u; g < g_n; g++) {
             acc[g] = vec4<f32>(0.0);
@@ -213,7 +213,7 @@ fn merge(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index)
         let s = part[part_base(t, h, c) + hd4];
         l += s.y * exp(s.x - m);
     }
-    for (var d = lid; d < hd4; d += 32u) {
+    for (var d = lid; d < bounded(hd4); d += 32u) {
         var a = vec4<f32>(0.0);
         for (var c = 0u; c < nc; c++) {
             let b = part_base(t, h, c);

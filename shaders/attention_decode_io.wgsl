@@ -105,7 +105,7 @@ fn finish_chunk(ch: DecodeChunk, lid: u32) {
         acc[h] = vec4<f32>(0.0);
     }
     if (d < hd4) {
-        for (var j = s; j < n_valid; j += 8u) {
+        for (var j = s; j < n_valid; j += 8u) { // loop bound: n_valid <= CHUNK
             let v = unpack_kv(vc[kv_word(k0 + j, kvh, d)]);
             for (var h = 0u; h < g_n; h++) {
                 acc[h] += sc[h * CHUNK + j] * v;

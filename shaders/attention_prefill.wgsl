@@ -53,7 +53,7 @@ fn tiled_partial(t0: u32, lid: u32, h: u32, c: u32, k_lo: u32, k_hi: u32, own_lo
     }
     var m = NEG;
     var l = 0.0;
-    for (var k0 = k_lo; k0 < k_hi; k0 += TK) {
+    for (var k0 = k_lo; k0 < bounded(k_hi); k0 += TK) {
         // Stage TK keys and values (rows past k_hi are zeros, never used).
         for (var e = lid; e < TK * HD4_MAX; e += 256u) {
             let j = e / HD4_MAX;

@@ -22,6 +22,22 @@ struct Page {
     _p1: u32,
 }
 
+// Loop bounds. Every loop in shaders/ counts up by 1, halves a positive
+// constant down to zero, or counts up in larger steps: a constant, a
+// workgroup size set as an override constant (LANES, SUBGROUP_SIZE: wgpu
+// refuses zero) or the dispatch width. No loop body changes its counter. A
+// loop of the last kind whose bound is read from a buffer takes it through
+// `bounded`, or says at the loop why it is small, so its counter cannot
+// wrap past 2^32 whatever a caller writes into the buffers: every loop
+// ends. That is what makes it sound to compile sieve's kernels without
+// wgpu's loop counters (SIEVE_LOOP_BOUNDING=0; docs/ARCHITECTURE.md).
+// tests/shaders.rs checks every loop header against this rule.
+const LOOP_LIMIT: u32 = 0x40000000u; // 2^30, far above any tensor size here
+
+fn bounded(n: u32) -> u32 {
+    return min(n, LOOP_LIMIT);
+}
+
 // Kernels that can run on either all step rows or only the logit rows select
 // their row count with a `count_sel` parameter: 0 = n_tokens, 1 = n_logits.
 fn step_rows(s: Step, count_sel: u32) -> u32 {

@@ -39,7 +39,7 @@ fn delta(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index)
         return;
     }
     var ss = 0.0;
-    for (var i = lid; i < p.hidden4; i += 64u) {
+    for (var i = lid; i < bounded(p.hidden4); i += 64u) {
         var before: vec4<f32>;
         if (t == 0u) {
             before = prev[i];
@@ -65,7 +65,7 @@ fn delta(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index)
 @compute @workgroup_size(64)
 fn save_last(@builtin(local_invocation_index) lid: u32) {
     let last = step.n_tokens - 1u;
-    for (var i = lid; i < p.hidden4; i += 64u) {
+    for (var i = lid; i < bounded(p.hidden4); i += 64u) {
         prev[i] = x[last * p.hidden4 + i];
     }
 }

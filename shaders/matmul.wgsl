@@ -85,8 +85,8 @@ fn matvec(@builtin(global_invocation_id) gid: vec3<u32>) {
     let xb = t * p.k4;
     var a = array<f32, 8>();
     var xs: array<vec4<f32>, 8>;
-    let k_whole = p.k4 & ~7u;
-    for (var k = 0u; k < k_whole; k += 8u) {
+    let k_whole = bounded(p.k4) & ~7u;
+    for (var k = 0u; k < k_whole; k += 8u) { // loop bound: k_whole = bounded(..)
         for (var i = 0u; i < 8u; i++) {
             xs[i] = x[xb + k + i];
         }

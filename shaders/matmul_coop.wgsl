@@ -51,7 +51,7 @@ fn matmul(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
     let tok0 = wg.y * 32u;
     // No early return: the dispatch covers exactly rows / 64 x ceil(n / 32)
     // tiles, and cooperative operations must stay in uniform control flow.
-    let k_len = p.k4 * 4u;
+    let k_len = bounded(p.k4 * 4u);
     var c00 = coop_mat16x16<f32, C>();
     var c01 = coop_mat16x16<f32, C>();
     var c10 = coop_mat16x16<f32, C>();
@@ -60,7 +60,7 @@ fn matmul(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
     var c21 = coop_mat16x16<f32, C>();
     var c30 = coop_mat16x16<f32, C>();
     var c31 = coop_mat16x16<f32, C>();
-    for (var k0 = 0u; k0 < k_len; k0 += 64u) {
+    for (var k0 = 0u; k0 < k_len; k0 += 64u) { // loop bound: k_len = bounded(..)
         // 32 tokens x 16 vec4 of x.
         for (var e = lane; e < 512u; e += SUBGROUP_SIZE) {
             let t = e / 16u;

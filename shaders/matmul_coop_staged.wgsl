@@ -84,7 +84,7 @@ fn matmul(
     var c11 = coop_mat16x16<f32, C>();
     var c12 = coop_mat16x16<f32, C>();
     var c13 = coop_mat16x16<f32, C>();
-    for (var k0 = 0u; k0 < p.k4; k0 += K_STEP / 4u) {
+    for (var k0 = 0u; k0 < bounded(p.k4); k0 += K_STEP / 4u) {
         // 128 rows x 8 packed groups of W, 64 tokens x 8 vec4 of x.
         for (var e = lane; e < 1024u; e += lanes) {
             let r = e / 8u;

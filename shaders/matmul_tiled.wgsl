@@ -103,7 +103,7 @@ fn matmul(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
     var acc11 = mat4x4<f32>();
     let slot = load_k * 4u * groups + load_r / 4u;
     let comp = load_r % 4u;
-    for (var k0 = 0u; k0 < p.k4; k0 += 4u) {
+    for (var k0 = 0u; k0 < bounded(p.k4); k0 += 4u) {
         for (var c = 0u; c < 4u; c++) {
             w_tile[slot + c * groups][comp] = w0[c];
             x_tile[slot + c * groups][comp] = x0[c];

@@ -45,7 +45,7 @@ fn lane_sums(r0: u32, lane: u32, inv: f32) -> array<f32, ROWS_MAX> {
 fn lane_word_sums(r0: u32, lane: u32, inv: f32) -> array<f32, ROWS_MAX> {
     var acc: array<f32, ROWS_MAX>;
     var k = lane;
-    for (; k + LANES < p.k4; k += 2u * LANES) {
+    for (; k + LANES < bounded(p.k4); k += 2u * LANES) {
         let xa = x_normed(k, inv);
         let xb = x_normed(k + LANES, inv);
         for (var i = 0u; i < ROWS; i++) {
@@ -72,7 +72,7 @@ fn lane_block_sums(r0: u32, lane: u32, inv: f32) -> array<f32, ROWS_MAX> {
     let one = vec4<f32>(1.0);
     var acc: array<f32, ROWS_MAX>;
     var xs: array<vec4<f32>, 8>;
-    for (var k = lane * 8u; k < p.k4; k += LANES * 8u) {
+    for (var k = lane * 8u; k < bounded(p.k4); k += LANES * 8u) {
         for (var i = 0u; i < 8u; i++) {
             xs[i] = x_normed(k + i, inv);
         }

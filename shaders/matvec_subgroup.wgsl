@@ -30,7 +30,7 @@ fn row_inv_rms(lane: u32, sg: u32, n_sg: u32, sg_lane: u32) -> f32 {
         return 1.0;
     }
     var ss = 0.0;
-    for (var k = lane; k < p.k4; k += LANES) {
+    for (var k = lane; k < bounded(p.k4); k += LANES) {
         let v = x[k];
         ss += dot(v, v);
     }

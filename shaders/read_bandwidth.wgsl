@@ -25,13 +25,13 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     var c = vec4<u32>(0u);
     var d = vec4<u32>(0u);
     var i = gid.x;
-    for (; i + 3u * stride < n; i += 4u * stride) {
+    for (; i + 3u * stride < n; i += 4u * stride) { // loop bound: n = arrayLength < 2^28, stride < 2^25
         a += src[i];
         b += src[i + stride];
         c += src[i + 2u * stride];
         d += src[i + 3u * stride];
     }
-    for (; i < n; i += stride) {
+    for (; i < n; i += stride) { // loop bound: as above
         a += src[i];
     }
     let s = a + b + c + d;

@@ -37,7 +37,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     }
     let base_in = in_row * p.dim4;
     var ss = 0.0;
-    for (var i = lid; i < p.dim4; i += WG) {
+    for (var i = lid; i < bounded(p.dim4); i += WG) {
         let v = x[base_in + i];
         ss += dot(v, v);
     }
@@ -51,7 +51,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     }
     let inv = inverseSqrt(partial[0] / f32(p.dim4 * 4u) + p.eps);
     let base_out = row * p.dim4;
-    for (var i = lid; i < p.dim4; i += WG) {
+    for (var i = lid; i < bounded(p.dim4); i += WG) {
         y[base_out + i] = x[base_in + i] * inv * w[i];
     }
 }

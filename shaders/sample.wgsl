@@ -98,7 +98,7 @@ fn reduce_min(v: f32, lid: u32) -> f32 {
 // Sum over the vocabulary of exp(x - m) for x >= thr (or the count when as_count).
 fn mass_above(thr: f32, m: f32, as_count: bool, lid: u32) -> f32 {
     var s = 0.0;
-    for (var v = lid; v < p.vocab; v += WG) {
+    for (var v = lid; v < bounded(p.vocab); v += WG) {
         let x = adjusted(v);
         if (x >= thr) {
             if (as_count) {
@@ -127,7 +127,7 @@ fn main(@builtin(local_invocation_index) lid: u32) {
     }
     workgroupBarrier();
     var bad = 0u;
-    for (var v = lid; v < p.vocab; v += WG) {
+    for (var v = lid; v < bounded(p.vocab); v += WG) {
         let x = adjusted(v);
         if (is_nonfinite(logits[p.row * p.vocab + v])) {
             bad = 1u;

@@ -37,7 +37,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         return;
     }
     var s = 0.0;
-    for (var i = lid; i < p.hidden4; i += 64u) {
+    for (var i = lid; i < bounded(p.hidden4); i += 64u) {
         s += dot(weight4((id - p.row_begin) * p.hidden4 + i), x[t * p.hidden4 + i]);
     }
     partial[lid] = s;

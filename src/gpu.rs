@@ -315,9 +315,8 @@ impl Gpu {
         // it unreachable; the counter can also keep that compiler from
         // unrolling a loop and from keeping its arrays in registers (wgpu
         // issue 7698: a pipeline a hundred times slower). sieve keeps it
-        // unless `SIEVE_LOOP_BOUNDING=0` (a measurement switch: whoever sets
-        // it vouches for the parameters every kernel is dispatched with), and
-        // then drops it for its own kernels only; bounds checks stay on.
+        // unless `SIEVE_LOOP_BOUNDING=0`, and then drops it for its own
+        // kernels only; bounds checks stay on.
         let module = if self.kernels.bounded_loops || !builtin {
             self.device.create_shader_module(desc)
         } else {
@@ -326,16 +325,15 @@ impl Gpu {
                 ..wgpu::ShaderRuntimeChecks::checked()
             };
             // SAFETY: the one check turned off asks that no loop runs
-            // forever. Every loop in shaders/ either halves a positive
-            // constant down to zero or counts up to a bound in steps of a
-            // positive constant, of a workgroup size (LANES, SUBGROUP_SIZE:
-            // wgpu refuses zero or one past the device limit) or of the
-            // dispatch width; it ends unless the counter wraps past 2^32,
-            // which needs a bound (a tensor size, token count or slot that
-            // the engine takes from buffers it allocated, all below 2^31)
-            // within one step of 2^32. A caller of the low-level kernel API
-            // that writes its own uniforms must keep to that too, which is
-            // why this is opt-in.
+            // forever. Every loop in sieve's kernels counts up by one,
+            // halves a positive constant down to zero, or counts in larger
+            // steps (a constant, a workgroup size set as an override
+            // constant, LANES or SUBGROUP_SIZE, which wgpu refuses as zero,
+            // or the dispatch width: all below 2^25) up to a constant or to a bound
+            // clamped to 2^30 by `bounded()` (or shown small at the loop), and
+            // no body changes its counter, so no counter wraps past 2^32
+            // whatever the buffers hold, and every loop ends (common.wgsl;
+            // tests/shaders.rs checks each loop header).
             unsafe { self.device.create_shader_module_trusted(desc, checks) }
         };
         let layout = self.layout_for(&src, shader.file)?;

@@ -214,3 +214,68 @@ fn host_uniform_structs_match_their_wgsl_layout() {
         }
     }
 }
+
+/// Every loop ends whatever the buffers hold (the rule in common.wgsl, on
+/// which compiling without wgpu's loop counters rests): a loop that counts
+/// in steps of more than 1 up to anything but constants takes its bound
+/// through `bounded(..)`, or says at the loop why it is small
+/// (`// loop bound: ...`); others count by 1 or halve down to zero.
+#[test]
+fn every_loop_has_a_bound_that_cannot_wrap() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("shaders");
+    let mut loops = 0;
+    let mut bad = vec![];
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_string_lossy().to_string();
+        let text = std::fs::read_to_string(&path).unwrap();
+        for (i, line) in text.lines().enumerate() {
+            let code = line.split("//").next().unwrap();
+            assert!(
+                !code.contains("loop {") && !code.contains("while "),
+                "{name}:{}: only for loops are checked",
+                i + 1
+            );
+            let Some(at) = code.find("for (") else {
+                continue;
+            };
+            let header = &code[at + 5..code.rfind(')').unwrap_or(code.len())];
+            let parts: Vec<&str> = header.split(';').map(str::trim).collect();
+            assert_eq!(parts.len(), 3, "{name}:{}: a for loop on one line", i + 1);
+            loops += 1;
+            let (init, cond, step) = (parts[0], parts[1], parts[2]);
+            let var = init
+                .strip_prefix("var ")
+                .or(Some(cond))
+                .and_then(|s| s.split(|c: char| !c.is_alphanumeric() && c != '_').next())
+                .unwrap();
+            let counts_by_one = step == format!("{var}++");
+            let halves = (step == format!("{var} /= 2u") || step == format!("{var} = {var} / 2u"))
+                && cond == format!("{var} > 0u");
+            // Identifiers in the condition other than the counter: all
+            // constants (upper case) or override constants?
+            let constant_bound = cond
+                .split(|c: char| !c.is_alphanumeric() && c != '_')
+                .filter(|w| !w.is_empty() && !w.chars().next().unwrap().is_ascii_digit())
+                .all(|w| {
+                    w == var
+                        || w.chars()
+                            .all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_')
+                });
+            let ok = counts_by_one
+                || halves
+                || constant_bound
+                || cond.contains("bounded(")
+                || line.contains("// loop bound: ");
+            if !ok {
+                bad.push(format!("{name}:{}: {}", i + 1, line.trim()));
+            }
+        }
+    }
+    assert!(loops > 100, "{loops} loops found");
+    assert!(
+        bad.is_empty(),
+        "loops whose bound could wrap:\n{}",
+        bad.join("\n")
+    );
+}

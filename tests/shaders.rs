@@ -249,7 +249,15 @@ fn every_loop_has_a_bound_that_cannot_wrap() {
                 .or(Some(cond))
                 .and_then(|s| s.split(|c: char| !c.is_alphanumeric() && c != '_').next())
                 .unwrap();
-            let counts_by_one = step == format!("{var}++");
+            // (By one to a strict bound: a counter reaches any bound
+            // below 2^32 without wrapping.)
+            let counts_by_one =
+                step == format!("{var}++") && cond.starts_with(&format!("{var} < "));
+            assert!(
+                !cond.contains("<=") && !cond.contains(">=") && !cond.contains("!="),
+                "{name}:{}: a loop condition is a strict comparison",
+                i + 1
+            );
             let halves = (step == format!("{var} /= 2u") || step == format!("{var} = {var} / 2u"))
                 && cond == format!("{var} > 0u");
             // Identifiers in the condition other than the counter: all

@@ -24,8 +24,10 @@ struct Page {
 
 // Loop bounds. Every loop in shaders/ counts up by 1, halves a positive
 // constant down to zero, or counts up in larger steps: a constant, a
-// workgroup size set as an override constant (LANES, SUBGROUP_SIZE: wgpu
-// refuses zero) or the dispatch width. No loop body changes its counter. A
+// workgroup size set as an override constant (LANES, SUBGROUP_SIZE; the
+// host compiles without the counters only constants from 1 to the
+// invocation limit: `Gpu::pipeline`) or the dispatch width (clamped where
+// it is used). No loop body changes its counter. A
 // loop of the last kind whose bound is read from a buffer takes it through
 // `bounded`, or says at the loop why it is small, so its counter cannot
 // wrap past 2^32 whatever a caller writes into the buffers: every loop

@@ -10,7 +10,7 @@
 // Bindings (group 0):
 //   0 src  storage read  [n] vec4<u32>
 //   1 dst  storage rw    [invocations] u32
-// Dispatch: (groups, 1, 1) with 256 invocations each; invocation i reads
+// Dispatch: (groups, 1, 1), groups <= 65,535, with 256 invocations each; invocation i reads
 // elements i + j * stride for j = 0, 1, ... where stride = groups * 256, and
 // writes the wrapping sum of all their components to dst[i].
 @group(0) @binding(0) var<storage, read> src: array<vec4<u32>>;
@@ -18,14 +18,17 @@
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let stride = nwg.x * 256u;
-    let n = arrayLength(&src);
+    // The launcher dispatches at most 65,535 groups (as DX12 and Metal
+    // allow); the clamps keep every loop below finite whatever the dispatch
+    // and binding sizes.
+    let stride = min(nwg.x, 65535u) * 256u;
+    let n = bounded(arrayLength(&src));
     var a = vec4<u32>(0u);
     var b = vec4<u32>(0u);
     var c = vec4<u32>(0u);
     var d = vec4<u32>(0u);
     var i = gid.x;
-    for (; i + 3u * stride < n; i += 4u * stride) { // loop bound: n = arrayLength < 2^28, stride < 2^25
+    for (; i + 3u * stride < n; i += 4u * stride) { // loop bound: n = bounded(..), stride < 2^24
         a += src[i];
         b += src[i + stride];
         c += src[i + 2u * stride];

@@ -299,8 +299,9 @@ pub struct KernelVariants {
     pub attn_decode_lanes: bool,
     pub attn_prefill: AttnPrefillVariant,
     /// Whether sieve's own kernels keep the loop counter wgpu adds to every
-    /// shader loop (the default); `SIEVE_LOOP_BOUNDING=0` drops it, to
-    /// measure what it costs (docs/ARCHITECTURE.md, "Kernel variants").
+    /// shader loop (the default until a GPU run shows what it costs);
+    /// `SIEVE_LOOP_BOUNDING=0` drops it, which is sound since every loop of
+    /// the kernels ends (docs/ARCHITECTURE.md, "Kernel variants").
     pub bounded_loops: bool,
 }
 

@@ -285,6 +285,19 @@ impl Gpu {
         )
     }
 
+    /// Whether every override constant is a whole number from 1 to the
+    /// workgroup's invocation limit, as sieve's launchers set them (lanes,
+    /// rows, heads per KV head, head_dim / 4, tile width). Some are loop
+    /// steps, and wgpu checks a workgroup size set by an override against
+    /// zero only, not against the limits; out of that range a kernel keeps
+    /// its loop counters.
+    fn constants_in_range(&self, constants: &[(&str, f64)]) -> bool {
+        let max = self.limits.max_compute_invocations_per_workgroup as f64;
+        constants
+            .iter()
+            .all(|&(_, v)| v.fract() == 0.0 && (1.0..=max).contains(&v))
+    }
+
     /// Compiles (once) and returns the pipeline for `entry` of a shader assembled
     /// by [`shaders::source`], with the given override constants.
     pub fn pipeline(
@@ -294,9 +307,10 @@ impl Gpu {
         entry: &str,
         constants: &[(&str, f64)],
     ) -> Result<Arc<wgpu::ComputePipeline>> {
-        // Sieve's own kernels and others of the same name are cached apart
-        // (the former may be compiled without loop counters).
-        let builtin = shaders::is_builtin(shader);
+        // Sieve's own kernels with override constants in the ranges its
+        // launchers use, and others of the same name, are cached apart (the
+        // former may be compiled without loop counters).
+        let builtin = shaders::is_builtin(shader) && self.constants_in_range(constants);
         let key = format!(
             "{}:{builtin}:{:?}:{}:{:?}",
             shader.name, weights, entry, constants
@@ -328,8 +342,9 @@ impl Gpu {
             // forever. Every loop in sieve's kernels counts up by one,
             // halves a positive constant down to zero, or counts in larger
             // steps (a constant, a workgroup size set as an override
-            // constant, LANES or SUBGROUP_SIZE, which wgpu refuses as zero,
-            // or the dispatch width: all below 2^25) up to a constant or to a bound
+            // constant, LANES or SUBGROUP_SIZE, here at most the invocation
+            // limit: `constants_in_range`, or the dispatch width, which the
+            // kernel clamps below 2^24) up to a constant or to a bound
             // clamped to 2^30 by `bounded()` (or shown small at the loop), and
             // no body changes its counter, so no counter wraps past 2^32
             // whatever the buffers hold, and every loop ends (common.wgsl;
@@ -706,4 +721,25 @@ pub fn check_limits(limits: &wgpu::Limits) -> Result<()> {
         );
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    /// Only override constants in the ranges sieve's launchers use may be
+    /// compiled without loop counters: some are loop steps, and wgpu checks
+    /// a workgroup size set by an override against zero only.
+    #[test]
+    fn override_constants_outside_the_launchers_ranges_keep_the_counters() {
+        let gpu = crate::kernels::testutil::gpu();
+        let max = gpu.limits.max_compute_invocations_per_workgroup as f64;
+        assert!(gpu.constants_in_range(&[]));
+        assert!(gpu.constants_in_range(&[("LANES", 256.0), ("ROWS", 8.0), ("HD4", 1.0)]));
+        assert!(gpu.constants_in_range(&[("SUBGROUP_SIZE", max)]));
+        for bad in [0.0, -1.0, 1.5, max + 1.0, (1u64 << 29) as f64, f64::NAN] {
+            assert!(
+                !gpu.constants_in_range(&[("ROWS", 2.0), ("LANES", bad)]),
+                "{bad} accepted"
+            );
+        }
+    }
 }

@@ -216,13 +216,25 @@ fn host_uniform_structs_match_their_wgsl_layout() {
 }
 
 /// Every loop ends whatever the buffers hold (the rule in common.wgsl, on
-/// which compiling without wgpu's loop counters rests): a loop that counts
-/// in steps of more than 1 up to anything but constants takes its bound
-/// through `bounded(..)`, or says at the loop why it is small
-/// (`// loop bound: ...`); others count by 1 or halve down to zero.
+/// which compiling without wgpu's loop counters rests): a loop counts by one
+/// to a strict bound, halves down to zero, or counts in larger steps (of
+/// constants, or `stride` and `lanes`, which the kernels clamp or derive
+/// from constants) up to constants, to a bound taken through `bounded(..)`,
+/// or to one the loop says is small (`// loop bound: ...`).
 #[test]
 fn every_loop_has_a_bound_that_cannot_wrap() {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("shaders");
+    let is_word = |c: char| c.is_alphanumeric() || c == '_';
+    let idents = |e: &str| -> Vec<String> {
+        e.split(|c: char| !is_word(c))
+            .filter(|w| !w.is_empty() && !w.starts_with(|c: char| c.is_ascii_digit()))
+            .map(String::from)
+            .collect()
+    };
+    let constant = |w: &str| {
+        w.chars()
+            .all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_')
+    };
     let mut loops = 0;
     let mut bad = vec![];
     for entry in std::fs::read_dir(dir).unwrap() {
@@ -231,59 +243,71 @@ fn every_loop_has_a_bound_that_cannot_wrap() {
         let text = std::fs::read_to_string(&path).unwrap();
         for (i, line) in text.lines().enumerate() {
             let code = line.split("//").next().unwrap();
+            let words = idents(code);
+            let at = format!("{name}:{}", i + 1);
             assert!(
-                !code.contains("loop {") && !code.contains("while "),
-                "{name}:{}: only for loops are checked",
-                i + 1
+                !words.iter().any(|w| w == "while" || w == "loop"),
+                "{at}: only for loops are checked"
             );
-            let Some(at) = code.find("for (") else {
+            if !words.iter().any(|w| w == "for") {
                 continue;
-            };
-            let header = &code[at + 5..code.rfind(')').unwrap_or(code.len())];
+            }
+            let open = code.find("for").and_then(|f| {
+                let rest = code[f + 3..].trim_start();
+                rest.starts_with('(').then(|| code.len() - rest.len() + 1)
+            });
+            let open = open.unwrap_or_else(|| panic!("{at}: a for loop's header on one line"));
+            let header = &code[open..code.rfind(')').unwrap_or(code.len())];
             let parts: Vec<&str> = header.split(';').map(str::trim).collect();
-            assert_eq!(parts.len(), 3, "{name}:{}: a for loop on one line", i + 1);
+            assert_eq!(parts.len(), 3, "{at}: a for loop's header on one line");
             loops += 1;
             let (init, cond, step) = (parts[0], parts[1], parts[2]);
             let var = init
                 .strip_prefix("var ")
-                .or(Some(cond))
-                .and_then(|s| s.split(|c: char| !c.is_alphanumeric() && c != '_').next())
+                .unwrap_or(cond)
+                .split(|c: char| !is_word(c))
+                .next()
                 .unwrap();
-            // (By one to a strict bound: a counter reaches any bound
-            // below 2^32 without wrapping.)
-            let counts_by_one =
-                step == format!("{var}++") && cond.starts_with(&format!("{var} < "));
             assert!(
-                !cond.contains("<=") && !cond.contains(">=") && !cond.contains("!="),
-                "{name}:{}: a loop condition is a strict comparison",
-                i + 1
+                !cond.contains("||")
+                    && !cond.contains("&&")
+                    && !cond.contains('=')
+                    && !cond.contains('!'),
+                "{at}: a loop condition is one strict comparison"
             );
+            let by_one = step == format!("{var}++") && cond.starts_with(&format!("{var} < "));
             let halves = (step == format!("{var} /= 2u") || step == format!("{var} = {var} / 2u"))
                 && cond == format!("{var} > 0u");
-            // Identifiers in the condition other than the counter: all
-            // constants (upper case) or override constants?
-            let constant_bound = cond
-                .split(|c: char| !c.is_alphanumeric() && c != '_')
-                .filter(|w| !w.is_empty() && !w.chars().next().unwrap().is_ascii_digit())
-                .all(|w| {
-                    w == var
-                        || w.chars()
-                            .all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_')
-                });
-            let ok = counts_by_one
-                || halves
-                || constant_bound
-                || cond.contains("bounded(")
-                || line.contains("// loop bound: ");
+            // Larger steps: constants, or `stride` (clamped below 2^24 in
+            // read_bandwidth.wgsl) or `lanes` (4 x SUBGROUP_SIZE).
+            let larger = step.strip_prefix(&format!("{var} += ")).is_some_and(|e| {
+                idents(e)
+                    .iter()
+                    .all(|w| constant(w) || w == "stride" || w == "lanes")
+            });
+            let constant_bound = idents(cond).iter().all(|w| w == var || constant(w));
+            let clamped = cond.matches('<').count() == 1
+                && cond
+                    .split('<')
+                    .nth(1)
+                    .unwrap()
+                    .trim()
+                    .starts_with("bounded(")
+                && cond.ends_with(')');
+            let annotated = line
+                .split("// loop bound: ")
+                .nth(1)
+                .is_some_and(|r| !r.trim().is_empty());
+            let ok = by_one || halves || (larger && (constant_bound || clamped || annotated));
             if !ok {
-                bad.push(format!("{name}:{}: {}", i + 1, line.trim()));
+                bad.push(format!("{at}: {}", line.trim()));
             }
         }
     }
     assert!(loops > 100, "{loops} loops found");
     assert!(
         bad.is_empty(),
-        "loops whose bound could wrap:\n{}",
+        "loops that might not end:\n{}",
         bad.join("\n")
     );
 }

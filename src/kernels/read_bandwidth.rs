@@ -27,9 +27,10 @@ pub struct Bandwidth {
 }
 
 /// Workgroups for `n` 16-byte elements: about 32 loads per lane, at least
-/// one group, at most the dispatch limit.
+/// one group, at most the dispatch limit and 65,535 (the kernel's stride
+/// assumes no more).
 fn groups_for(n: u64, max_groups: u32) -> u32 {
-    (n / (LANES * 32)).clamp(1, max_groups as u64) as u32
+    (n / (LANES * 32)).clamp(1, max_groups.min(65535) as u64) as u32
 }
 
 /// The probe's kernel bound to one buffer (also the cache flush of the

@@ -354,20 +354,9 @@ fn tuned_decode(gpu: &Gpu, heads: Heads, b: &Bindings) -> AttnDecodeVariant {
         return cands[0];
     }
     let groups = ((keys as u32).div_ceil(KEY_CHUNK), heads.n_kv as u32, 1);
-    let i = gpu.tuner.choose(gpu, key, || {
-        let step = tune_step(gpu, 1, keys - 1);
-        let bufs = b.page(&step, 0);
-        cands
-            .iter()
-            .zip(labels(&cands))
-            .map(|(&v, label)| Candidate {
-                label,
-                dispatch: decode_pipeline(gpu, v, heads)
-                    .map(|p| (p.clone(), gpu.bind_group(&p, &bufs), groups)),
-            })
-            .collect()
-    });
-    cands[i]
+    time_on_first_page(gpu, b, key, &cands, (1, keys - 1), groups, |v| {
+        decode_pipeline(gpu, v, heads)
+    })
 }
 
 /// The prefill (and counter-causal) variant: the rule's, or with `tuned`
@@ -399,16 +388,32 @@ fn tuned_prefill(gpu: &Gpu, heads: Heads, b: &Bindings) -> AttnPrefillVariant {
     }
     let n = queries as u32;
     let groups = (ceil_div(n, 64), heads.n_heads as u32, n.div_ceil(KEY_CHUNK));
+    time_on_first_page(gpu, b, key, &cands, (queries, 0), groups, |v| {
+        prefill_pipeline(gpu, v, heads, "prefill_partial")
+    })
+}
+
+/// The fastest of `cands` for `key` (timed once per device), each run on
+/// the engine's first cache page with a step uniform of the timings' own:
+/// `n_tokens` queries from `start_slot`.
+fn time_on_first_page<V: Copy + std::fmt::Debug>(
+    gpu: &Gpu,
+    b: &Bindings,
+    key: TuneKey,
+    cands: &[V],
+    (n_tokens, start_slot): (usize, usize),
+    groups: (u32, u32, u32),
+    pipeline: impl Fn(V) -> Result<Arc<wgpu::ComputePipeline>>,
+) -> V {
     let i = gpu.tuner.choose(gpu, key, || {
-        let step = tune_step(gpu, queries, 0);
+        let step = tune_step(gpu, n_tokens, start_slot);
         let bufs = b.page(&step, 0);
         cands
             .iter()
-            .zip(labels(&cands))
+            .zip(labels(cands))
             .map(|(&v, label)| Candidate {
                 label,
-                dispatch: prefill_pipeline(gpu, v, heads, "prefill_partial")
-                    .map(|p| (p.clone(), gpu.bind_group(&p, &bufs), groups)),
+                dispatch: pipeline(v).map(|p| (p.clone(), gpu.bind_group(&p, &bufs), groups)),
             })
             .collect()
     });
@@ -480,14 +485,7 @@ pub fn check_decode_variant(gpu: &Gpu, variant: AttnDecodeVariant) -> Result<()>
     }
     let got: Vec<f32> = gpu.read(&out, 0, q.len())?;
     let (want, _) = reference(&q, &k, &v, heads, slots - 1);
-    let err = got
-        .iter()
-        .zip(&want)
-        .map(|(a, b)| (a - b).abs())
-        .fold(
-            0f32,
-            |m, d| if d.is_nan() { f32::INFINITY } else { m.max(d) },
-        );
+    let err = super::max_error(&got, &want);
     anyhow::ensure!(err < 1e-4, "{variant:?}: off the CPU reference by {err}");
     Ok(())
 }

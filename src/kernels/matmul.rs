@@ -568,14 +568,7 @@ pub fn check_variant(
     let got: Vec<f32> = gpu.read(&yb, 0, n * rows)?;
     let mut want = y0;
     reference(&w, rows, cols, Some(&b), &x, &mut want, true);
-    let err = got
-        .iter()
-        .zip(&want)
-        .map(|(g, w)| (g - w).abs())
-        .fold(
-            0.0f32,
-            |a, d| if d.is_nan() { f32::INFINITY } else { a.max(d) },
-        );
+    let err = super::max_error(&got, &want);
     // x values are multiples of 2^-10 below 0.5: exact in f16, as are the
     // f16 weights; a dequantized weight (an f16 scale times a small integer)
     // may round. A broken kernel is off by far more.

@@ -192,6 +192,18 @@ pub(crate) fn dispatch(
     pass.dispatch_workgroups(groups.0, groups.1, groups.2);
 }
 
+/// The largest |got - want| (infinite where either is NaN): how far a
+/// kernel's start-up check lands from its CPU reference.
+pub(crate) fn max_error(got: &[f32], want: &[f32]) -> f32 {
+    got.iter()
+        .zip(want)
+        .map(|(g, w)| (g - w).abs())
+        .fold(
+            0.0,
+            |a, d| if d.is_nan() { f32::INFINITY } else { a.max(d) },
+        )
+}
+
 /// Test helpers shared by the kernel tests: a device, a step buffer, one-pass runs.
 #[cfg(test)]
 pub(crate) mod testutil {

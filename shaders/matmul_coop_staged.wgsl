@@ -11,25 +11,35 @@
 // go through workgroup memory. As a GEMM, C = A B with A = W (rows x K),
 // B = x^T (K x tokens) and C = y^T (see matmul_coop.wgsl). A workgroup of
 // four subgroups (SUBGROUP_SIZE lanes each, an override constant set from
-// the device profile) computes a 128-row x 64-token tile; subgroup s owns
-// rows 32s .. 32s + 32 of it, as 2 x 4 accumulators of 16 x 16. K is walked
-// 32 values at a time: all lanes dequantize that slice of W (128 rows x 32
-// values, through the prelude's `weight4`, eight adjacent lanes per row so
-// loads are coalesced) and convert that slice of x (64 tokens x 32 values)
-// to f16 in workgroup memory (rows and tokens past the ends are zeros),
-// then each subgroup multiplies its two A tiles with the four B tiles, twice.
-// Each weight is dequantized once per 64 tokens. Values are rounded to f16
-// on the way in (weights and activations), with f32 accumulation. The
-// epilogue goes through workgroup memory one accumulator at a time, so bias,
-// residual and the row and token bounds are applied per element by `store`.
+// the device profile) computes a 128-row x 64 * WIDE-token tile. WIDE is an
+// override constant set by the launcher:
+//   1 (`CoopStaged`): 128 x 64 tiles; subgroup s owns rows 32s .. 32s + 32
+//     and all 64 tokens, as 2 x 4 accumulators of 16 x 16 (six matrix loads
+//     from workgroup memory per 8 products);
+//   2 (`CoopStagedWide`): 128 x 128 tiles; subgroup s owns rows
+//     64 (s / 2) .. + 64 and tokens 64 (s % 2) .. + 64, as 4 x 4
+//     accumulators (eight loads per 16 products, and each weight
+//     dequantized once per 128 tokens, but half the workgroups and twice
+//     the accumulator registers; `--kernels tuned` times both).
+// K is walked 32 values at a time: all lanes dequantize that slice of W
+// (128 rows x 32 values, through the prelude's `weight4`, eight adjacent
+// lanes per row so loads are coalesced) and convert that slice of x
+// (64 * WIDE tokens x 32 values) to f16 in workgroup memory (rows and
+// tokens past the ends are zeros), then each subgroup multiplies its A
+// tiles with its four B tiles, twice. Values are rounded to f16 on the way
+// in (weights and activations), with f32 accumulation. The epilogue goes
+// through workgroup memory one accumulator at a time, so bias, residual and
+// the row and token bounds are applied per element by `store`.
 //
 // Bindings (group 0): as matmul_io.wgsl, with
 //   2 w     storage read  [rows, k] weights (declared by the format prelude)
-// Dispatch: (ceil(rows / 128), ceil(n / 64), 1).
+// Dispatch: (ceil(rows / 128), ceil(n / (64 * WIDE)), 1).
 enable f16;
 enable wgpu_cooperative_matrix;
 
 override SUBGROUP_SIZE: u32 = 32u;
+// 1 or 2: tiles of 64 * WIDE tokens (see above).
+override WIDE: u32 = 1u;
 
 // Values of K staged at a time.
 const K_STEP: u32 = 32u;
@@ -37,7 +47,7 @@ const K_STEP: u32 = 32u;
 // A slice: row r's K_STEP values at r * K_STEP (row-major, stride K_STEP).
 var<workgroup> w_slice: array<f16, 4096>;
 // B slice: token t's K_STEP values at t * K_STEP (column-major, stride K_STEP).
-var<workgroup> x_slice: array<f16, 2048>;
+var<workgroup> x_slice: array<f16, 2048u * WIDE>;
 // One 16 x 16 accumulator per subgroup, column-major: (row i, token j) at
 // 256 s + j * 16 + i.
 var<workgroup> c_tiles: array<f32, 1024>;
@@ -71,11 +81,16 @@ fn matmul(
 ) {
     let n = step_rows(step, p.count_sel);
     let lanes = 4u * SUBGROUP_SIZE;
+    let tokens = 64u * WIDE;
     let row0 = wg.x * 128u;
-    let tok0 = wg.y * 64u;
+    let tok0 = wg.y * tokens;
     // No early return: the dispatch covers exactly the tiles, and
-    // cooperative operations and barriers must stay in uniform control flow.
-    let a_row = 32u * sg;
+    // cooperative operations and barriers must stay in uniform control flow
+    // (WIDE is an override constant: uniform).
+    // This subgroup's rows and tokens within the tile.
+    let a_row = (sg / WIDE) * 32u * WIDE;
+    let b_tok = (sg % WIDE) * 64u;
+    // Row tiles 0 and 1 always, 2 and 3 with WIDE = 2.
     var c00 = coop_mat16x16<f32, C>();
     var c01 = coop_mat16x16<f32, C>();
     var c02 = coop_mat16x16<f32, C>();
@@ -84,8 +99,16 @@ fn matmul(
     var c11 = coop_mat16x16<f32, C>();
     var c12 = coop_mat16x16<f32, C>();
     var c13 = coop_mat16x16<f32, C>();
+    var c20 = coop_mat16x16<f32, C>();
+    var c21 = coop_mat16x16<f32, C>();
+    var c22 = coop_mat16x16<f32, C>();
+    var c23 = coop_mat16x16<f32, C>();
+    var c30 = coop_mat16x16<f32, C>();
+    var c31 = coop_mat16x16<f32, C>();
+    var c32 = coop_mat16x16<f32, C>();
+    var c33 = coop_mat16x16<f32, C>();
     for (var k0 = 0u; k0 < bounded(p.k4); k0 += K_STEP / 4u) {
-        // 128 rows x 8 packed groups of W, 64 tokens x 8 vec4 of x.
+        // 128 rows x 8 packed groups of W, 64 * WIDE tokens x 8 vec4 of x.
         for (var e = lane; e < 1024u; e += lanes) {
             let r = e / 8u;
             let q = e % 8u;
@@ -99,7 +122,7 @@ fn matmul(
             w_slice[at + 2u] = f16(v.z);
             w_slice[at + 3u] = f16(v.w);
         }
-        for (var e = lane; e < 512u; e += lanes) {
+        for (var e = lane; e < 512u * WIDE; e += lanes) {
             let t = e / 8u;
             let q = e % 8u;
             var v = vec4<f32>(0.0);
@@ -116,10 +139,10 @@ fn matmul(
         for (var kk = 0u; kk < K_STEP; kk += 16u) {
             let a0 = coopLoadT<coop_mat16x16<f16, A>>(&w_slice[a_row * K_STEP + kk], K_STEP);
             let a1 = coopLoadT<coop_mat16x16<f16, A>>(&w_slice[(a_row + 16u) * K_STEP + kk], K_STEP);
-            let b0 = coopLoad<coop_mat16x16<f16, B>>(&x_slice[kk], K_STEP);
-            let b1 = coopLoad<coop_mat16x16<f16, B>>(&x_slice[16u * K_STEP + kk], K_STEP);
-            let b2 = coopLoad<coop_mat16x16<f16, B>>(&x_slice[32u * K_STEP + kk], K_STEP);
-            let b3 = coopLoad<coop_mat16x16<f16, B>>(&x_slice[48u * K_STEP + kk], K_STEP);
+            let b0 = coopLoad<coop_mat16x16<f16, B>>(&x_slice[b_tok * K_STEP + kk], K_STEP);
+            let b1 = coopLoad<coop_mat16x16<f16, B>>(&x_slice[(b_tok + 16u) * K_STEP + kk], K_STEP);
+            let b2 = coopLoad<coop_mat16x16<f16, B>>(&x_slice[(b_tok + 32u) * K_STEP + kk], K_STEP);
+            let b3 = coopLoad<coop_mat16x16<f16, B>>(&x_slice[(b_tok + 48u) * K_STEP + kk], K_STEP);
             c00 = coopMultiplyAdd(a0, b0, c00);
             c01 = coopMultiplyAdd(a0, b1, c01);
             c02 = coopMultiplyAdd(a0, b2, c02);
@@ -128,17 +151,39 @@ fn matmul(
             c11 = coopMultiplyAdd(a1, b1, c11);
             c12 = coopMultiplyAdd(a1, b2, c12);
             c13 = coopMultiplyAdd(a1, b3, c13);
+            if (WIDE == 2u) {
+                let a2 = coopLoadT<coop_mat16x16<f16, A>>(&w_slice[(a_row + 32u) * K_STEP + kk], K_STEP);
+                let a3 = coopLoadT<coop_mat16x16<f16, A>>(&w_slice[(a_row + 48u) * K_STEP + kk], K_STEP);
+                c20 = coopMultiplyAdd(a2, b0, c20);
+                c21 = coopMultiplyAdd(a2, b1, c21);
+                c22 = coopMultiplyAdd(a2, b2, c22);
+                c23 = coopMultiplyAdd(a2, b3, c23);
+                c30 = coopMultiplyAdd(a3, b0, c30);
+                c31 = coopMultiplyAdd(a3, b1, c31);
+                c32 = coopMultiplyAdd(a3, b2, c32);
+                c33 = coopMultiplyAdd(a3, b3, c33);
+            }
         }
         workgroupBarrier();
     }
     let r0 = row0 + a_row;
-    let r1 = r0 + 16u;
-    store_tile(c00, sg, r0, tok0, sg_lane, n);
-    store_tile(c01, sg, r0, tok0 + 16u, sg_lane, n);
-    store_tile(c02, sg, r0, tok0 + 32u, sg_lane, n);
-    store_tile(c03, sg, r0, tok0 + 48u, sg_lane, n);
-    store_tile(c10, sg, r1, tok0, sg_lane, n);
-    store_tile(c11, sg, r1, tok0 + 16u, sg_lane, n);
-    store_tile(c12, sg, r1, tok0 + 32u, sg_lane, n);
-    store_tile(c13, sg, r1, tok0 + 48u, sg_lane, n);
+    let t0 = tok0 + b_tok;
+    store_tile(c00, sg, r0, t0, sg_lane, n);
+    store_tile(c01, sg, r0, t0 + 16u, sg_lane, n);
+    store_tile(c02, sg, r0, t0 + 32u, sg_lane, n);
+    store_tile(c03, sg, r0, t0 + 48u, sg_lane, n);
+    store_tile(c10, sg, r0 + 16u, t0, sg_lane, n);
+    store_tile(c11, sg, r0 + 16u, t0 + 16u, sg_lane, n);
+    store_tile(c12, sg, r0 + 16u, t0 + 32u, sg_lane, n);
+    store_tile(c13, sg, r0 + 16u, t0 + 48u, sg_lane, n);
+    if (WIDE == 2u) {
+        store_tile(c20, sg, r0 + 32u, t0, sg_lane, n);
+        store_tile(c21, sg, r0 + 32u, t0 + 16u, sg_lane, n);
+        store_tile(c22, sg, r0 + 32u, t0 + 32u, sg_lane, n);
+        store_tile(c23, sg, r0 + 32u, t0 + 48u, sg_lane, n);
+        store_tile(c30, sg, r0 + 48u, t0, sg_lane, n);
+        store_tile(c31, sg, r0 + 48u, t0 + 16u, sg_lane, n);
+        store_tile(c32, sg, r0 + 48u, t0 + 32u, sg_lane, n);
+        store_tile(c33, sg, r0 + 48u, t0 + 48u, sg_lane, n);
+    }
 }

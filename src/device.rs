@@ -211,6 +211,11 @@ pub enum MatmulVariant {
     /// tiles, four subgroups). What `Coop` becomes for a block-format part;
     /// with `--kernels tuned` also timed for f16 parts.
     CoopStaged,
+    /// `matmul_coop_staged.wgsl` with WIDE = 2: 128 x 128 output tiles,
+    /// 64 x 64 per subgroup (twice the products per workgroup-memory load,
+    /// half the workgroups). A timed candidate of `tuned` wherever
+    /// `CoopStaged` is one.
+    CoopStagedWide,
 }
 
 impl MatmulVariant {
@@ -218,8 +223,9 @@ impl MatmulVariant {
     /// `cols` values in `format`): `Coop` takes f16 parts of whole 64 x 64
     /// tiles, becomes `CoopStaged` for block formats (whose rows hold whole
     /// blocks, so K is a multiple of 32), and falls back to `Tiled` for the
-    /// rest (f32 weights keep f32 arithmetic). `CoopStaged` asked for by
-    /// name also takes f16 rows with K a multiple of 32.
+    /// rest (f32 weights keep f32 arithmetic). `CoopStaged` and
+    /// `CoopStagedWide` asked for by name take block formats and f16 rows
+    /// with K a multiple of 32.
     pub fn for_part(
         self,
         format: crate::shaders::WeightFormat,
@@ -233,15 +239,15 @@ impl MatmulVariant {
             {
                 MatmulVariant::Coop
             }
-            (MatmulVariant::Coop | MatmulVariant::CoopStaged, f) if f.block().is_some() => {
-                MatmulVariant::CoopStaged
+            (MatmulVariant::Coop, f) if f.block().is_some() => MatmulVariant::CoopStaged,
+            // Asked for by name (the timings, tests): block formats and f16
+            // rows of whole 32-value slices.
+            (MatmulVariant::CoopStaged | MatmulVariant::CoopStagedWide, f)
+                if f.block().is_some() || (f == WeightFormat::F16 && cols.is_multiple_of(32)) =>
+            {
+                self
             }
-            // Asked for by name (the timings, tests): f16 rows of whole
-            // 32-value slices.
-            (MatmulVariant::CoopStaged, WeightFormat::F16) if cols.is_multiple_of(32) => {
-                MatmulVariant::CoopStaged
-            }
-            (MatmulVariant::Coop | MatmulVariant::CoopStaged, _) => MatmulVariant::Tiled,
+            (v, _) if v.cooperative() => MatmulVariant::Tiled,
             (v, _) => v,
         }
     }
@@ -249,7 +255,10 @@ impl MatmulVariant {
     /// Whether the variant runs on the matrix units (rounding its inputs to
     /// f16): the start-up check guards these, and tolerances widen for them.
     pub fn cooperative(self) -> bool {
-        matches!(self, MatmulVariant::Coop | MatmulVariant::CoopStaged)
+        matches!(
+            self,
+            MatmulVariant::Coop | MatmulVariant::CoopStaged | MatmulVariant::CoopStagedWide
+        )
     }
 }
 
@@ -293,6 +302,9 @@ pub struct KernelVariants {
     /// Whether `CoopStaged` is a timed candidate for f16 parts (`tuned`
     /// only; cleared when it fails its start-up check with f16 weights).
     pub coop_staged_f16: bool,
+    /// Whether `CoopStagedWide` is a timed candidate wherever `CoopStaged`
+    /// is one (`tuned` only; cleared when it fails its start-up check).
+    pub coop_staged_wide: bool,
     pub attn_decode: AttnDecodeVariant,
     /// Whether `AttnDecodeVariant::LanesPerKey` can run here (subgroup
     /// operations, subgroups of at least 8 lanes).
@@ -320,6 +332,7 @@ impl KernelVariants {
                 matmul: MatmulVariant::Blocked4x4,
                 coop_staged: false,
                 coop_staged_f16: false,
+                coop_staged_wide: false,
                 attn_decode: AttnDecodeVariant::Serial,
                 attn_decode_lanes: false,
                 attn_prefill: AttnPrefillVariant::RowPerLane,
@@ -354,6 +367,7 @@ impl KernelVariants {
                     matmul,
                     coop_staged: matmul == MatmulVariant::Coop,
                     coop_staged_f16: matmul == MatmulVariant::Coop && set == KernelSet::Tuned,
+                    coop_staged_wide: matmul == MatmulVariant::Coop && set == KernelSet::Tuned,
                     attn_decode: AttnDecodeVariant::Parallel,
                     attn_decode_lanes: profile.subgroups && profile.subgroup_min >= 8,
                     attn_prefill: AttnPrefillVariant::Tiled,
@@ -374,7 +388,9 @@ impl KernelVariants {
         cols: usize,
     ) -> MatmulVariant {
         match variant.for_part(format, rows, cols) {
-            MatmulVariant::CoopStaged if !self.coop_staged => MatmulVariant::Tiled,
+            MatmulVariant::CoopStaged | MatmulVariant::CoopStagedWide if !self.coop_staged => {
+                MatmulVariant::Tiled
+            }
             v => v,
         }
     }
@@ -408,9 +424,9 @@ impl KernelVariants {
     /// The mat-mul variants worth timing for one row part, the fixed rule's
     /// ([`KernelVariants::part_variant`]) first: on a device whose
     /// cooperative kernels passed their start-up check, the direct one for
-    /// f16 parts it takes and the staged one for block formats and (`tuned`)
-    /// for f16 rows of whole 32-value slices; then the tiled kernel with
-    /// both tile sizes (f32 weights keep to these: f32 arithmetic). The
+    /// f16 parts it takes and the staged one (both tile widths with `tuned`)
+    /// for block formats and (`tuned`) for f16 rows of whole 32-value
+    /// slices; then the tiled kernel with both tile sizes (f32 weights keep to these: f32 arithmetic). The
     /// `cpu` set has one variant.
     pub fn matmul_candidates(
         &self,
@@ -434,6 +450,7 @@ impl KernelVariants {
         let more = [
             direct.then_some(MatmulVariant::Coop),
             staged.then_some(MatmulVariant::CoopStaged),
+            (staged && self.coop_staged_wide).then_some(MatmulVariant::CoopStagedWide),
             Some(MatmulVariant::Tiled),
             Some(MatmulVariant::TiledWide),
         ];
@@ -491,7 +508,7 @@ impl KernelVariants {
             v => format!("{v:?}"),
         };
         let timed = if self.tuned() && self.matmul == MatmulVariant::Coop {
-            ", each part's fastest of Coop, CoopStaged, Tiled, TiledWide timed"
+            ", each part's fastest of Coop, CoopStaged, CoopStagedWide, Tiled, TiledWide timed"
         } else if self.tuned() {
             ", each part's fastest of Tiled, TiledWide timed"
         } else {
@@ -630,6 +647,16 @@ mod tests {
             v.for_part(WeightFormat::F16, 128, 100),
             MatmulVariant::Tiled
         );
+        // The staged kernel asked for by name, with either tile width:
+        // block formats, f16 rows of whole 32-value slices, nothing else.
+        for staged in [MatmulVariant::CoopStaged, MatmulVariant::CoopStagedWide] {
+            assert_eq!(staged.for_part(WeightFormat::Q4_K, 36, 512), staged);
+            assert_eq!(staged.for_part(WeightFormat::F16, 36, 544), staged);
+            let other = [(WeightFormat::F16, 36, 100), (WeightFormat::F32, 128, 576)];
+            for (format, rows, cols) in other {
+                assert_eq!(staged.for_part(format, rows, cols), MatmulVariant::Tiled);
+            }
+        }
         let cpu = MatmulVariant::Blocked4x4;
         assert_eq!(cpu.for_part(WeightFormat::F16, 36, 100), cpu);
     }
@@ -649,15 +676,19 @@ mod tests {
         }
         use MatmulVariant::*;
         let f16 = v.matmul_candidates(WeightFormat::F16, 128, 576);
-        assert_eq!(f16, [Coop, CoopStaged, Tiled, TiledWide]);
+        assert_eq!(f16, [Coop, CoopStaged, CoopStagedWide, Tiled, TiledWide]);
         // Not whole 64 x 64 tiles: the direct kernel does not take it, the
         // staged one does (K a multiple of 32).
         let f16 = v.matmul_candidates(WeightFormat::F16, 36, 544);
-        assert_eq!(f16, [Tiled, CoopStaged, TiledWide]);
+        assert_eq!(f16, [Tiled, CoopStaged, CoopStagedWide, TiledWide]);
         let f16 = v.matmul_candidates(WeightFormat::F16, 36, 100);
         assert_eq!(f16, [Tiled, TiledWide]);
         let f32 = v.matmul_candidates(WeightFormat::F32, 128, 576);
         assert_eq!(f32, [Tiled, TiledWide]);
+        let q = v.matmul_candidates(WeightFormat::Q4_K, 128, 512);
+        assert_eq!(q, [CoopStaged, CoopStagedWide, Tiled, TiledWide]);
+        // The wide tiles failing their check drop them alone.
+        v.coop_staged_wide = false;
         let q = v.matmul_candidates(WeightFormat::Q4_K, 128, 512);
         assert_eq!(q, [CoopStaged, Tiled, TiledWide]);
         // The staged kernel failing its check with block formats leaves it
@@ -673,9 +704,10 @@ mod tests {
         assert_eq!(f16, [Coop, Tiled, TiledWide]);
         let q = v.matmul_candidates(WeightFormat::Q4_K, 128, 512);
         assert_eq!(q, [CoopStaged, Tiled, TiledWide]);
-        // The fixed-rule set times nothing, and has no f16 staged candidate.
+        // The fixed-rule set times nothing, and has no f16 staged candidate
+        // and no wide staged one.
         let fixed = KernelVariants::select(&coop, KernelSet::Gpu);
-        assert!(!fixed.tuned() && !fixed.coop_staged_f16);
+        assert!(!fixed.tuned() && !fixed.coop_staged_f16 && !fixed.coop_staged_wide);
         let plain = KernelVariants::select(
             &DeviceProfile::for_tests(false, true, false),
             KernelSet::Tuned,

@@ -248,12 +248,22 @@ impl Gpu {
                     gpu.kernels.coop_staged_f16 = false;
                 }
             }
+            // Its 128-token tiles too (the same kernel with WIDE = 2, a
+            // candidate wherever the staged one is).
+            if gpu.kernels.coop_staged_wide {
+                let wide = MatmulVariant::CoopStagedWide;
+                if let Err(e) = check_variant(&gpu, wide, WeightFormat::Q4_0) {
+                    warn(wide, WeightFormat::Q4_0, e, "it is not timed");
+                    gpu.kernels.coop_staged_wide = false;
+                }
+            }
             if let Err(e) = check_variant(&gpu, MatmulVariant::Coop, WeightFormat::F16) {
                 let then = "every weight format uses the tiled kernel";
                 warn(MatmulVariant::Coop, WeightFormat::F16, e, then);
                 gpu.kernels.matmul = MatmulVariant::Tiled;
                 gpu.kernels.coop_staged = false;
                 gpu.kernels.coop_staged_f16 = false;
+                gpu.kernels.coop_staged_wide = false;
             }
         }
         // The eight-lanes-per-key decode attention numbers its lanes by

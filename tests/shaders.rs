@@ -47,44 +47,48 @@ fn every_shader_validates_and_translates() {
         )
         .validate(&module)
         .unwrap_or_else(|e| panic!("{name}: validation: {e:?}"));
-        // Override constants (a kernel's defaults) are resolved as wgpu does
-        // when it builds a pipeline.
-        let (module, info) = naga::back::pipeline_constants::process_overrides(
-            &module,
-            &info,
-            None,
-            &Default::default(),
-        )
-        .unwrap_or_else(|e| panic!("{name}: overrides: {e}"));
-        let spv = naga::back::spv::write_vec(&module, &info, &Default::default(), None)
-            .unwrap_or_else(|e| panic!("{name}: SPIR-V: {e}"));
-        assert!(spv.len() > 16, "{name}: empty SPIR-V");
-        let msl_opts = naga::back::msl::Options {
-            fake_missing_bindings: true,
-            // Metal's simdgroup matrices need MSL 2.3.
-            lang_version: if coop { (2, 3) } else { (1, 0) },
-            ..Default::default()
-        };
-        let (msl, _) =
-            naga::back::msl::write_string(&module, &info, &msl_opts, &Default::default())
-                .unwrap_or_else(|e| panic!("{name}: MSL: {e}"));
-        assert!(msl.contains("kernel"), "{name}: MSL has no kernel");
-        let mut hlsl = String::new();
-        let hlsl_opts = naga::back::hlsl::Options::default();
-        let pipe = naga::back::hlsl::PipelineOptions::default();
-        let written =
-            naga::back::hlsl::Writer::new(&mut hlsl, &hlsl_opts, &pipe).write(&module, &info, None);
-        if coop {
-            // naga has no cooperative matrices for DX12; wgpu never offers the
-            // feature there, so this kernel is never selected on DX12.
-            assert!(written.is_err(), "{name}: HLSL unexpectedly written");
-            continue;
+        // Override constants are resolved as wgpu does when it builds a
+        // pipeline: a kernel's defaults, and its wide tiles where it has them
+        // (WIDE sizes workgroup arrays and picks code paths).
+        let mut constant_sets = vec![naga::back::PipelineConstants::default()];
+        if src.contains("override WIDE") {
+            constant_sets.push([("WIDE".to_string(), 2.0)].into_iter().collect());
         }
-        written.unwrap_or_else(|e| panic!("{name}: HLSL: {e}"));
-        assert!(
-            hlsl.contains("numthreads"),
-            "{name}: HLSL has no compute entry"
-        );
+        for constants in &constant_sets {
+            let name = format!("{name} {constants:?}");
+            let (module, info) =
+                naga::back::pipeline_constants::process_overrides(&module, &info, None, constants)
+                    .unwrap_or_else(|e| panic!("{name}: overrides: {e}"));
+            let spv = naga::back::spv::write_vec(&module, &info, &Default::default(), None)
+                .unwrap_or_else(|e| panic!("{name}: SPIR-V: {e}"));
+            assert!(spv.len() > 16, "{name}: empty SPIR-V");
+            let msl_opts = naga::back::msl::Options {
+                fake_missing_bindings: true,
+                // Metal's simdgroup matrices need MSL 2.3.
+                lang_version: if coop { (2, 3) } else { (1, 0) },
+                ..Default::default()
+            };
+            let (msl, _) =
+                naga::back::msl::write_string(&module, &info, &msl_opts, &Default::default())
+                    .unwrap_or_else(|e| panic!("{name}: MSL: {e}"));
+            assert!(msl.contains("kernel"), "{name}: MSL has no kernel");
+            let mut hlsl = String::new();
+            let hlsl_opts = naga::back::hlsl::Options::default();
+            let pipe = naga::back::hlsl::PipelineOptions::default();
+            let written = naga::back::hlsl::Writer::new(&mut hlsl, &hlsl_opts, &pipe)
+                .write(&module, &info, None);
+            if coop {
+                // naga has no cooperative matrices for DX12; wgpu never offers the
+                // feature there, so this kernel is never selected on DX12.
+                assert!(written.is_err(), "{name}: HLSL unexpectedly written");
+                continue;
+            }
+            written.unwrap_or_else(|e| panic!("{name}: HLSL: {e}"));
+            assert!(
+                hlsl.contains("numthreads"),
+                "{name}: HLSL has no compute entry"
+            );
+        }
     }
 }
 

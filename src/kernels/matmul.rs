@@ -98,7 +98,9 @@ fn matmul_kernel(v: MatmulVariant) -> (&'static Shader, &'static str) {
         MatmulVariant::Blocked4x4 => (&shaders::MATMUL, "matmul"),
         MatmulVariant::Tiled | MatmulVariant::TiledWide => (&shaders::MATMUL_TILED, "matmul"),
         MatmulVariant::Coop => (&shaders::MATMUL_COOP, "matmul"),
-        MatmulVariant::CoopStaged => (&shaders::MATMUL_COOP_STAGED, "matmul"),
+        MatmulVariant::CoopStaged | MatmulVariant::CoopStagedWide => {
+            (&shaders::MATMUL_COOP_STAGED, "matmul")
+        }
     }
 }
 
@@ -123,18 +125,32 @@ fn matvec_pipeline(
     }
 }
 
-/// The mat-mul pipeline of a variant for weights in `format` (the
-/// cooperative ones sized in subgroups of the device's one subgroup size,
-/// the tiled ones by their tile width).
+/// The mat-mul pipeline of a variant for weights in `format`.
 fn matmul_pipeline(
     gpu: &Gpu,
     v: MatmulVariant,
     format: WeightFormat,
 ) -> Result<Arc<wgpu::ComputePipeline>> {
     let (shader, entry) = matmul_kernel(v);
-    let constants = match v {
-        MatmulVariant::Coop | MatmulVariant::CoopStaged => {
-            vec![("SUBGROUP_SIZE", gpu.profile.subgroup_max as f64)]
+    gpu.pipeline(shader, Some(format), entry, &matmul_constants(gpu, v)?)
+}
+
+/// A mat-mul variant's override constants: the cooperative ones are sized
+/// in subgroups of the device's one subgroup size, the tiled and staged ones
+/// take their tile width.
+fn matmul_constants(gpu: &Gpu, v: MatmulVariant) -> Result<Vec<(&'static str, f64)>> {
+    Ok(match v {
+        MatmulVariant::Coop => vec![("SUBGROUP_SIZE", gpu.profile.subgroup_max as f64)],
+        MatmulVariant::CoopStaged | MatmulVariant::CoopStagedWide => {
+            let wide = if v == MatmulVariant::CoopStagedWide {
+                2.0
+            } else {
+                1.0
+            };
+            vec![
+                ("SUBGROUP_SIZE", gpu.profile.subgroup_max as f64),
+                ("WIDE", wide),
+            ]
         }
         MatmulVariant::Tiled => vec![("WIDE", 1.0)],
         MatmulVariant::TiledWide => {
@@ -143,8 +159,7 @@ fn matmul_pipeline(
             vec![("WIDE", 2.0)]
         }
         MatmulVariant::Blocked4x4 => vec![],
-    };
-    gpu.pipeline(shader, Some(format), entry, &constants)
+    })
 }
 
 /// The workgroups a mat-vec variant is dispatched with for `rows` rows of
@@ -489,6 +504,7 @@ fn matmul_groups(variant: MatmulVariant, rows: u32, n: u32) -> (u32, u32, u32) {
         MatmulVariant::TiledWide => (ceil_div(rows, 128), ceil_div(n, 128), 1),
         MatmulVariant::Coop => (rows / 64, ceil_div(n, 32), 1),
         MatmulVariant::CoopStaged => (ceil_div(rows, 128), ceil_div(n, 64), 1),
+        MatmulVariant::CoopStagedWide => (ceil_div(rows, 128), ceil_div(n, 128), 1),
     }
 }
 
@@ -657,14 +673,18 @@ mod tests {
         ];
         // The cooperative variants where the device has them and every
         // part takes one (Coop and CoopStaged run side by side in a stack).
-        let coop_takes = |p: &crate::weights::MatrixPart| {
-            MatmulVariant::Coop
-                .for_part(p.format, p.rows, m.cols)
-                .cooperative()
+        let takes = |v: MatmulVariant| {
+            m.parts
+                .iter()
+                .all(|p| v.for_part(p.format, p.rows, m.cols).cooperative())
         };
         let coop_device = KernelVariants::select(&gpu.profile, KernelSet::Gpu).matmul;
-        if coop_device == MatmulVariant::Coop && m.parts.iter().all(coop_takes) {
-            matmul.push(MatmulVariant::Coop);
+        if coop_device == MatmulVariant::Coop {
+            for v in [MatmulVariant::Coop, MatmulVariant::CoopStagedWide] {
+                if takes(v) {
+                    matmul.push(v);
+                }
+            }
         }
         matmul
             .into_iter()
@@ -754,7 +774,9 @@ mod tests {
                 * (cols as f32).sqrt()
                 * if n == 1 {
                     1e-4
-                } else if ran_here.contains(&MatmulVariant::CoopStaged) {
+                } else if ran_here.contains(&MatmulVariant::CoopStaged)
+                    || ran_here.contains(&MatmulVariant::CoopStagedWide)
+                {
                     4e-3
                 } else if ran_here.contains(&MatmulVariant::Coop) {
                     2e-3
@@ -891,24 +913,27 @@ mod tests {
                 coop |= ran.contains(&MatmulVariant::Coop);
             }
         }
-        // The staged kernel (block formats): rows not a multiple of its
-        // 128-row tile, tokens not a multiple of its 64, K of one 32-value
-        // step and of several, 256-value K-quant blocks.
-        let mut staged = false;
+        // The staged kernel with both tile widths (block formats; f16 above
+        // too): rows not a multiple of its 128-row tile, tokens not a
+        // multiple of its 64 or 128 (and past one 128-token tile), K of one
+        // 32-value step and of several, 256-value K-quant blocks.
+        let (mut staged, mut wide) = (false, false);
         for &(rows, cols, n, format) in &[
             (200, 320, 45, WeightFormat::Q4_0),
             (16, 32, 3, WeightFormat::Q8_0),
-            (136, 512, 70, WeightFormat::Q4_K),
+            (136, 512, 130, WeightFormat::Q4_K),
             (64, 256, 2, WeightFormat::Q6_K),
         ] {
             let ran = check(&gpu, rows, cols, n, format, true, n % 2 == 0);
             staged |= ran.contains(&MatmulVariant::CoopStaged);
+            wide |= ran.contains(&MatmulVariant::CoopStagedWide);
         }
         if KernelVariants::select(&gpu.profile, KernelSet::Gpu).matmul != MatmulVariant::Coop {
             eprintln!("note: {} has no 16x16 f16 cooperative matrices with subgroups; matmul_coop.wgsl and matmul_coop_staged.wgsl are only validated and translated (tests/shaders.rs)", gpu.info.name);
         } else {
             assert!(coop, "the cooperative variant did not run");
             assert!(staged, "the staged cooperative variant did not run");
+            assert!(wide, "the wide staged cooperative variant did not run");
         }
     }
 
@@ -1133,8 +1158,8 @@ mod tests {
     /// accumulates in f32, and `coopStore` writes column-major (the kernels'
     /// barriers then publish it). Private arrays would do, but llvmpipe
     /// lowers their dynamic indexing into branch ladders and takes many
-    /// minutes to compile them.
-    fn emulate_coop(body: &str, init: &str) -> String {
+    /// minutes to compile them. Also returns the slots one subgroup uses.
+    fn emulate_coop(body: &str, init: &str) -> (String, u32) {
         // Rewrites each `call` (up to its closing parenthesis) with `f`,
         // given the text between the call's parenthesis and its `&NAME[`,
         // NAME, the index and the text after `]`.
@@ -1289,7 +1314,7 @@ fn emu_store_{name}(c: u32, at: u32, stride: u32) {{
 "
             ));
         }
-        src
+        (src, slot)
     }
 
     /// The cooperative kernels with their matrix operations emulated
@@ -1321,6 +1346,8 @@ fn emu_store_{name}(c: u32, at: u32, stride: u32) {{
         );
         // K of several hundred values (real models' 576 and more), within
         // llvmpipe's budget of loop iterations per invocation (`emulate_coop`).
+        // The wide staged kernel: tokens past one 128-token tile, a partial
+        // row tile, and fewer tokens than one tile.
         let cases = [
             (direct, MatmulVariant::Coop, F16, 128, 192, 40),
             (direct, MatmulVariant::Coop, F16, 64, 640, 3),
@@ -1330,19 +1357,21 @@ fn emu_store_{name}(c: u32, at: u32, stride: u32) {{
             // f16 weights through the staged kernel (a candidate of the
             // timings): rows not a multiple of its tile, K not of 64.
             (staged, MatmulVariant::CoopStaged, F16, 72, 96, 9),
+            (staged, MatmulVariant::CoopStagedWide, Q4_0, 200, 576, 150),
+            (staged, MatmulVariant::CoopStagedWide, F16, 72, 96, 9),
+            (staged, MatmulVariant::CoopStagedWide, Q4_K, 136, 256, 129),
         ];
         for ((shader, init), variant, format, rows, cols, n) in cases {
             let leak = |s: String| -> &'static str { Box::leak(s.into_boxed_str()) };
+            let (body, slots) = emulate_coop(shader.body, init);
             let emulated = Shader {
                 name: leak(format!("{}-emulated", shader.name)),
-                body: leak(emulate_coop(shader.body, init)),
+                body: leak(body),
                 ..*shader
             };
             let fmt = (shader.prelude == shaders::Prelude::Weights).then_some(format);
-            let lanes = prof.subgroup_max as f64;
-            let pipeline = gpu
-                .pipeline(&emulated, fmt, "matmul", &[("SUBGROUP_SIZE", lanes)])
-                .unwrap();
+            let constants = matmul_constants(&gpu, variant).unwrap();
+            let pipeline = gpu.pipeline(&emulated, fmt, "matmul", &constants).unwrap();
             let m = GpuMatrix::new(&gpu, "w", rows, cols, format).unwrap();
             assert_eq!(variant.for_part(format, rows, cols), variant);
             let w = fill_test_weights(&gpu, &m, 3);
@@ -1371,10 +1400,10 @@ fn emu_store_{name}(c: u32, at: u32, stride: u32) {{
             );
             let groups = matmul_groups(variant, rows as u32, n as u32);
             assert!(groups.0 <= 64);
-            // 4 subgroup slots per workgroup; 16 matrices per subgroup cover both kernels.
+            // 4 subgroups per workgroup, `slots` matrices of 256 f32 each.
             let scratch = gpu.storage(
                 "emulated-matrices",
-                (64 * groups.1 as u64) * 4 * 16 * 256 * 4,
+                (64 * groups.1 as u64) * 4 * slots as u64 * 256 * 4,
             );
             let (pb, bb, xb, yb) = (
                 gpu.uniform("p", &params),
@@ -1421,6 +1450,7 @@ fn emu_store_{name}(c: u32, at: u32, stride: u32) {{
         for (variant, format) in [
             (MatmulVariant::Coop, WeightFormat::F16),
             (MatmulVariant::CoopStaged, WeightFormat::Q4_0),
+            (MatmulVariant::CoopStagedWide, WeightFormat::Q4_0),
         ] {
             let coop = check_variant(&gpu, variant, format);
             if has_coop {

@@ -286,6 +286,11 @@ pub enum AttnPrefillVariant {
     /// `attention_prefill.wgsl`: 64 queries x 4 lanes per workgroup, keys and
     /// values staged in workgroup memory 8 at a time.
     Tiled,
+    /// `attention_prefill_coop.wgsl`: the same work split, scores and
+    /// weighted values on the matrix units (16x16x16 f16 products, f32
+    /// accumulators; head_dim a multiple of 16). A `tuned` candidate on
+    /// devices with cooperative matrices, after a start-up check.
+    Coop,
 }
 
 /// The variant of every op with variants, chosen once per device.
@@ -310,6 +315,10 @@ pub struct KernelVariants {
     /// operations, subgroups of at least 8 lanes).
     pub attn_decode_lanes: bool,
     pub attn_prefill: AttnPrefillVariant,
+    /// Whether `AttnPrefillVariant::Coop` is a timed candidate (`tuned` on
+    /// devices with cooperative matrices; cleared when it fails its
+    /// start-up check).
+    pub attn_prefill_coop: bool,
     /// Whether sieve's own kernels keep the loop counter wgpu adds to every
     /// shader loop (the default until a GPU run shows what it costs);
     /// `SIEVE_LOOP_BOUNDING=0` drops it, which is sound since every loop of
@@ -336,6 +345,7 @@ impl KernelVariants {
                 attn_decode: AttnDecodeVariant::Serial,
                 attn_decode_lanes: false,
                 attn_prefill: AttnPrefillVariant::RowPerLane,
+                attn_prefill_coop: false,
                 bounded_loops: true,
             },
             KernelSet::Gpu | KernelSet::Tuned => {
@@ -371,6 +381,7 @@ impl KernelVariants {
                     attn_decode: AttnDecodeVariant::Parallel,
                     attn_decode_lanes: profile.subgroups && profile.subgroup_min >= 8,
                     attn_prefill: AttnPrefillVariant::Tiled,
+                    attn_prefill_coop: matmul == MatmulVariant::Coop && set == KernelSet::Tuned,
                     bounded_loops: true,
                 }
             }
@@ -477,11 +488,16 @@ impl KernelVariants {
         out
     }
 
-    /// The prefill attention variants worth timing (`tuned`), the fixed
-    /// rule's first; one for the other sets.
-    pub fn attn_prefill_candidates(&self) -> Vec<AttnPrefillVariant> {
+    /// The prefill attention variants worth timing (`tuned`) for heads of
+    /// `head_dim`, the fixed rule's first: the tiled kernel, the matrix-unit
+    /// one (where it passed its start-up check and head_dim is a multiple
+    /// of 16) and the row-per-lane one; one for the other sets.
+    pub fn attn_prefill_candidates(&self, head_dim: usize) -> Vec<AttnPrefillVariant> {
         let mut out = vec![self.attn_prefill];
         if self.tuned() {
+            if self.attn_prefill_coop && head_dim.is_multiple_of(16) {
+                out.push(AttnPrefillVariant::Coop);
+            }
             out.push(AttnPrefillVariant::RowPerLane);
         }
         out
@@ -529,8 +545,9 @@ impl KernelVariants {
                 .map(|v| format!("{v:?}"))
                 .collect(),
         );
+        // (Heads of a multiple of 16 values: every candidate.)
         let prefill = attention(
-            self.attn_prefill_candidates()
+            self.attn_prefill_candidates(128)
                 .iter()
                 .map(|v| format!("{v:?}"))
                 .collect(),
@@ -733,7 +750,18 @@ mod tests {
         let subgroups = DeviceProfile::for_tests(false, true, false);
         let v = KernelVariants::select(&subgroups, KernelSet::Tuned);
         assert_eq!(v.attn_decode_candidates(), [Parallel, LanesPerKey, Serial]);
-        assert_eq!(v.attn_prefill_candidates(), [Tiled, RowPerLane]);
+        assert_eq!(v.attn_prefill_candidates(128), [Tiled, RowPerLane]);
+        // With cooperative matrices, the matrix-unit prefill where the
+        // head is whole 16-value blocks.
+        let coop = DeviceProfile::for_tests(false, true, true);
+        let mut v = KernelVariants::select(&coop, KernelSet::Tuned);
+        assert_eq!(v.attn_prefill_candidates(128), [Tiled, Coop, RowPerLane]);
+        assert_eq!(v.attn_prefill_candidates(64), [Tiled, Coop, RowPerLane]);
+        assert_eq!(v.attn_prefill_candidates(36), [Tiled, RowPerLane]);
+        v.attn_prefill_coop = false;
+        assert_eq!(v.attn_prefill_candidates(128), [Tiled, RowPerLane]);
+        let fixed = KernelVariants::select(&coop, KernelSet::Gpu);
+        assert_eq!(fixed.attn_prefill_candidates(128), [Tiled]);
         let small = DeviceProfile {
             subgroup_min: 4,
             ..subgroups.clone()
@@ -745,10 +773,10 @@ mod tests {
         assert_eq!(v.attn_decode_candidates(), [Parallel, Serial]);
         let v = KernelVariants::select(&subgroups, KernelSet::Gpu);
         assert_eq!(v.attn_decode_candidates(), [Parallel]);
-        assert_eq!(v.attn_prefill_candidates(), [Tiled]);
+        assert_eq!(v.attn_prefill_candidates(128), [Tiled]);
         let v = KernelVariants::select(&subgroups, KernelSet::Cpu);
         assert_eq!(v.attn_decode_candidates(), [Serial]);
-        assert_eq!(v.attn_prefill_candidates(), [RowPerLane]);
+        assert_eq!(v.attn_prefill_candidates(128), [RowPerLane]);
     }
 
     #[test]

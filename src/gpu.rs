@@ -266,6 +266,19 @@ impl Gpu {
                 gpu.kernels.coop_staged_wide = false;
             }
         }
+        // The matrix-unit prefill attention rests on the same experimental
+        // feature: where `tuned` would time it, it runs once against the CPU
+        // reference first, and is dropped on a failure.
+        if gpu.kernels.attn_prefill_coop {
+            use crate::device::AttnPrefillVariant::Coop;
+            if let Err(e) = crate::kernels::attention::check_prefill_variant(&gpu, Coop) {
+                eprintln!(
+                    "warning: the cooperative-matrix prefill attention failed its check on {} ({e:#}); it is not timed",
+                    gpu.info.name
+                );
+                gpu.kernels.attn_prefill_coop = false;
+            }
+        }
         // The eight-lanes-per-key decode attention numbers its lanes by
         // subgroup, counting on subgroups of one size in a workgroup, which
         // Vulkan does not promise: where `tuned` would time it, it runs once

@@ -187,6 +187,12 @@ shader!(
     ATTENTION_DECODE_IO
 );
 shader!(ATTENTION_PREFILL, "attention_prefill", Kv, ATTENTION_IO);
+shader!(
+    ATTENTION_PREFILL_COOP,
+    "attention_prefill_coop",
+    Kv,
+    ATTENTION_IO
+);
 
 shader!(SILU_MUL, "silu_mul", None);
 shader!(SAMPLE, "sample", None);
@@ -213,6 +219,7 @@ pub fn all() -> Vec<&'static Shader> {
         &ATTENTION_DECODE,
         &ATTENTION_DECODE_LANES,
         &ATTENTION_PREFILL,
+        &ATTENTION_PREFILL_COOP,
         &SILU_MUL,
         &SAMPLE,
         &COMPACT,

@@ -44,7 +44,7 @@ impl Params {
 
 /// How `Params` mirrors `AttnParams` (checked against naga in tests/shaders.rs).
 pub(crate) fn uniform_layout() -> super::UniformLayout {
-    super::uniform_layout!(Params as "AttnParams" in [shaders::ATTENTION, shaders::ATTENTION_DECODE, shaders::ATTENTION_DECODE_LANES, shaders::ATTENTION_PREFILL] {
+    super::uniform_layout!(Params as "AttnParams" in [shaders::ATTENTION, shaders::ATTENTION_DECODE, shaders::ATTENTION_DECODE_LANES, shaders::ATTENTION_PREFILL, shaders::ATTENTION_PREFILL_COOP] {
         n_heads, n_kv, hd4, scale
     })
 }
@@ -303,15 +303,36 @@ fn prefill_pipeline(
     heads: Heads,
     entry: &str,
 ) -> Result<Arc<wgpu::ComputePipeline>> {
-    let shader = match variant {
-        AttnPrefillVariant::RowPerLane => &shaders::ATTENTION,
-        AttnPrefillVariant::Tiled => {
-            gpu.check_workgroup_memory("attention_prefill", 16384)?;
-            &shaders::ATTENTION_PREFILL
+    let (shader, workgroup_bytes) = match variant {
+        AttnPrefillVariant::RowPerLane => (&shaders::ATTENTION, 0),
+        AttnPrefillVariant::Tiled => (&shaders::ATTENTION_PREFILL, 16384),
+        AttnPrefillVariant::Coop => {
+            anyhow::ensure!(
+                heads.head_dim.is_multiple_of(16),
+                "attention_prefill_coop takes heads of a multiple of 16 values, not {}",
+                heads.head_dim
+            );
+            (&shaders::ATTENTION_PREFILL_COOP, 31232)
         }
     };
-    let kv = Some(heads.kv_format);
-    gpu.pipeline(shader, kv, entry, &head_dim_constant(heads))
+    gpu.check_workgroup_memory(shader.name, workgroup_bytes)?;
+    let constants = prefill_constants(gpu, variant, heads);
+    gpu.pipeline(shader, Some(heads.kv_format), entry, &constants)
+}
+
+/// A prefill variant's override constants: head_dim / 4, and the
+/// matrix-unit kernel's workgroup of four subgroups of the device's one
+/// subgroup size.
+fn prefill_constants(
+    gpu: &Gpu,
+    variant: AttnPrefillVariant,
+    heads: Heads,
+) -> Vec<(&'static str, f64)> {
+    let mut constants = head_dim_constant(heads).to_vec();
+    if variant == AttnPrefillVariant::Coop {
+        constants.push(("SUBGROUP_SIZE", gpu.profile.subgroup_max as f64));
+    }
+    constants
 }
 
 /// Bytes of one query row (all heads, f32).
@@ -365,7 +386,7 @@ fn tuned_decode(gpu: &Gpu, heads: Heads, b: &Bindings) -> AttnDecodeVariant {
 /// and first cache page hold (where that is under 2, the rule's choice is
 /// kept, and the timings say why).
 fn tuned_prefill(gpu: &Gpu, heads: Heads, b: &Bindings) -> AttnPrefillVariant {
-    let cands = gpu.kernels.attn_prefill_candidates();
+    let cands = gpu.kernels.attn_prefill_candidates(heads.head_dim);
     if cands.len() == 1 {
         return cands[0];
     }
@@ -429,65 +450,160 @@ fn time_on_first_page<V: Copy + std::fmt::Debug>(
 /// Vulkan does not promise.
 pub fn check_decode_variant(gpu: &Gpu, variant: AttnDecodeVariant) -> Result<()> {
     let heads = Heads::new(8, 2, 80, crate::shaders::WeightFormat::F32);
-    let slots = 600usize;
-    let wave = |len: usize, f: f32, scale: f32| -> Vec<f32> {
-        (0..len).map(|i| (i as f32 * f).sin() * scale).collect()
+    let run = WaveRun {
+        heads,
+        slots: 600,
+        n_tokens: 1,
+        qslots: None,
     };
-    let row = heads.n_kv * heads.head_dim;
-    let q = wave(heads.n_heads * heads.head_dim, 0.37, 1.0);
-    let k = wave(slots * row, 0.91, 2.0);
-    let v = wave(slots * row, 1.3, 1.0);
-    let (k_cache, v_cache) = (
-        SlotPages::from_rows(gpu, &k, row, slots),
-        SlotPages::from_rows(gpu, &v, row, slots),
-    );
-    let step = tune_step(gpu, 1, slots - 1);
-    let params = Params::of(heads);
-    let params = gpu.uniform("check-attn-params", &params);
-    let (qb, out) = (
-        gpu.storage_from("check-q", &q),
-        gpu.storage("check-out", query_row_bytes(heads)),
-    );
-    let b = Bindings {
-        params: &params,
-        q: &qb,
-        k_cache: &k_cache,
-        v_cache: &v_cache,
-        part: &gpu.storage("check-part", Attention::partials_bytes(heads, 1, slots)),
-        out: &out,
-        lse: &gpu.storage("check-lse", (heads.n_heads * 4) as u64),
-        qslot: &gpu.storage("check-qslot", 16),
+    let groups = (600u32.div_ceil(KEY_CHUNK), heads.n_kv as u32, 1);
+    run.check(gpu, &format!("{variant:?}"), 1e-4, groups, || {
+        decode_pipeline(gpu, variant, heads)
+    })
+}
+
+/// Runs prefill `variant` once, with the merge, against [`reference`]: 70
+/// queries (a partial 64-query block) from slot 230 (across a key chunk's
+/// end), 8 query heads over 2 KV heads of 64, an f16 cache. An error when
+/// the kernel fails to build or run, or its result is off by more than the
+/// f16 rounding of the matrix-unit kernel's inputs explains. A device whose
+/// `tuned` set would time the matrix-unit prefill runs this first
+/// (`Gpu::new`): it rests on an experimental wgpu feature.
+pub fn check_prefill_variant(gpu: &Gpu, variant: AttnPrefillVariant) -> Result<()> {
+    let heads = Heads::new(8, 2, 64, crate::shaders::WeightFormat::F16);
+    let run = WaveRun {
+        heads,
+        slots: 300,
+        n_tokens: 70,
+        qslots: None,
     };
-    let scope = gpu.device.push_error_scope(wgpu::ErrorFilter::Validation);
-    let decode = decode_pipeline(gpu, variant, heads)?;
-    let merge = gpu.pipeline(&shaders::ATTENTION, Some(heads.kv_format), "merge", &[])?;
-    let bufs = b.page(&step, 0);
-    let mut enc = gpu.device.create_command_encoder(&Default::default());
-    {
-        let mut pass = enc.begin_compute_pass(&Default::default());
-        let chunks = (slots as u32).div_ceil(KEY_CHUNK);
-        dispatch(
-            &mut pass,
-            &decode,
-            &gpu.bind_group(&decode, &bufs),
-            (chunks, heads.n_kv as u32, 1),
-        );
-        dispatch(
-            &mut pass,
-            &merge,
-            &gpu.bind_group(&merge, &bufs),
-            (1, heads.n_heads as u32, 1),
-        );
+    let groups = (2, heads.n_heads as u32, 300u32.div_ceil(KEY_CHUNK));
+    run.check(gpu, &format!("{variant:?}"), 5e-3, groups, || {
+        prefill_pipeline(gpu, variant, heads, "prefill_partial")
+    })
+}
+
+/// A made-up attention step for the start-up checks (and tests): smooth
+/// waves for queries, keys and values, in one cache page of `slots` slots
+/// in the heads' format; `n_tokens` queries, the last in the last slot
+/// (causal), or with `qslots` the counter-causal queries of those slots
+/// over all `slots` entries.
+pub(crate) struct WaveRun<'a> {
+    pub heads: Heads,
+    pub slots: usize,
+    pub n_tokens: usize,
+    pub qslots: Option<&'a [u32]>,
+}
+
+impl WaveRun<'_> {
+    /// Builds the partials pipeline `what` and checks its run against the
+    /// CPU reference: an error when it fails to build or run (wgpu's
+    /// validation errors included), or is off by `tol` or more.
+    fn check(
+        &self,
+        gpu: &Gpu,
+        what: &str,
+        tol: f32,
+        groups: (u32, u32, u32),
+        pipeline: impl FnOnce() -> Result<Arc<wgpu::ComputePipeline>>,
+    ) -> Result<()> {
+        let scope = gpu.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let ran = pipeline().map(|p| self.partials_and_merge(gpu, &p, &[], groups));
+        if let Some(e) = pollster::block_on(scope.pop()) {
+            anyhow::bail!("{what}: {e}");
+        }
+        let (got, want) = ran?;
+        let err = super::max_error(&got?, &want);
+        anyhow::ensure!(err < tol, "{what}: off the CPU reference by {err}");
+        Ok(())
     }
-    gpu.queue.submit([enc.finish()]);
-    if let Some(e) = pollster::block_on(scope.pop()) {
-        anyhow::bail!("{variant:?}: {e}");
+
+    /// Runs `partials` (bound to the ten bindings of attention_io.wgsl,
+    /// then `extra`) on `groups` workgroups and the merge, and returns its
+    /// output (an error if it cannot be read back) and the CPU reference's.
+    pub(crate) fn partials_and_merge(
+        &self,
+        gpu: &Gpu,
+        partials: &wgpu::ComputePipeline,
+        extra: &[&wgpu::Buffer],
+        groups: (u32, u32, u32),
+    ) -> (Result<Vec<f32>>, Vec<f32>) {
+        let (heads, slots, n) = (self.heads, self.slots, self.n_tokens);
+        let wave = |len: usize, f: f32, scale: f32| -> Vec<f32> {
+            (0..len).map(|i| (i as f32 * f).sin() * scale).collect()
+        };
+        let row = heads.n_kv * heads.head_dim;
+        let q = wave(n * heads.n_heads * heads.head_dim, 0.37, 1.0);
+        let mut k = wave(slots * row, 0.91, 2.0);
+        let mut v = wave(slots * row, 1.3, 1.0);
+        let (k_cache, v_cache) = match heads.kv_format {
+            crate::shaders::WeightFormat::F16 => {
+                let bits = |x: &mut Vec<f32>| -> Vec<u16> {
+                    x.iter_mut()
+                        .map(|x| {
+                            let h = half::f16::from_f32(*x);
+                            *x = h.to_f32();
+                            h.to_bits()
+                        })
+                        .collect()
+                };
+                (
+                    SlotPages::from_rows(gpu, &bits(&mut k), row, slots),
+                    SlotPages::from_rows(gpu, &bits(&mut v), row, slots),
+                )
+            }
+            _ => (
+                SlotPages::from_rows(gpu, &k, row, slots),
+                SlotPages::from_rows(gpu, &v, row, slots),
+            ),
+        };
+        let step = tune_step(gpu, n, slots - n);
+        let params = gpu.uniform("check-attn-params", &Params::of(heads));
+        let (qb, out) = (
+            gpu.storage_from("check-q", &q),
+            gpu.storage("check-out", n as u64 * query_row_bytes(heads)),
+        );
+        let qslot = match self.qslots {
+            Some(s) => gpu.storage_from("check-qslot", s),
+            None => gpu.storage("check-qslot", 16),
+        };
+        let b = Bindings {
+            params: &params,
+            q: &qb,
+            k_cache: &k_cache,
+            v_cache: &v_cache,
+            part: &gpu.storage("check-part", Attention::partials_bytes(heads, n, slots)),
+            out: &out,
+            lse: &gpu.storage("check-lse", (n * heads.n_heads * 4) as u64),
+            qslot: &qslot,
+        };
+        let merge = gpu.pipeline(&shaders::ATTENTION, Some(heads.kv_format), "merge", &[]);
+        let bufs = b.page(&step, 0);
+        let with_extra: Vec<&wgpu::Buffer> =
+            bufs.iter().copied().chain(extra.iter().copied()).collect();
+        let got = merge.and_then(|merge| {
+            let mut enc = gpu.device.create_command_encoder(&Default::default());
+            {
+                let mut pass = enc.begin_compute_pass(&Default::default());
+                let group = gpu.bind_group(partials, &with_extra);
+                dispatch(&mut pass, partials, &group, groups);
+                let group = gpu.bind_group(&merge, &bufs);
+                dispatch(
+                    &mut pass,
+                    &merge,
+                    &group,
+                    (n as u32, heads.n_heads as u32, 1),
+                );
+            }
+            gpu.queue.submit([enc.finish()]);
+            gpu.read(&out, 0, q.len())
+        });
+        let want = match self.qslots {
+            Some(s) => anticausal_reference(&q, &k, &v, heads, s, slots),
+            None => reference(&q, &k, &v, heads, slots - n).0,
+        };
+        (got, want)
     }
-    let got: Vec<f32> = gpu.read(&out, 0, q.len())?;
-    let (want, _) = reference(&q, &k, &v, heads, slots - 1);
-    let err = super::max_error(&got, &want);
-    anyhow::ensure!(err < 1e-4, "{variant:?}: off the CPU reference by {err}");
-    Ok(())
 }
 
 /// The candidates' names, as the timings list them.
@@ -845,6 +961,94 @@ mod tests {
             AttnDecodeVariant::LanesPerKey,
         ] {
             check_decode_variant(&gpu, v).unwrap();
+        }
+    }
+
+    /// The matrix-unit prefill with its matrix operations emulated
+    /// (`testutil::emulate_coop`), so that where the device has no
+    /// cooperative matrices (lavapipe) the rest of it runs against the CPU
+    /// reference: staging, the two passes over the chunk, masks, GQA, the
+    /// output columns and the partials layout. Causal steps from slot 0
+    /// (partial query blocks) and across a key chunk's end, heads of 16, 32,
+    /// 64 and 128 values (one to eight output blocks), f16 and f32 caches,
+    /// and the counter-causal entry.
+    #[test]
+    fn coop_prefill_emulated_matches_reference() {
+        let gpu = gpu();
+        if !can_emulate_coop(&gpu, "the emulated matrix-unit prefill") {
+            return;
+        }
+        let shader = &shaders::ATTENTION_PREFILL_COOP;
+        let init = "emu_init(wid.x + 4u * (wid.y + 16u * wid.z), sg, sg_lane);";
+        let (body, emu_slots) = emulate_coop(shader.body, init, 10);
+        let leak = |s: String| -> &'static str { Box::leak(s.into_boxed_str()) };
+        let emulated = shaders::Shader {
+            name: leak(format!("{}-emulated", shader.name)),
+            body: leak(body),
+            ..*shader
+        };
+        use WeightFormat::{F16, F32};
+        // (query heads, KV heads, head_dim, cache format, slots, queries,
+        // counter-causal query slots)
+        let anticausal: &[u32] = &[0, 5, 255, 256, 298];
+        let cases = [
+            (4, 2, 64, F16, 70, 70, None),
+            (3, 1, 32, F32, 270, 30, None),
+            (2, 2, 128, F16, 5, 5, None),
+            (8, 2, 16, F32, 130, 130, None),
+            (2, 1, 64, F16, 300, 5, Some(anticausal)),
+        ];
+        for (nh, nkv, hd, format, slots, n, qslots) in cases {
+            let heads = Heads::new(nh, nkv, hd, format);
+            let constants = prefill_constants(&gpu, AttnPrefillVariant::Coop, heads);
+            let entry = match qslots {
+                Some(_) => "anticausal_partial",
+                None => "prefill_partial",
+            };
+            let pipeline = gpu
+                .pipeline(&emulated, Some(format), entry, &constants)
+                .unwrap();
+            let groups = (
+                ceil_div(n as u32, 64),
+                nh as u32,
+                (slots as u32).div_ceil(KEY_CHUNK),
+            );
+            assert!(groups.0 <= 4 && groups.1 <= 16 && groups.2 <= 4);
+            // 4 x 16 x 4 workgroups of 4 subgroups, `emu_slots` matrices each.
+            let scratch = gpu.storage("emulated-matrices", 256 * 4 * emu_slots as u64 * 256 * 4);
+            let run = WaveRun {
+                heads,
+                slots,
+                n_tokens: n,
+                qslots,
+            };
+            let (got, want) = run.partials_and_merge(&gpu, &pipeline, &[&scratch], groups);
+            let err = max_abs_diff(&got.unwrap(), &want);
+            // f16 rounding of the inputs gave at most 4.5e-4 here.
+            assert!(
+                err < 2e-3,
+                "{nh}/{nkv} heads of {hd}, {format:?}, {n} queries over {slots} slots ({entry}): {err}"
+            );
+        }
+    }
+
+    /// The prefill start-up check passes the kernels that run here and
+    /// refuses (an error, no panic) the matrix-unit one where the device
+    /// has no cooperative matrices.
+    #[test]
+    fn prefill_check_passes_what_runs_here() {
+        let gpu = gpu();
+        for v in [AttnPrefillVariant::RowPerLane, AttnPrefillVariant::Tiled] {
+            check_prefill_variant(&gpu, v).unwrap();
+        }
+        let coop = check_prefill_variant(&gpu, AttnPrefillVariant::Coop);
+        if gpu.profile.coop_f16_16x16 {
+            coop.unwrap();
+        } else {
+            assert!(
+                coop.is_err(),
+                "the matrix-unit prefill ran without the feature"
+            );
         }
     }
 

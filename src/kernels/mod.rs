@@ -253,6 +253,202 @@ pub(crate) mod testutil {
         gpu.queue.submit([enc.finish()]);
     }
 
+    /// `body` with its cooperative-matrix operations rewritten into plain
+    /// WGSL with the same meaning, for devices without them. A matrix is a
+    /// slot of 256 f32 in a scratch buffer (at `binding`), one set of slots
+    /// per (workgroup, subgroup; four subgroups a workgroup), set by `init`
+    /// (WGSL run first in every entry point, calling `emu_init(workgroup, subgroup, lane in the
+    /// subgroup)`); each call site of a constructor or load owns a slot. The
+    /// lanes of a subgroup share each operation, element by element, and a
+    /// storage barrier ends it (the kernels call them in uniform control
+    /// flow): loads read column-major (`coopLoad`) or row-major
+    /// (`coopLoadT`) memory as naga's SPIR-V output does, `coopMultiplyAdd`
+    /// accumulates in f32, and `coopStore` writes column-major (the kernels'
+    /// barriers then publish it). Private arrays would do, but llvmpipe
+    /// lowers their dynamic indexing into branch ladders and takes many
+    /// minutes to compile them. Also returns the slots one subgroup uses.
+    pub fn emulate_coop(body: &str, init: &str, binding: u32) -> (String, u32) {
+        // Rewrites each `call` (up to its closing parenthesis) with `f`,
+        // given the text between the call's parenthesis and its `&NAME[`,
+        // NAME, the index and the text after `]`.
+        fn rewrite(
+            src: &str,
+            call: &str,
+            mut f: impl FnMut(&str, &str, &str, &str) -> String,
+        ) -> String {
+            let mut out = String::new();
+            let mut rest = src;
+            while let Some(at) = rest.find(call) {
+                out.push_str(&rest[..at]);
+                let tail = &rest[at + call.len()..];
+                let amp = tail.find('&').unwrap();
+                let before = &tail[..amp];
+                let tail = &tail[amp + 1..];
+                let open = tail.find('[').unwrap();
+                let name = &tail[..open];
+                let mut depth = 0;
+                let mut close_index = open;
+                for (j, c) in tail[open..].char_indices() {
+                    match c {
+                        '[' | '(' => depth += 1,
+                        ']' | ')' => depth -= 1,
+                        _ => {}
+                    }
+                    if depth == 0 {
+                        close_index = open + j;
+                        break;
+                    }
+                }
+                let index = &tail[open + 1..close_index];
+                let tail = &tail[close_index + 1..];
+                let close = tail.find(')').unwrap();
+                out.push_str(&f(before, name, index, &tail[..close]));
+                rest = &tail[close + 1..];
+            }
+            out.push_str(rest);
+            out
+        }
+        // Without comments, which name the operations too.
+        let code: Vec<&str> = body
+            .lines()
+            .map(|l| l.split("//").next().unwrap())
+            .collect();
+        let mut src = code
+            .join("\n")
+            .replace("enable wgpu_cooperative_matrix;", "")
+            .replace("coopMultiplyAdd(", "emu_mad(");
+        let mut slot = 0u32;
+        while let Some(at) = src.find("coop_mat16x16<f32, C>()") {
+            src.replace_range(at..at + 23, &format!("emu_zero({slot}u)"));
+            slot += 1;
+        }
+        src = src.replace("coop_mat16x16<f32, C>", "u32");
+        let mut names = vec![];
+        for (call, row_major) in [
+            ("coopLoadT<coop_mat16x16<f16, A>>(", true),
+            ("coopLoadT<coop_mat16x16<f16, B>>(", true),
+            ("coopLoad<coop_mat16x16<f16, A>>(", false),
+            ("coopLoad<coop_mat16x16<f16, B>>(", false),
+        ] {
+            src = rewrite(&src, call, |_, name, index, rest| {
+                if !names.iter().any(|n| n == name) {
+                    names.push(name.to_string());
+                }
+                slot += 1;
+                format!("emu_load_{name}({}u, {index}{rest}, {row_major})", slot - 1)
+            });
+        }
+        let mut stores = vec![];
+        src = rewrite(&src, "coopStore(", |before, name, index, rest| {
+            if !stores.iter().any(|n| n == name) {
+                stores.push(name.to_string());
+            }
+            format!("emu_store_{name}({before}{index}{rest})")
+        });
+        let left = [
+            "coop_mat",
+            "coopLoad",
+            "coopStore",
+            "coopMultiplyAdd",
+            "cooperative",
+        ];
+        assert!(
+            !left.iter().any(|w| src.contains(w)),
+            "an operation the emulation lacks:\n{src}"
+        );
+        // Every entry point starts with `init`.
+        let mut from = 0;
+        while let Some(at) = src[from..].find("@compute") {
+            let brace = from + at + src[from + at..].find(") {").unwrap() + 3;
+            src.insert_str(brace, &format!("\n    {init}\n"));
+            from = brace;
+        }
+        // The 16 products of one element of a multiply-add, written out, to
+        // spend few loop iterations: with one lane doing whole products,
+        // results went wrong past about 200 products per invocation, likely
+        // llvmpipe's budget of 65,535 loop iterations per invocation (past
+        // which its loops end silently; not confirmed).
+        let products: Vec<String> = (0..16)
+            .map(|k| format!("emu_mem[emu_at(a, i, {k}u)] * emu_mem[emu_at(b, {k}u, j)]"))
+            .collect();
+        let products = products.join("\n            + ");
+        src.push_str(&format!(
+            "
+@group(0) @binding({binding}) var<storage, read_write> emu_mem: array<f32>;
+var<private> emu_base: u32;
+var<private> emu_lane: u32;
+const EMU_SLOTS: u32 = {slot}u;
+fn emu_init(workgroup: u32, subgroup: u32, subgroup_lane: u32) {{
+    emu_base = (workgroup * 4u + subgroup) * EMU_SLOTS;
+    emu_lane = subgroup_lane;
+}}
+fn emu_at(m: u32, i: u32, j: u32) -> u32 {{
+    return (emu_base + m) * 256u + 16u * i + j;
+}}
+fn emu_zero(m: u32) -> u32 {{
+    for (var e = emu_lane; e < 256u; e += SUBGROUP_SIZE) {{
+        emu_mem[(emu_base + m) * 256u + e] = 0.0;
+    }}
+    storageBarrier();
+    return m;
+}}
+fn emu_mad(a: u32, b: u32, c: u32) -> u32 {{
+    for (var e = emu_lane; e < 256u; e += SUBGROUP_SIZE) {{
+        let i = e / 16u;
+        let j = e % 16u;
+        emu_mem[emu_at(c, i, j)] += {products};
+    }}
+    storageBarrier();
+    return c;
+}}
+"
+        ));
+        for name in names {
+            src.push_str(&format!(
+                "
+fn emu_load_{name}(m: u32, at: u32, stride: u32, row_major: bool) -> u32 {{
+    for (var e = emu_lane; e < 256u; e += SUBGROUP_SIZE) {{
+        let i = e / 16u;
+        let j = e % 16u;
+        let src_at = select(at + j * stride + i, at + i * stride + j, row_major);
+        emu_mem[emu_at(m, i, j)] = f32({name}[src_at]);
+    }}
+    storageBarrier();
+    return m;
+}}
+"
+            ));
+        }
+        for name in stores {
+            src.push_str(&format!(
+                "
+fn emu_store_{name}(c: u32, at: u32, stride: u32) {{
+    for (var e = emu_lane; e < 256u; e += SUBGROUP_SIZE) {{
+        let i = e / 16u;
+        let j = e % 16u;
+        {name}[at + j * stride + i] = emu_mem[emu_at(c, i, j)];
+    }}
+}}
+"
+            ));
+        }
+        (src, slot)
+    }
+
+    /// Whether `emulate_coop` can run here (f16, subgroups, one subgroup
+    /// size); where not, a note says that `what` is not run.
+    pub fn can_emulate_coop(gpu: &Gpu, what: &str) -> bool {
+        let prof = &gpu.profile;
+        let can = prof.shader_f16 && prof.subgroups && prof.subgroup_min == prof.subgroup_max;
+        if !can {
+            eprintln!(
+                "note: {} lacks f16, subgroups or a fixed subgroup size; {what} is not run",
+                gpu.info.name
+            );
+        }
+        can
+    }
+
     /// Deterministic pseudo-random values in [-scale, scale).
     pub fn rand_vec(n: usize, seed: u64, scale: f32) -> Vec<f32> {
         let mut s = seed

@@ -390,7 +390,9 @@ impl KernelVariants {
 
     /// What a row part runs when `variant` is asked for on this device:
     /// [`MatmulVariant::for_part`], with block formats on `Tiled` where the
-    /// staged cooperative kernel is off (`coop_staged`).
+    /// staged cooperative kernel is off for them (`coop_staged`; f16
+    /// weights asked for by name keep it: their start-up check is their
+    /// own).
     pub fn part_variant(
         &self,
         variant: MatmulVariant,
@@ -399,7 +401,9 @@ impl KernelVariants {
         cols: usize,
     ) -> MatmulVariant {
         match variant.for_part(format, rows, cols) {
-            MatmulVariant::CoopStaged | MatmulVariant::CoopStagedWide if !self.coop_staged => {
+            MatmulVariant::CoopStaged | MatmulVariant::CoopStagedWide
+                if !self.coop_staged && format.block().is_some() =>
+            {
                 MatmulVariant::Tiled
             }
             v => v,
@@ -489,13 +493,22 @@ impl KernelVariants {
     }
 
     /// The prefill attention variants worth timing (`tuned`) for heads of
-    /// `head_dim`, the fixed rule's first: the tiled kernel, the matrix-unit
-    /// one (where it passed its start-up check and head_dim is a multiple
-    /// of 16) and the row-per-lane one; one for the other sets.
-    pub fn attn_prefill_candidates(&self, head_dim: usize) -> Vec<AttnPrefillVariant> {
+    /// `head_dim` values cached in `kv_format`, the fixed rule's first: the
+    /// tiled kernel, the matrix-unit one (where it passed its start-up
+    /// check, head_dim is a multiple of 16 and the cache is f16: it rounds
+    /// keys and values to f16, which an f32 cache is chosen to avoid, and
+    /// would turn values past f16's range into infinities) and the
+    /// row-per-lane one; one for the other sets.
+    pub fn attn_prefill_candidates(
+        &self,
+        head_dim: usize,
+        kv_format: crate::shaders::WeightFormat,
+    ) -> Vec<AttnPrefillVariant> {
         let mut out = vec![self.attn_prefill];
         if self.tuned() {
-            if self.attn_prefill_coop && head_dim.is_multiple_of(16) {
+            let coop =
+                head_dim.is_multiple_of(16) && kv_format == crate::shaders::WeightFormat::F16;
+            if self.attn_prefill_coop && coop {
                 out.push(AttnPrefillVariant::Coop);
             }
             out.push(AttnPrefillVariant::RowPerLane);
@@ -547,7 +560,7 @@ impl KernelVariants {
         );
         // (Heads of a multiple of 16 values: every candidate.)
         let prefill = attention(
-            self.attn_prefill_candidates(128)
+            self.attn_prefill_candidates(128, crate::shaders::WeightFormat::F16)
                 .iter()
                 .map(|v| format!("{v:?}"))
                 .collect(),
@@ -745,23 +758,31 @@ mod tests {
     /// fixed sets.
     #[test]
     fn attention_candidates_start_with_the_rule() {
+        use crate::shaders::WeightFormat::{F16, F32};
         use AttnDecodeVariant::*;
         use AttnPrefillVariant::*;
         let subgroups = DeviceProfile::for_tests(false, true, false);
         let v = KernelVariants::select(&subgroups, KernelSet::Tuned);
         assert_eq!(v.attn_decode_candidates(), [Parallel, LanesPerKey, Serial]);
-        assert_eq!(v.attn_prefill_candidates(128), [Tiled, RowPerLane]);
+        assert_eq!(v.attn_prefill_candidates(128, F16), [Tiled, RowPerLane]);
         // With cooperative matrices, the matrix-unit prefill where the
         // head is whole 16-value blocks.
         let coop = DeviceProfile::for_tests(false, true, true);
         let mut v = KernelVariants::select(&coop, KernelSet::Tuned);
-        assert_eq!(v.attn_prefill_candidates(128), [Tiled, Coop, RowPerLane]);
-        assert_eq!(v.attn_prefill_candidates(64), [Tiled, Coop, RowPerLane]);
-        assert_eq!(v.attn_prefill_candidates(36), [Tiled, RowPerLane]);
+        assert_eq!(
+            v.attn_prefill_candidates(128, F16),
+            [Tiled, Coop, RowPerLane]
+        );
+        assert_eq!(
+            v.attn_prefill_candidates(64, F16),
+            [Tiled, Coop, RowPerLane]
+        );
+        assert_eq!(v.attn_prefill_candidates(36, F16), [Tiled, RowPerLane]);
+        assert_eq!(v.attn_prefill_candidates(128, F32), [Tiled, RowPerLane]);
         v.attn_prefill_coop = false;
-        assert_eq!(v.attn_prefill_candidates(128), [Tiled, RowPerLane]);
+        assert_eq!(v.attn_prefill_candidates(128, F16), [Tiled, RowPerLane]);
         let fixed = KernelVariants::select(&coop, KernelSet::Gpu);
-        assert_eq!(fixed.attn_prefill_candidates(128), [Tiled]);
+        assert_eq!(fixed.attn_prefill_candidates(128, F16), [Tiled]);
         let small = DeviceProfile {
             subgroup_min: 4,
             ..subgroups.clone()
@@ -773,10 +794,10 @@ mod tests {
         assert_eq!(v.attn_decode_candidates(), [Parallel, Serial]);
         let v = KernelVariants::select(&subgroups, KernelSet::Gpu);
         assert_eq!(v.attn_decode_candidates(), [Parallel]);
-        assert_eq!(v.attn_prefill_candidates(128), [Tiled]);
+        assert_eq!(v.attn_prefill_candidates(128, F16), [Tiled]);
         let v = KernelVariants::select(&subgroups, KernelSet::Cpu);
         assert_eq!(v.attn_decode_candidates(), [Serial]);
-        assert_eq!(v.attn_prefill_candidates(128), [RowPerLane]);
+        assert_eq!(v.attn_prefill_candidates(128, F16), [RowPerLane]);
     }
 
     #[test]

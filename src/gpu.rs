@@ -249,11 +249,19 @@ impl Gpu {
                 }
             }
             // Its 128-token tiles too (the same kernel with WIDE = 2, a
-            // candidate wherever the staged one is).
-            if gpu.kernels.coop_staged_wide {
+            // candidate wherever the staged one is), with the weights the
+            // staged kernel kept.
+            let formats = [
+                (gpu.kernels.coop_staged, WeightFormat::Q4_0),
+                (gpu.kernels.coop_staged_f16, WeightFormat::F16),
+            ];
+            for (kept, format) in formats {
+                if !kept || !gpu.kernels.coop_staged_wide {
+                    continue;
+                }
                 let wide = MatmulVariant::CoopStagedWide;
-                if let Err(e) = check_variant(&gpu, wide, WeightFormat::Q4_0) {
-                    warn(wide, WeightFormat::Q4_0, e, "it is not timed");
+                if let Err(e) = check_variant(&gpu, wide, format) {
+                    warn(wide, format, e, "it is not timed");
                     gpu.kernels.coop_staged_wide = false;
                 }
             }
@@ -342,10 +350,43 @@ impl Gpu {
             return Ok(p.clone());
         }
         let src = shaders::source(shader, weights);
-        let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let (built, err) = self
+            .catch_errors(|| self.build_pipeline(shader, &src, &key, entry, constants, builtin));
+        if let Some(err) = err {
+            bail!("compiling shader {} entry {entry}: {err}", shader.file);
+        }
+        let p = Arc::new(built?);
+        self.pipelines.lock().unwrap().insert(key, p.clone());
+        Ok(p)
+    }
+
+    /// Runs `f` with wgpu's validation and internal errors (a shader the
+    /// driver's compiler refuses is an internal error) caught, and returns
+    /// the first: uncaught, they would reach wgpu's default handler, which
+    /// panics.
+    pub fn catch_errors<T>(&self, f: impl FnOnce() -> T) -> (T, Option<wgpu::Error>) {
+        let validation = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let internal = self.device.push_error_scope(wgpu::ErrorFilter::Internal);
+        let out = f();
+        let internal = pollster::block_on(internal.pop());
+        let validation = pollster::block_on(validation.pop());
+        (out, internal.or(validation))
+    }
+
+    /// The module and pipeline of [`Gpu::pipeline`] (whose errors wgpu
+    /// reports through its error scopes).
+    fn build_pipeline(
+        &self,
+        shader: &shaders::Shader,
+        src: &str,
+        key: &str,
+        entry: &str,
+        constants: &[(&str, f64)],
+        builtin: bool,
+    ) -> Result<wgpu::ComputePipeline> {
         let desc = wgpu::ShaderModuleDescriptor {
             label: Some(shader.name),
-            source: wgpu::ShaderSource::Wgsl(src.as_str().into()),
+            source: wgpu::ShaderSource::Wgsl(src.into()),
         };
         // wgpu adds a 64-bit counter to every shader loop by default, so
         // that a loop that never ends cannot let the driver's compiler assume
@@ -374,11 +415,11 @@ impl Gpu {
             // tests/shaders.rs checks each loop header).
             unsafe { self.device.create_shader_module_trusted(desc, checks) }
         };
-        let layout = self.layout_for(&src, shader.file)?;
-        let pipeline = self
+        let layout = self.layout_for(src, shader.file)?;
+        Ok(self
             .device
             .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-                label: Some(&key),
+                label: Some(key),
                 layout: Some(&layout),
                 module: &module,
                 entry_point: Some(entry),
@@ -387,13 +428,7 @@ impl Gpu {
                     zero_initialize_workgroup_memory: false,
                 },
                 cache: None,
-            });
-        if let Some(err) = pollster::block_on(scope.pop()) {
-            bail!("compiling shader {} entry {entry}: {err}", shader.file);
-        }
-        let p = Arc::new(pipeline);
-        self.pipelines.lock().unwrap().insert(key, p.clone());
-        Ok(p)
+            }))
     }
 
     /// An explicit layout with every binding the shader declares, so that all

@@ -17,7 +17,7 @@ use super::tune::{Candidate, TuneKey};
 use super::{ceil_div, dispatch};
 use crate::device::{AttnDecodeVariant, AttnPrefillVariant};
 use crate::gpu::Gpu;
-use crate::shaders;
+use crate::shaders::{self, WeightFormat};
 
 /// Cache slots per key chunk (CHUNK in attention.wgsl).
 pub const KEY_CHUNK: u32 = 256;
@@ -308,9 +308,10 @@ fn prefill_pipeline(
         AttnPrefillVariant::Tiled => (&shaders::ATTENTION_PREFILL, 16384),
         AttnPrefillVariant::Coop => {
             anyhow::ensure!(
-                heads.head_dim.is_multiple_of(16),
-                "attention_prefill_coop takes heads of a multiple of 16 values, not {}",
-                heads.head_dim
+                heads.head_dim.is_multiple_of(16) && heads.kv_format == WeightFormat::F16,
+                "attention_prefill_coop takes heads of a multiple of 16 values and an f16 cache, not {} values in {}",
+                heads.head_dim,
+                heads.kv_format.name()
             );
             (&shaders::ATTENTION_PREFILL_COOP, 31232)
         }
@@ -386,7 +387,9 @@ fn tuned_decode(gpu: &Gpu, heads: Heads, b: &Bindings) -> AttnDecodeVariant {
 /// and first cache page hold (where that is under 2, the rule's choice is
 /// kept, and the timings say why).
 fn tuned_prefill(gpu: &Gpu, heads: Heads, b: &Bindings) -> AttnPrefillVariant {
-    let cands = gpu.kernels.attn_prefill_candidates(heads.head_dim);
+    let cands = gpu
+        .kernels
+        .attn_prefill_candidates(heads.head_dim, heads.kv_format);
     if cands.len() == 1 {
         return cands[0];
     }
@@ -464,23 +467,33 @@ pub fn check_decode_variant(gpu: &Gpu, variant: AttnDecodeVariant) -> Result<()>
 
 /// Runs prefill `variant` once, with the merge, against [`reference`]: 70
 /// queries (a partial 64-query block) from slot 230 (across a key chunk's
-/// end), 8 query heads over 2 KV heads of 64, an f16 cache. An error when
-/// the kernel fails to build or run, or its result is off by more than the
-/// f16 rounding of the matrix-unit kernel's inputs explains. A device whose
+/// end), 8 query heads over 2 KV heads of 128, an f16 cache; and the
+/// counter-causal entry once over the same 300 slots. An error when the
+/// kernel fails to build or run, or its result is off by more than the f16
+/// rounding of the matrix-unit kernel's inputs explains. A device whose
 /// `tuned` set would time the matrix-unit prefill runs this first
 /// (`Gpu::new`): it rests on an experimental wgpu feature.
 pub fn check_prefill_variant(gpu: &Gpu, variant: AttnPrefillVariant) -> Result<()> {
-    let heads = Heads::new(8, 2, 64, crate::shaders::WeightFormat::F16);
-    let run = WaveRun {
-        heads,
-        slots: 300,
-        n_tokens: 70,
-        qslots: None,
-    };
-    let groups = (2, heads.n_heads as u32, 300u32.div_ceil(KEY_CHUNK));
-    run.check(gpu, &format!("{variant:?}"), 5e-3, groups, || {
-        prefill_pipeline(gpu, variant, heads, "prefill_partial")
-    })
+    let heads = Heads::new(8, 2, 128, crate::shaders::WeightFormat::F16);
+    let slots = 300;
+    let chunks = (slots as u32).div_ceil(KEY_CHUNK);
+    let qslots: &[u32] = &[0, 7, 255, 256, 298];
+    for (entry, n, qslots) in [
+        ("prefill_partial", 70, None),
+        ("anticausal_partial", qslots.len(), Some(qslots)),
+    ] {
+        let run = WaveRun {
+            heads,
+            slots,
+            n_tokens: n,
+            qslots,
+        };
+        let groups = (ceil_div(n as u32, 64), heads.n_heads as u32, chunks);
+        run.check(gpu, &format!("{variant:?} {entry}"), 5e-3, groups, || {
+            prefill_pipeline(gpu, variant, heads, entry)
+        })?;
+    }
+    Ok(())
 }
 
 /// A made-up attention step for the start-up checks (and tests): smooth
@@ -507,9 +520,9 @@ impl WaveRun<'_> {
         groups: (u32, u32, u32),
         pipeline: impl FnOnce() -> Result<Arc<wgpu::ComputePipeline>>,
     ) -> Result<()> {
-        let scope = gpu.device.push_error_scope(wgpu::ErrorFilter::Validation);
-        let ran = pipeline().map(|p| self.partials_and_merge(gpu, &p, &[], groups));
-        if let Some(e) = pollster::block_on(scope.pop()) {
+        let (ran, e) =
+            gpu.catch_errors(|| pipeline().map(|p| self.partials_and_merge(gpu, &p, &[], groups)));
+        if let Some(e) = e {
             anyhow::bail!("{what}: {e}");
         }
         let (got, want) = ran?;
@@ -970,8 +983,8 @@ mod tests {
     /// reference: staging, the two passes over the chunk, masks, GQA, the
     /// output columns and the partials layout. Causal steps from slot 0
     /// (partial query blocks) and across a key chunk's end, heads of 16, 32,
-    /// 64 and 128 values (one to eight output blocks), f16 and f32 caches,
-    /// and the counter-causal entry.
+    /// 64 and 128 values (one to eight output blocks), and the
+    /// counter-causal entry.
     #[test]
     fn coop_prefill_emulated_matches_reference() {
         let gpu = gpu();
@@ -987,15 +1000,16 @@ mod tests {
             body: leak(body),
             ..*shader
         };
-        use WeightFormat::{F16, F32};
-        // (query heads, KV heads, head_dim, cache format, slots, queries,
+        use WeightFormat::F16;
+        // (query heads, KV heads, head_dim, cache format (f16: the only one
+        // the launcher gives it), slots, queries,
         // counter-causal query slots)
         let anticausal: &[u32] = &[0, 5, 255, 256, 298];
         let cases = [
             (4, 2, 64, F16, 70, 70, None),
-            (3, 1, 32, F32, 270, 30, None),
+            (3, 1, 32, F16, 270, 30, None),
             (2, 2, 128, F16, 5, 5, None),
-            (8, 2, 16, F32, 130, 130, None),
+            (8, 2, 16, F16, 130, 130, None),
             (2, 1, 64, F16, 300, 5, Some(anticausal)),
         ];
         for (nh, nkv, hd, format, slots, n, qslots) in cases {

@@ -143,6 +143,9 @@ fn matmul_constants(gpu: &Gpu, v: MatmulVariant) -> Result<Vec<(&'static str, f6
         MatmulVariant::Coop => vec![("SUBGROUP_SIZE", gpu.profile.subgroup_max as f64)],
         MatmulVariant::CoopStaged | MatmulVariant::CoopStagedWide => {
             let wide = if v == MatmulVariant::CoopStagedWide {
+                // The 128-token x slice: 20 KiB in all, past the 16 KiB a
+                // downlevel device may have.
+                gpu.check_workgroup_memory("matmul_coop_staged (WIDE = 2)", 20480)?;
                 2.0
             } else {
                 1.0
@@ -509,8 +512,9 @@ fn matmul_groups(variant: MatmulVariant, rows: u32, n: u32) -> (u32, u32, u32) {
 }
 
 /// Runs `variant` once on a 128 x 192 weight in `format` (136 rows for a
-/// block format, so the staged kernel's second row tile is partial) and 40
-/// tokens (bias and residual on), and compares with [`reference()`]: an
+/// block format, so the staged kernel's second row tile is partial) and 150
+/// tokens (past one 128-token tile, so every subgroup of the wide staged
+/// kernel has tokens; bias and residual on), and compares with [`reference()`]: an
 /// error when the kernel fails to build or run, or its result is off by more
 /// than f16 rounding of the input explains. `format` is f16 or Q4_0 (the
 /// two the cooperative kernels are checked with).
@@ -521,7 +525,7 @@ pub fn check_variant(
 ) -> Result<()> {
     let block = format.block();
     let rows = if block.is_some() { 136usize } else { 128 };
-    let (cols, n) = (192usize, 40usize);
+    let (cols, n) = (192usize, 150usize);
     let wave = |len: usize, f: f32| -> Vec<f32> {
         (0..len)
             .map(|i| ((i as f32 * f).sin() * 0.5 * 1024.0).round() / 1024.0)
@@ -557,30 +561,24 @@ pub fn check_variant(
         accumulate: true,
         rows: Rows::Tokens,
     };
-    let scope = gpu.device.push_error_scope(wgpu::ErrorFilter::Validation);
-    let mm = Matmul::with_variants(
-        gpu,
-        &step,
-        &m,
-        Some(&bb),
-        &xb,
-        &yb,
-        opts,
-        (MatvecVariant::Rows8, variant),
-        None,
-    )?;
-    if mm.matmul_variants() != [variant] {
-        anyhow::bail!("{variant:?} does not take {} weights", format.name());
-    }
-    let mut enc = gpu.device.create_command_encoder(&Default::default());
-    {
-        let mut pass = enc.begin_compute_pass(&Default::default());
-        mm.encode(&mut pass, n as u32);
-    }
-    gpu.queue.submit([enc.finish()]);
-    if let Some(e) = pollster::block_on(scope.pop()) {
+    let (ran, e) = gpu.catch_errors(|| -> Result<()> {
+        let variants = (MatvecVariant::Rows8, variant);
+        let mm = Matmul::with_variants(gpu, &step, &m, Some(&bb), &xb, &yb, opts, variants, None)?;
+        if mm.matmul_variants() != [variant] {
+            anyhow::bail!("{variant:?} does not take {} weights", format.name());
+        }
+        let mut enc = gpu.device.create_command_encoder(&Default::default());
+        {
+            let mut pass = enc.begin_compute_pass(&Default::default());
+            mm.encode(&mut pass, n as u32);
+        }
+        gpu.queue.submit([enc.finish()]);
+        Ok(())
+    });
+    if let Some(e) = e {
         anyhow::bail!("{e}");
     }
+    ran?;
     let got: Vec<f32> = gpu.read(&yb, 0, n * rows)?;
     let mut want = y0;
     reference(&w, rows, cols, Some(&b), &x, &mut want, true);

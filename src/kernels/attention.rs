@@ -343,8 +343,11 @@ fn query_row_bytes(heads: Heads) -> u64 {
 
 /// Cache depth the decode candidates are timed at (less where the first
 /// cache page holds fewer slots): deep enough that the keys, not the
-/// launch, set the time.
-const TUNE_KEYS: usize = 4096;
+/// launch, set the time, and the depth where attention costs a step most
+/// (a generation's attention time grows with the square of its length, so
+/// its deep steps hold most of it; shallow steps spend little in attention
+/// whichever kernel runs; issue #10's deepest decode target).
+const TUNE_KEYS: usize = 16384;
 /// Queries the prefill candidates are timed at (fewer where the engine's
 /// steps hold fewer), from slot 0: a causal prompt chunk.
 const TUNE_QUERIES: usize = 512;

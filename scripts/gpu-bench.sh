@@ -4,7 +4,8 @@
 # decode at depths 0/4096/16384 next to llama.cpp's Vulkan figures (with
 # `--kernels auto`: on a GPU each weight shape's kernels timed on the device),
 # the fixed-rule `gpu` and the `cpu` kernel sets and the device's kernels
-# without wgpu's shader loop counters side by side, contexts 4k/16k/64k with
+# without wgpu's shader loop counters, and with wgpu's own SPIR-V for the
+# cooperative kernels, side by side, contexts 4k/16k/64k with
 # the full cache and with eviction, and the CCS refresh. On a Linux machine
 # with an NVIDIA GPU and its driver (any Vulkan device works). Prints each
 # result as it comes and writes OUT/gpu-bench.json and OUT/gpu-bench.md.
@@ -26,8 +27,10 @@
 # measures the f32 cache instead.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-# Every run but the one that asks otherwise keeps wgpu's shader loop counters.
+# Every run but the one that asks otherwise keeps wgpu's shader loop counters,
 unset SIEVE_LOOP_BOUNDING
+# ... and sieve's own SPIR-V for the cooperative kernels (SIEVE_SPIRV).
+unset SIEVE_SPIRV
 small=0
 out=bench-out
 pack=
@@ -92,14 +95,22 @@ fi
 # 3. The adapter, and the kernels each set uses on it.
 "$bin" info | tee "$out/info.txt"
 "$bin" info --kernels cpu | grep '^kernels' | sed 's/^kernels: /kernels (--kernels cpu):/' | tee -a "$out/info.txt"
+# The cooperative kernels' start-up checks with wgpu's own SPIR-V too (the
+# Vulkan memory model declared, its barriers unmet: src/spirv.rs); a kernel
+# that fails there prints a warning.
+SIEVE_SPIRV=wgpu "$bin" info 2>&1 | grep -E '^kernels|^warning' |
+    sed 's/^kernels: /kernels (SIEVE_SPIRV=wgpu):/' | tee -a "$out/info.txt"
 
 # 4. Correctness on this device first: every kernel variant against its CPU
 # reference (the cooperative GEMM included where the device offers it) and
 # every kernel set on the tiny golden models.
 if [ -n "$from" ] && [ -x "$from/bin/sieve-lib-tests" ]; then
     echo "== kernel tests on this device"
-    timeout 120 "$from/bin/sieve-lib-tests" --test-threads 1 kernels:: device:: 2>&1 |
+    timeout 120 "$from/bin/sieve-lib-tests" --test-threads 1 kernels:: device:: spirv:: 2>&1 |
         grep -E '^test |test result|panicked|note:' | tee "$out/kernel-tests.txt"
+    echo "== the mat-mul kernel tests again with wgpu's own SPIR-V (SIEVE_SPIRV=wgpu)"
+    SIEVE_SPIRV=wgpu timeout 60 "$from/bin/sieve-lib-tests" --test-threads 1 kernels::matmul 2>&1 |
+        grep -E '^test |test result|panicked|note:' | tee "$out/kernel-tests-wgpu-spirv.txt"
     echo "== golden tests (tiny models, every kernel set)"
     SIEVE_GOLDEN_DIR="$from/golden" timeout 120 "$from/bin/golden-tiny-tests" --test-threads 1 2>&1 |
         grep -E '^test |test result|panicked' | tee "$out/golden-tests.txt"
@@ -126,18 +137,23 @@ shape=${speed_shapes[-1]}
 # Beside it, the same shape with the fixed-rule `gpu` kernels (what the
 # timings bought: 2 rows per mat-vec workgroup, Coop for f16 prefill), with
 # the `cpu` kernels, and with the device's kernels compiled without wgpu's
-# loop counters (SIEVE_LOOP_BOUNDING=0: what the counters cost).
-for run in gpu cpu unbounded; do
+# loop counters (SIEVE_LOOP_BOUNDING=0: what the counters cost), and with
+# wgpu writing the cooperative kernels' SPIR-V (SIEVE_SPIRV=wgpu: what
+# sieve's own SPIR-V, GLSL450 memory model and clamped buffer indices, costs
+# or buys).
+for run in gpu cpu unbounded wgpu-spirv; do
     kernels=$run
     bounding=1
+    spirv=coop
     case $run in
         gpu) steps=8; what="fixed rules, no timings" ;;
         cpu) steps=4; what="the lavapipe kernels" ;;
         unbounded) steps=8; kernels=auto; bounding=0; what="shader loops unbounded" ;;
+        wgpu-spirv) steps=4; kernels=auto; spirv=wgpu; what="SPIR-V by wgpu" ;;
     esac
     json="$out/$shape-speed-$run-kernels.json"
     echo "== $shape (speed, --kernels $kernels: $what)"
-    SIEVE_LOOP_BOUNDING=$bounding timeout 120 "$bin" bench --synthetic "$shape" --kv-dtype "$kv_dtype" \
+    SIEVE_SPIRV=$spirv SIEVE_LOOP_BOUNDING=$bounding timeout 120 "$bin" bench --synthetic "$shape" --kv-dtype "$kv_dtype" \
         --kernels "$kernels" --prefill "${speed_args[1]}" --depths 0 --decode-steps "$steps" \
         --refresh-sizes 0 --json "$json" |
         grep -E '^\||^kernel' | tee "$out/$shape-speed-$run-kernels.md"
@@ -182,6 +198,8 @@ for path in sys.argv[2:]:
             return "-"
         return f"{v:,.0f}" + (f" ({l:,.0f}, x{v / l:.2f})" if l else "")
     kernels = r["kernels"].split()[0] + (", loops unbounded" if "shader loops unbounded" in r["kernels"] else "")
+    if "Coop" in r["kernels"] and "SPIR-V by sieve" not in r["kernels"]:
+        kernels += ", SPIR-V by wgpu"
     print(f"| {r['model']} {r['weights'].split()[0]} | {kernels} | {cell(pre.get(512), lp)} | {cell(dec.get(0), l0)} | {cell(dec.get(4096), l4)} | {cell(dec.get(16384), None)} | {cell(ahead.get(0), l0)} | {record.get(0) or 0:.2f} |")
 PY
 fi
@@ -288,7 +306,7 @@ done
     head -5 "$out/info.txt"
     grep '^kernels' "$out/info.txt"
     echo '```'
-    for f in kernel-tests golden-tests; do
+    for f in kernel-tests kernel-tests-wgpu-spirv golden-tests; do
         [ -f "$out/$f.txt" ] && { echo; echo "$f: $(grep 'test result' "$out/$f.txt" | head -1)"; }
     done
     if [ -f "$out/vs-llama-cpp.md" ]; then
@@ -299,7 +317,7 @@ done
     fi
     for shape in "${speed_shapes[@]}"; do
         for f in "$shape-speed" "$shape-speed-gpu-kernels" "$shape-speed-cpu-kernels" \
-            "$shape-speed-unbounded-kernels"; do
+            "$shape-speed-unbounded-kernels" "$shape-speed-wgpu-spirv-kernels"; do
             [ -f "$out/$f.md" ] || continue
             echo
             echo "## $f"

@@ -324,6 +324,50 @@ pub struct KernelVariants {
     /// `SIEVE_LOOP_BOUNDING=0` drops it, which is sound since every loop of
     /// the kernels ends (docs/ARCHITECTURE.md, "Kernel variants").
     pub bounded_loops: bool,
+    /// Who writes the SPIR-V of the kernels that a Vulkan driver gets.
+    pub spirv: SpirvPath,
+}
+
+/// Who writes the SPIR-V a Vulkan driver gets (`SIEVE_SPIRV`: `wgpu`,
+/// `coop`, `all`; `coop` by default where the device takes SPIR-V as it
+/// is, wgpu's passthrough; `wgpu` elsewhere, and on other backends).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SpirvPath {
+    /// wgpu translates every kernel.
+    Wgpu,
+    /// sieve writes its cooperative-matrix kernels itself, under the
+    /// GLSL450 memory model (src/spirv.rs says why); wgpu the rest.
+    Coop,
+    /// sieve writes every kernel itself: the same path for all of them,
+    /// so that it runs and is tested where no kernel uses cooperative
+    /// matrices (lavapipe).
+    All,
+}
+
+impl SpirvPath {
+    /// The path `SIEVE_SPIRV` asks for, `Coop` if it is unset; an error
+    /// names the variable and the values it takes.
+    pub fn from_env() -> Result<Self> {
+        match std::env::var("SIEVE_SPIRV").as_deref() {
+            Err(_) | Ok("") | Ok("coop") => Ok(SpirvPath::Coop),
+            Ok("wgpu") => Ok(SpirvPath::Wgpu),
+            Ok("all") => Ok(SpirvPath::All),
+            Ok(other) => bail!("SIEVE_SPIRV={other:?}: expected wgpu, coop or all"),
+        }
+    }
+
+    /// Whether sieve writes the SPIR-V of `shader`: its own kernels that
+    /// use cooperative matrices, or every kernel with `All`.
+    pub fn writes(self, shader: &crate::shaders::Shader) -> bool {
+        match self {
+            SpirvPath::Wgpu => false,
+            SpirvPath::Coop => {
+                crate::shaders::is_builtin(shader)
+                    && crate::shaders::enables(shader).contains(&"wgpu_cooperative_matrix")
+            }
+            SpirvPath::All => true,
+        }
+    }
 }
 
 impl KernelVariants {
@@ -347,6 +391,7 @@ impl KernelVariants {
                 attn_prefill: AttnPrefillVariant::RowPerLane,
                 attn_prefill_coop: false,
                 bounded_loops: true,
+                spirv: SpirvPath::Wgpu,
             },
             KernelSet::Gpu | KernelSet::Tuned => {
                 // The cooperative GEMMs size their workgroups in subgroups
@@ -383,6 +428,7 @@ impl KernelVariants {
                     attn_prefill: AttnPrefillVariant::Tiled,
                     attn_prefill_coop: matmul == MatmulVariant::Coop && set == KernelSet::Tuned,
                     bounded_loops: true,
+                    spirv: SpirvPath::Wgpu,
                 }
             }
         }
@@ -548,6 +594,13 @@ impl KernelVariants {
         } else {
             ", shader loops unbounded"
         };
+        // Said where it differs from what wgpu alone would do.
+        let uses_coop = self.matmul == MatmulVariant::Coop || self.attn_prefill_coop;
+        let spirv = match self.spirv {
+            SpirvPath::Coop if uses_coop => ", cooperative kernels as GLSL450 SPIR-V by sieve",
+            SpirvPath::All => ", every kernel's SPIR-V by sieve",
+            _ => "",
+        };
         let attention = |names: Vec<String>| match names.as_slice() {
             [one] => one.clone(),
             more => format!("fastest of {} timed", more.join(", ")),
@@ -566,7 +619,7 @@ impl KernelVariants {
                 .collect(),
         );
         format!(
-            "{} (mat-vec {matvec}, mat-mul {:?}{blocks}{timed}, decode attention {decode}, prefill attention {prefill}{loops})",
+            "{} (mat-vec {matvec}, mat-mul {:?}{blocks}{timed}, decode attention {decode}, prefill attention {prefill}{loops}{spirv})",
             self.set.name(),
             self.matmul,
         )
@@ -634,6 +687,43 @@ mod tests {
         assert!(v.bounded_loops && !v.describe().contains("loops"));
         v.bounded_loops = false;
         assert!(v.describe().ends_with(", shader loops unbounded)"));
+    }
+
+    /// Who writes which kernel's SPIR-V, and `describe` says so where sieve
+    /// does.
+    #[test]
+    fn spirv_path_covers_the_cooperative_kernels() {
+        use crate::shaders::{self, Shader};
+        let coop = &shaders::MATMUL_COOP;
+        let plain = &shaders::MATMUL_TILED;
+        // A kernel of sieve's with another body is not one of its own.
+        let other = Shader {
+            body: "enable wgpu_cooperative_matrix;",
+            ..*coop
+        };
+        assert!(
+            SpirvPath::Coop.writes(coop)
+                && SpirvPath::Coop.writes(&shaders::ATTENTION_PREFILL_COOP)
+        );
+        assert!(!SpirvPath::Coop.writes(plain) && !SpirvPath::Coop.writes(&other));
+        assert!(SpirvPath::All.writes(plain) && SpirvPath::All.writes(&other));
+        assert!(!SpirvPath::Wgpu.writes(coop));
+        let mut v = KernelVariants::select(
+            &DeviceProfile::for_tests(false, true, true),
+            KernelSet::Tuned,
+        );
+        assert_eq!(v.matmul, MatmulVariant::Coop);
+        assert!(!v.describe().contains("SPIR-V"));
+        v.spirv = SpirvPath::Coop;
+        assert!(v
+            .describe()
+            .ends_with(", cooperative kernels as GLSL450 SPIR-V by sieve)"));
+        v.spirv = SpirvPath::All;
+        assert!(v.describe().ends_with(", every kernel's SPIR-V by sieve)"));
+        let mut cpu =
+            KernelVariants::select(&DeviceProfile::for_tests(false, true, true), KernelSet::Cpu);
+        cpu.spirv = SpirvPath::Coop;
+        assert!(!cpu.describe().contains("SPIR-V"));
     }
 
     #[test]

@@ -10,7 +10,9 @@ use anyhow::{anyhow, bail, Context, Result};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use crate::device::{has_coop_f16_16x16, DeviceProfile, KernelSet, KernelVariants, MatmulVariant};
+use crate::device::{
+    has_coop_f16_16x16, DeviceProfile, KernelSet, KernelVariants, MatmulVariant, SpirvPath,
+};
 use crate::shaders;
 
 /// How to choose the adapter. Both fields can also come from the environment:
@@ -203,6 +205,11 @@ impl Gpu {
         let profile = DeviceProfile::new(&info, features, &limits);
         let mut kernels = KernelVariants::select(&profile, kernel_set);
         kernels.bounded_loops = std::env::var("SIEVE_LOOP_BOUNDING").map_or(true, |v| v != "0");
+        // sieve writes SPIR-V itself only where the driver takes it as it is.
+        let spirv = SpirvPath::from_env()?;
+        let passthrough = features.contains(wgpu::Features::PASSTHROUGH_SHADERS)
+            && info.backend == wgpu::Backend::Vulkan;
+        kernels.spirv = if passthrough { spirv } else { SpirvPath::Wgpu };
         let mut gpu = Gpu {
             device,
             queue,
@@ -384,6 +391,12 @@ impl Gpu {
         constants: &[(&str, f64)],
         builtin: bool,
     ) -> Result<wgpu::ComputePipeline> {
+        let loop_counters = self.kernels.bounded_loops || !builtin;
+        if self.kernels.spirv.writes(shader) {
+            let module = self.passthrough_module(shader, src, entry, constants, loop_counters)?;
+            // The override constants are applied already, by naga.
+            return self.compute_pipeline(&module, src, shader.file, key, entry, &[]);
+        }
         let desc = wgpu::ShaderModuleDescriptor {
             label: Some(shader.name),
             source: wgpu::ShaderSource::Wgsl(src.into()),
@@ -395,7 +408,7 @@ impl Gpu {
         // issue 7698: a pipeline a hundred times slower). sieve keeps it
         // unless `SIEVE_LOOP_BOUNDING=0`, and then drops it for its own
         // kernels only; bounds checks stay on.
-        let module = if self.kernels.bounded_loops || !builtin {
+        let module = if loop_counters {
             self.device.create_shader_module(desc)
         } else {
             let checks = wgpu::ShaderRuntimeChecks {
@@ -415,13 +428,28 @@ impl Gpu {
             // tests/shaders.rs checks each loop header).
             unsafe { self.device.create_shader_module_trusted(desc, checks) }
         };
-        let layout = self.layout_for(src, shader.file)?;
+        self.compute_pipeline(&module, src, shader.file, key, entry, constants)
+    }
+
+    /// The pipeline of `entry` in `module` (made from `src`), with the
+    /// explicit layout of [`Gpu::layout_for`]; workgroup memory is not
+    /// zeroed.
+    fn compute_pipeline(
+        &self,
+        module: &wgpu::ShaderModule,
+        src: &str,
+        file: &str,
+        key: &str,
+        entry: &str,
+        constants: &[(&str, f64)],
+    ) -> Result<wgpu::ComputePipeline> {
+        let layout = self.layout_for(src, file)?;
         Ok(self
             .device
             .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
                 label: Some(key),
                 layout: Some(&layout),
-                module: &module,
+                module,
                 entry_point: Some(entry),
                 compilation_options: wgpu::PipelineCompilationOptions {
                     constants,
@@ -429,6 +457,45 @@ impl Gpu {
                 },
                 cache: None,
             }))
+    }
+
+    /// The module of a kernel whose SPIR-V sieve writes ([`SpirvPath`]):
+    /// naga's SPIR-V for `entry` with the override constants applied, under
+    /// the GLSL450 memory model (src/spirv.rs), handed to the driver as it
+    /// is.
+    fn passthrough_module(
+        &self,
+        shader: &shaders::Shader,
+        src: &str,
+        entry: &str,
+        constants: &[(&str, f64)],
+        loop_counters: bool,
+    ) -> Result<wgpu::ShaderModule> {
+        use crate::spirv::{glsl450_memory_model, kernel_spirv};
+        let file = shader.file;
+        let (words, size) =
+            kernel_spirv(src, file, entry, constants, loop_counters, self.features)?;
+        let words = glsl450_memory_model(&words).with_context(|| format!("{file} {entry}"))?;
+        let entry_points = [wgpu::PassthroughShaderEntryPoint {
+            name: entry.into(),
+            workgroup_size: (size[0], size[1], size[2]),
+        }];
+        let desc = wgpu::ShaderModuleDescriptorPassthrough {
+            label: Some(shader.name),
+            entry_points: entry_points[..].into(),
+            spirv: Some(words.into()),
+            ..Default::default()
+        };
+        // SAFETY: the words are what naga writes for a module it parsed
+        // and validated, with the options wgpu's Vulkan backend uses (the
+        // bounds checks that clamp every index, loop counters as wgpu would
+        // add them); the one change, the GLSL450 memory model declared
+        // instead of the Vulkan one, is refused for any module using what
+        // only the Vulkan model defines (`spirv::glsl450_memory_model`).
+        // naga validated the module against the device's features (f16,
+        // subgroups, cooperative matrices), as wgpu does, and the pipeline
+        // layout is explicit.
+        Ok(unsafe { self.device.create_shader_module_passthrough(desc) })
     }
 
     /// An explicit layout with every binding the shader declares, so that all
@@ -698,12 +765,17 @@ pub fn device_descriptor(adapter: &wgpu::Adapter) -> wgpu::DeviceDescriptor<'sta
     if coop {
         want_features |= wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX;
     }
+    // SPIR-V handed to a Vulkan driver as it is: sieve's cooperative kernels
+    // under the GLSL450 memory model (`SpirvPath`).
+    if adapter.get_info().backend == wgpu::Backend::Vulkan {
+        want_features |= wgpu::Features::PASSTHROUGH_SHADERS;
+    }
     let experimental_features = if coop {
         // SAFETY: wgpu asks callers of experimental features to accept that
         // their implementation may have bugs; sieve uses only the
-        // cooperative-matrix load, multiply-add and store of one kernel
-        // (shaders/matmul_coop.wgsl), checked against a CPU reference
-        // whenever a device is opened (`Gpu::assemble`).
+        // cooperative-matrix load, multiply-add and store, in the kernels
+        // that use them (mat-muls, prefill attention), each checked against
+        // a CPU reference whenever a device is opened (`Gpu::assemble`).
         unsafe { wgpu::ExperimentalFeatures::enabled() }
     } else {
         wgpu::ExperimentalFeatures::disabled()

@@ -70,6 +70,7 @@ pub mod progress;
 pub mod quant;
 pub mod session;
 pub mod shaders;
+mod spirv;
 pub mod synthetic;
 pub mod tokenizer;
 pub mod weights;

@@ -108,8 +108,8 @@ if [ -n "$from" ] && [ -x "$from/bin/sieve-lib-tests" ]; then
     echo "== kernel tests on this device"
     timeout 120 "$from/bin/sieve-lib-tests" --test-threads 1 kernels:: device:: spirv:: 2>&1 |
         grep -E '^test |test result|panicked|note:' | tee "$out/kernel-tests.txt"
-    echo "== the mat-mul kernel tests again with wgpu's own SPIR-V (SIEVE_SPIRV=wgpu)"
-    SIEVE_SPIRV=wgpu timeout 60 "$from/bin/sieve-lib-tests" --test-threads 1 kernels::matmul 2>&1 |
+    echo "== the mat-mul and attention kernel tests again with wgpu's own SPIR-V (SIEVE_SPIRV=wgpu)"
+    SIEVE_SPIRV=wgpu timeout 90 "$from/bin/sieve-lib-tests" --test-threads 1 kernels::matmul kernels::attention 2>&1 |
         grep -E '^test |test result|panicked|note:' | tee "$out/kernel-tests-wgpu-spirv.txt"
     echo "== golden tests (tiny models, every kernel set)"
     SIEVE_GOLDEN_DIR="$from/golden" timeout 120 "$from/bin/golden-tiny-tests" --test-threads 1 2>&1 |
@@ -198,7 +198,7 @@ for path in sys.argv[2:]:
             return "-"
         return f"{v:,.0f}" + (f" ({l:,.0f}, x{v / l:.2f})" if l else "")
     kernels = r["kernels"].split()[0] + (", loops unbounded" if "shader loops unbounded" in r["kernels"] else "")
-    if "Coop" in r["kernels"] and "SPIR-V by sieve" not in r["kernels"]:
+    if "wgpu-spirv" in path:
         kernels += ", SPIR-V by wgpu"
     print(f"| {r['model']} {r['weights'].split()[0]} | {kernels} | {cell(pre.get(512), lp)} | {cell(dec.get(0), l0)} | {cell(dec.get(4096), l4)} | {cell(dec.get(16384), None)} | {cell(ahead.get(0), l0)} | {record.get(0) or 0:.2f} |")
 PY

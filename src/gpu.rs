@@ -476,6 +476,23 @@ impl Gpu {
         let (words, size) =
             kernel_spirv(src, file, entry, constants, loop_counters, self.features)?;
         let words = glsl450_memory_model(&words).with_context(|| format!("{file} {entry}"))?;
+        // wgpu checks the workgroup size of the modules it writes against
+        // the device's limits, and cannot for this one.
+        let l = &self.limits;
+        let max = [
+            l.max_compute_workgroup_size_x,
+            l.max_compute_workgroup_size_y,
+            l.max_compute_workgroup_size_z,
+        ];
+        let invocations: u64 = size.iter().map(|&v| v as u64).product();
+        if size.iter().zip(max).any(|(&v, m)| v > m)
+            || invocations > l.max_compute_invocations_per_workgroup as u64
+        {
+            bail!(
+                "{file} {entry}: workgroup size {size:?} is past the device's limits ({max:?}, {} invocations)",
+                l.max_compute_invocations_per_workgroup
+            );
+        }
         let entry_points = [wgpu::PassthroughShaderEntryPoint {
             name: entry.into(),
             workgroup_size: (size[0], size[1], size[2]),
@@ -487,14 +504,18 @@ impl Gpu {
             ..Default::default()
         };
         // SAFETY: the words are what naga writes for a module it parsed
-        // and validated, with the options wgpu's Vulkan backend uses (the
-        // bounds checks that clamp every index, loop counters as wgpu would
-        // add them); the one change, the GLSL450 memory model declared
+        // and validated, with wgpu's Vulkan options where they matter to
+        // safety (bounds checks on, buffer indices clamped too, loop
+        // counters as wgpu would add them); the one change, the GLSL450 memory model declared
         // instead of the Vulkan one, is refused for any module using what
         // only the Vulkan model defines (`spirv::glsl450_memory_model`).
         // naga validated the module against the device's features (f16,
-        // subgroups, cooperative matrices), as wgpu does, and the pipeline
-        // layout is explicit.
+        // subgroups, cooperative matrices), as wgpu does, its workgroup size
+        // is within the limits (above), and the pipeline layout is explicit.
+        // What wgpu would check and this path does not: each binding's
+        // minimum size (sieve's launchers size every buffer for the shape
+        // they dispatch) and the bounds of cooperative loads and stores
+        // (naga clamps only their first element, in wgpu's SPIR-V too).
         Ok(unsafe { self.device.create_shader_module_passthrough(desc) })
     }
 
@@ -871,5 +892,50 @@ mod tests {
                 "{bad} accepted"
             );
         }
+    }
+
+    /// On Vulkan, wgpu offers passthrough on every device, so sieve's own
+    /// SPIR-V path is the one `SIEVE_SPIRV` asks for (`coop` unset; CI runs
+    /// the kernel tests again with `all`, so this fails there if those runs
+    /// went through wgpu's path instead); elsewhere wgpu writes everything.
+    #[test]
+    fn sieve_writes_spirv_where_the_driver_takes_it() {
+        use crate::device::SpirvPath;
+        let gpu = crate::kernels::testutil::gpu();
+        if gpu.info.backend == wgpu::Backend::Vulkan {
+            assert!(gpu.features.contains(wgpu::Features::PASSTHROUGH_SHADERS));
+            assert_eq!(gpu.kernels.spirv, SpirvPath::from_env().unwrap());
+        } else {
+            assert_eq!(gpu.kernels.spirv, SpirvPath::Wgpu);
+        }
+    }
+
+    /// A kernel whose SPIR-V sieve writes is refused, with an error naming
+    /// it, when its workgroup is past the device's limits (wgpu checks that
+    /// only for the modules it writes); within them it is built.
+    #[test]
+    fn sieve_spirv_checks_the_workgroup_size() {
+        let gpu = crate::kernels::testutil::gpu();
+        if !gpu.features.contains(wgpu::Features::PASSTHROUGH_SHADERS)
+            || gpu.info.backend != wgpu::Backend::Vulkan
+        {
+            eprintln!("note: no SPIR-V passthrough on this device; nothing to check");
+            return;
+        }
+        let shader = &crate::shaders::MATVEC_WORKGROUP;
+        let src = crate::shaders::source(shader, Some(crate::shaders::WeightFormat::F16));
+        let max = gpu.limits.max_compute_invocations_per_workgroup;
+        let build = |lanes: u32| {
+            let constants = [("LANES", lanes as f64), ("ROWS", 2.0)];
+            gpu.catch_errors(|| gpu.passthrough_module(shader, &src, "matvec", &constants, true))
+        };
+        let (built, err) = build(64);
+        assert!(built.is_ok() && err.is_none(), "{:?} {err:?}", built.err());
+        let (refused, _) = build(2 * max);
+        let e = format!("{:#}", refused.expect_err("a workgroup past the limits"));
+        assert!(
+            e.contains("matvec_workgroup.wgsl matvec: workgroup size"),
+            "{e}"
+        );
     }
 }

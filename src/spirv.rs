@@ -184,26 +184,16 @@ pub(crate) fn glsl450_memory_model(words: &[u32]) -> Result<Vec<u32>> {
     Ok(out)
 }
 
-/// What naga may let a kernel use on a device with `features`: f16,
-/// subgroup operations and cooperative matrices where the device has them
-/// (wgpu checks the same for the modules it writes; a driver handed SPIR-V
-/// that needs what it lacks may fail in any way, even crash).
+/// What naga may let a kernel use on a device with `features`, by wgpu's
+/// own map (f16, subgroup operations, cooperative matrices, ... where the
+/// device has them), as wgpu checks the modules it writes: a driver handed
+/// SPIR-V that needs what it lacks may fail in any way, even crash. Of the
+/// downlevel flags, the one compute kernels can need, SHADER_F16_IN_F32
+/// (`unpack2x16float` and its kin), wgpu sets on every Vulkan device, and
+/// this path is Vulkan's only.
 fn naga_capabilities(features: wgpu::Features) -> naga::valid::Capabilities {
-    use naga::valid::Capabilities as C;
-    use wgpu::Features as F;
-    // unpack2x16float and its kin: every Vulkan device (this path is
-    // Vulkan's only) has them (wgpu's downlevel flag SHADER_F16_IN_F32).
-    let mut caps = C::SHADER_FLOAT16_IN_FLOAT32;
-    if features.contains(F::SHADER_F16) {
-        caps |= C::SHADER_FLOAT16;
-    }
-    if features.contains(F::SUBGROUP) {
-        caps |= C::SUBGROUP;
-    }
-    if features.contains(F::EXPERIMENTAL_COOPERATIVE_MATRIX) {
-        caps |= C::COOPERATIVE_MATRIX;
-    }
-    caps
+    let downlevel = wgpu::DownlevelFlags::SHADER_F16_IN_F32;
+    wgpu_naga_bridge::features_to_naga_capabilities(features, downlevel)
 }
 
 /// A kernel's SPIR-V as naga writes it for one entry point, with its
@@ -278,7 +268,11 @@ pub(crate) fn kernel_spirv(
     let policy = naga::proc::BoundsCheckPolicy::Restrict;
     let options = spv::Options {
         // SPIR-V 1.5 (Vulkan 1.2), as llama.cpp builds its cooperative-matrix
-        // shaders; every device with cooperative matrices has Vulkan 1.2.
+        // shaders (wgpu picks by the device's Vulkan version, which its API
+        // does not show). wgpu offers cooperative matrices where the device
+        // has the Vulkan memory model, core in 1.2; a Vulkan 1.1 device with
+        // it as an extension could refuse this SPIR-V, and would need
+        // `SIEVE_SPIRV=wgpu`. (`all`, for tests, on such a device too.)
         lang_version: (1, 5),
         flags: spv::WriterFlags::empty(),
         fake_missing_bindings: false,

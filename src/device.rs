@@ -363,7 +363,7 @@ impl SpirvPath {
             SpirvPath::Wgpu => false,
             SpirvPath::Coop => {
                 crate::shaders::is_builtin(shader)
-                    && crate::shaders::enables(shader).contains(&"wgpu_cooperative_matrix")
+                    && crate::shaders::uses_cooperative_matrices(shader)
             }
             SpirvPath::All => true,
         }

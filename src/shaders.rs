@@ -264,6 +264,22 @@ pub fn source(shader: &Shader, format: Option<WeightFormat>) -> String {
     )
 }
 
+/// Whether a kernel uses cooperative matrices (tensor cores).
+pub fn uses_cooperative_matrices(shader: &Shader) -> bool {
+    enables(shader).contains(&"wgpu_cooperative_matrix")
+}
+
+/// Every format a kernel can be assembled with by [`source`]: None for a
+/// kernel without a prelude, every weight format for weights, f16 and f32
+/// for the KV cache.
+pub fn formats(shader: &Shader) -> Vec<Option<WeightFormat>> {
+    match shader.prelude {
+        Prelude::None => vec![None],
+        Prelude::Weights => WeightFormat::ALL.iter().copied().map(Some).collect(),
+        Prelude::Kv => vec![Some(WeightFormat::F16), Some(WeightFormat::F32)],
+    }
+}
+
 /// The optional features a kernel's source asks for with `enable`
 /// (`f16`, `subgroups`, `wgpu_cooperative_matrix`).
 pub fn enables(shader: &Shader) -> Vec<&'static str> {

@@ -300,7 +300,7 @@ pub(crate) fn kernel_spirv(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::shaders::{self, WeightFormat};
+    use crate::shaders;
 
     /// The SPIR-V naga writes for every cooperative-matrix kernel, entry
     /// point, weight or cache format and tile width: (name, words).
@@ -314,17 +314,10 @@ mod tests {
     fn modules(coop_only: bool, rewrite: bool) -> Vec<(String, Vec<u32>)> {
         let mut out = vec![];
         for s in shaders::all() {
-            let coop = shaders::enables(s).contains(&"wgpu_cooperative_matrix");
-            if coop_only && !coop {
+            if coop_only && !shaders::uses_cooperative_matrices(s) {
                 continue;
             }
-            let formats: Vec<Option<WeightFormat>> = match s.prelude {
-                shaders::Prelude::None => vec![None],
-                shaders::Prelude::Weights => WeightFormat::ALL.iter().copied().map(Some).collect(),
-                // A cooperative kernel takes only an f16 cache.
-                shaders::Prelude::Kv if coop => vec![Some(WeightFormat::F16)],
-                shaders::Prelude::Kv => vec![Some(WeightFormat::F16), Some(WeightFormat::F32)],
-            };
+            let formats = shaders::formats(s);
             let entries: Vec<String> =
                 naga::front::wgsl::parse_str(&shaders::source(s, formats[0]))
                     .unwrap()

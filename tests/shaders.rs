@@ -8,23 +8,14 @@ use sieve::shaders::{self, WeightFormat};
 fn variants() -> Vec<(String, String, bool)> {
     let mut out = vec![];
     for s in shaders::all() {
-        let coop = shaders::enables(s).contains(&"wgpu_cooperative_matrix");
-        let formats: &[WeightFormat] = match s.prelude {
-            shaders::Prelude::None => &[],
-            // Weights in every format, quantized ones included.
-            shaders::Prelude::Weights => &WeightFormat::ALL,
-            shaders::Prelude::Kv => &[WeightFormat::F16, WeightFormat::F32],
-        };
-        if !formats.is_empty() {
-            for &f in formats {
-                out.push((
-                    format!("{} ({})", s.file, f.name()),
-                    shaders::source(s, Some(f)),
-                    coop,
-                ));
-            }
-        } else {
-            out.push((s.file.to_string(), shaders::source(s, None), coop));
+        let coop = shaders::uses_cooperative_matrices(s);
+        // Weights in every format, quantized ones included.
+        for f in shaders::formats(s) {
+            let name = match f {
+                Some(f) => format!("{} ({})", s.file, f.name()),
+                None => s.file.to_string(),
+            };
+            out.push((name, shaders::source(s, f), coop));
         }
     }
     out

@@ -16,7 +16,7 @@
 //
 // Bindings (group 0): as attention_io.wgsl.
 // Dispatch: (n_chunks of the page, n_kv, 1), as decode_partial.
-// Workgroup memory: 16,448 bytes (attention_decode_io.wgsl).
+// Workgroup memory: 16,384 bytes (attention_decode_io.wgsl).
 
 @compute @workgroup_size(256)
 fn decode_partial(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {

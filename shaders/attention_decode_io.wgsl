@@ -9,12 +9,11 @@
 //   values   lane = (4-value column d, key slice s of 8): each lane sums 32
 //            keys for all heads (the 32 columns of a value row are read by
 //            adjacent lanes), then the 8 slices are added per head.
-// Workgroup memory: 16,448 bytes.
+// Workgroup memory: 16,384 bytes (16 KiB: what WebGPU and Vulkan promise).
 
 var<workgroup> qs: array<vec4<f32>, 256>;  // GMAX * HD4_MAX, scaled queries
 var<workgroup> sc: array<f32, 2048>;       // GMAX * CHUNK scores, then weights
 var<workgroup> red: array<vec4<f32>, 256>; // reduction scratch
-var<workgroup> ml: array<vec2<f32>, GMAX>; // per head (max, sum)
 
 // What a decode workgroup works on: key chunk c of the cache, KV head kvh,
 // for a query that attends slots 0 .. n_keys - 1.
@@ -91,8 +90,11 @@ fn finish_chunk(ch: DecodeChunk, lid: u32) {
         }
         workgroupBarrier();
     }
+    // Each head's (max, sum) goes straight to its partial (lane g < 8 holds
+    // head g's max in m and, after the reduction, its sum in red[g]), so no
+    // workgroup array keeps them: 16 KiB in all, the least any device has.
     if (lid < g_n) {
-        ml[lid] = vec2<f32>(m, red[lid].x);
+        part[part_base(0u, kvh * g_n + lid, c) + hd4] = vec4<f32>(m, red[lid].x, 0.0, 0.0);
     }
     workgroupBarrier();
 
@@ -123,8 +125,5 @@ fn finish_chunk(ch: DecodeChunk, lid: u32) {
             part[part_base(0u, kvh * g_n + h, c) + d] = total;
         }
         workgroupBarrier();
-    }
-    if (lid < g_n) {
-        part[part_base(0u, kvh * g_n + lid, c) + hd4] = vec4<f32>(ml[lid].x, ml[lid].y, 0.0, 0.0);
     }
 }

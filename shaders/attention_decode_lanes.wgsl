@@ -15,7 +15,7 @@
 //
 // Bindings (group 0): as attention_io.wgsl.
 // Dispatch: (n_chunks of the page, n_kv, 1), as decode_partial.
-// Workgroup memory: 16,448 bytes (attention_decode_io.wgsl).
+// Workgroup memory: 16,384 bytes (attention_decode_io.wgsl).
 // Needs the SUBGROUP feature, with subgroups of one size, a power of two
 // of at least 8 lanes, in a workgroup (a lane's number below counts
 // 256 / num_subgroups lanes per subgroup, whatever size the adapter

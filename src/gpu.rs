@@ -4,7 +4,7 @@
 //! (shader, entry point, constants) key and cached. Limits are requested from the
 //! adapter's real limits so that large GPUs are not held to WebGPU defaults, and
 //! every size the engine needs is checked against them before a buffer is made
-//! (wgpu does not check workgroup memory itself, see `check_workgroup_memory`).
+//! (wgpu does not check workgroup memory itself; `Gpu::pipeline` does).
 
 use anyhow::{anyhow, bail, Context, Result};
 use std::collections::HashMap;
@@ -357,6 +357,16 @@ impl Gpu {
             return Ok(p.clone());
         }
         let src = shaders::source(shader, weights);
+        // wgpu does not check workgroup memory against the device's limit
+        // (and some drivers accept more than they report).
+        let bytes = shaders::workgroup_bytes(&src, shader.file, entry, constants)?;
+        let limit = self.limits.max_compute_workgroup_storage_size as u64;
+        if bytes > limit {
+            bail!(
+                "kernel {} entry {entry} needs {bytes} bytes of workgroup memory; this device allows {limit}",
+                shader.file
+            );
+        }
         let (built, err) = self
             .catch_errors(|| self.build_pipeline(shader, &src, &key, entry, constants, builtin));
         if let Some(err) = err {
@@ -565,16 +575,6 @@ impl Gpu {
                 bind_group_layouts: &[Some(&bgl)],
                 immediate_size: 0,
             }))
-    }
-
-    /// wgpu does not check workgroup memory against the device limit (some drivers
-    /// accept more than they report); callers check their kernels here.
-    pub fn check_workgroup_memory(&self, kernel: &str, bytes: u64) -> Result<()> {
-        let limit = self.limits.max_compute_workgroup_storage_size as u64;
-        if bytes > limit {
-            bail!("kernel {kernel} needs {bytes} bytes of workgroup memory; this device allows {limit}");
-        }
-        Ok(())
     }
 
     /// The most bytes of buffers sieve will try to allocate on this device
@@ -908,6 +908,44 @@ mod tests {
         } else {
             assert_eq!(gpu.kernels.spirv, SpirvPath::Wgpu);
         }
+    }
+
+    /// A kernel is refused, with an error naming it, when its workgroup
+    /// memory is past the device's limit (wgpu does not check it); at the
+    /// limit it is built.
+    #[test]
+    fn pipelines_past_the_workgroup_memory_limit_are_refused() {
+        let gpu = crate::kernels::testutil::gpu();
+        let limit = gpu.limits.max_compute_workgroup_storage_size;
+        let kernel = |words: u32| {
+            let body = format!(
+                "var<workgroup> tile: array<u32, {words}>;
+@group(0) @binding(0) var<storage, read_write> out: array<u32>;
+@compute @workgroup_size(64)
+fn main(@builtin(local_invocation_index) i: u32) {{
+    tile[i] = i;
+    workgroupBarrier();
+    out[i] = tile[63u - i] + tile[{words}u - 1u];
+}}"
+            );
+            // (Pipelines are cached by kernel name.)
+            crate::shaders::Shader {
+                name: Box::leak(format!("workgroup-probe-{words}").into_boxed_str()),
+                file: "workgroup_probe.wgsl",
+                body: Box::leak(body.into_boxed_str()),
+                prelude: crate::shaders::Prelude::None,
+                include: "",
+            }
+        };
+        gpu.pipeline(&kernel(limit / 4), None, "main", &[]).unwrap();
+        let e = gpu
+            .pipeline(&kernel(limit / 4 + 1), None, "main", &[])
+            .unwrap_err();
+        let want = format!(
+            "kernel workgroup_probe.wgsl entry main needs {} bytes of workgroup memory; this device allows {limit}",
+            limit + 4
+        );
+        assert!(format!("{e:#}").contains(&want), "{e:#}");
     }
 
     /// A kernel whose SPIR-V sieve writes is refused, with an error naming

@@ -12,6 +12,8 @@
 //! `all()` lists every kernel so that a test can validate each one
 //! with naga and translate it to SPIR-V, MSL and HLSL.
 
+use anyhow::{anyhow, bail, Result};
+
 /// One kernel file.
 #[derive(Debug)]
 pub struct Shader {
@@ -291,6 +293,68 @@ pub fn enables(shader: &Shader) -> Vec<&'static str> {
         .collect()
 }
 
+/// A kernel source (as [`source`] assembles it) parsed and validated by
+/// naga with `capabilities`. `file` names the kernel in errors.
+pub(crate) fn validated_module(
+    src: &str,
+    file: &str,
+    capabilities: naga::valid::Capabilities,
+) -> Result<(naga::Module, naga::valid::ModuleInfo)> {
+    let module = naga::front::wgsl::parse_str(src)
+        .map_err(|e| anyhow!("{file}: {}", e.emit_to_string(src)))?;
+    let info = naga::valid::Validator::new(naga::valid::ValidationFlags::all(), capabilities)
+        .validate(&module)
+        .map_err(|e| anyhow!("{file}: {}", e.emit_to_string(src)))?;
+    Ok((module, info))
+}
+
+/// `entry` (which must exist) of a module from [`validated_module`], with
+/// the override constants applied by naga, which also drops the other
+/// entry points and what only they use.
+pub(crate) fn entry_module(
+    (module, info): &(naga::Module, naga::valid::ModuleInfo),
+    file: &str,
+    entry: &str,
+    constants: &[(&str, f64)],
+) -> Result<(naga::Module, naga::valid::ModuleInfo)> {
+    let constants: naga::back::PipelineConstants =
+        constants.iter().map(|&(k, v)| (k.to_string(), v)).collect();
+    let (module, info) = naga::back::pipeline_constants::process_overrides(
+        module,
+        info,
+        Some((naga::ShaderStage::Compute, entry)),
+        &constants,
+    )
+    .map_err(|e| anyhow!("{file}: override constants: {e}"))?;
+    if !module.entry_points.iter().any(|e| e.name == entry) {
+        bail!("{file}: no entry point {entry}");
+    }
+    Ok((module.into_owned(), info.into_owned()))
+}
+
+/// Bytes of workgroup memory that `entry` of a kernel source (as
+/// [`source`] assembles it) uses with the given override constants: the
+/// sizes naga gives the workgroup variables the entry point uses, summed.
+/// wgpu does not check this against the device's limit, so sieve does,
+/// for every pipeline it builds (`Gpu::pipeline`). `file` names the
+/// kernel in errors.
+pub fn workgroup_bytes(
+    src: &str,
+    file: &str,
+    entry: &str,
+    constants: &[(&str, f64)],
+) -> Result<u64> {
+    let parsed = validated_module(src, file, naga::valid::Capabilities::all())?;
+    // Only what the entry point uses is left.
+    let (module, _) = entry_module(&parsed, file, entry, constants)?;
+    Ok(module
+        .global_variables
+        .iter()
+        .filter(|(_, v)| v.space == naga::AddressSpace::WorkGroup)
+        .map(|(_, v)| module.types[v.ty].inner.size(module.to_ctx()) as u64)
+        .sum())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -310,5 +374,43 @@ mod tests {
             ..MATMUL_TILED
         };
         assert!(!is_builtin(&foreign_include));
+    }
+
+    /// Workgroup memory as naga lays it out, per entry point and with the
+    /// override constants applied: the figures the kernels' headers give.
+    #[test]
+    fn workgroup_bytes_count_what_an_entry_point_uses() {
+        let bytes = |shader: &Shader, format, entry, constants: &[(&str, f64)]| {
+            workgroup_bytes(&source(shader, format), shader.file, entry, constants).unwrap()
+        };
+        let (f16, q4) = (Some(WeightFormat::F16), Some(WeightFormat::Q4_0));
+        // The `gpu` decode attentions: 16 KiB, what every device has.
+        for shader in [&ATTENTION_DECODE, &ATTENTION_DECODE_LANES] {
+            assert_eq!(
+                bytes(shader, f16, "decode_partial", &[("GROUP", 4.0)]),
+                16384
+            );
+        }
+        // attention.wgsl: the decode entry uses its workgroup arrays, the
+        // prefill entry (one query per lane) none.
+        assert_eq!(
+            bytes(&ATTENTION, f16, "decode_partial", &[]),
+            4096 + 8192 + 64
+        );
+        assert_eq!(bytes(&ATTENTION, f16, "prefill_partial", &[]), 0);
+        // Sized by override constants.
+        let staged = |wide| bytes(&MATMUL_COOP_STAGED, q4, "matmul", &[("WIDE", wide)]);
+        assert_eq!((staged(1.0), staged(2.0)), (16384, 20480));
+        let lanes = |l: f64, r: f64| {
+            bytes(
+                &MATVEC_WORKGROUP,
+                f16,
+                "matvec",
+                &[("LANES", l), ("ROWS", r)],
+            )
+        };
+        assert_eq!((lanes(64.0, 2.0), lanes(256.0, 8.0)), (512, 8192));
+        let e = workgroup_bytes(&source(&ATTENTION, f16), "attention.wgsl", "nope", &[]);
+        assert!(format!("{:#}", e.unwrap_err()).contains("attention.wgsl: no entry point nope"));
     }
 }

@@ -216,18 +216,12 @@ pub(crate) fn kernel_spirv(
     features: wgpu::Features,
 ) -> Result<(Vec<u32>, [u32; 3])> {
     use naga::back::spv;
-    let module = naga::front::wgsl::parse_str(src)
-        .map_err(|e| anyhow!("{file}: {}", e.emit_to_string(src)))?;
-    let info = naga::valid::Validator::new(
-        naga::valid::ValidationFlags::all(),
-        naga_capabilities(features),
-    )
-    .validate(&module)
-    .map_err(|e| anyhow!("{file}: {}", e.emit_to_string(src)))?;
+    let parsed = crate::shaders::validated_module(src, file, naga_capabilities(features))?;
     // wgpu numbers a layout's bindings 0, 1, 2, ... in the order of their
     // WGSL numbers (`Gpu::layout_for` declares every one the kernel does),
     // and tells naga so; a module wgpu does not write must say the same.
-    let mut bindings: Vec<u32> = module
+    let mut bindings: Vec<u32> = parsed
+        .0
         .global_variables
         .iter()
         .filter_map(|(_, v)| v.binding.as_ref())
@@ -249,22 +243,14 @@ pub(crate) fn kernel_spirv(
             (naga::ResourceBinding { group: 0, binding }, info)
         })
         .collect();
-    let constants: naga::back::PipelineConstants =
-        constants.iter().map(|&(k, v)| (k.to_string(), v)).collect();
     let stage = naga::ShaderStage::Compute;
-    let (module, info) = naga::back::pipeline_constants::process_overrides(
-        &module,
-        &info,
-        Some((stage, entry)),
-        &constants,
-    )
-    .map_err(|e| anyhow!("{file}: override constants: {e}"))?;
+    let (module, info) = crate::shaders::entry_module(&parsed, file, entry, constants)?;
     let workgroup_size = module
         .entry_points
         .iter()
         .find(|e| e.name == entry)
         .map(|e| e.workgroup_size)
-        .ok_or_else(|| anyhow!("{file}: no entry point {entry}"))?;
+        .expect("entry_module checks it");
     let policy = naga::proc::BoundsCheckPolicy::Restrict;
     let options = spv::Options {
         // SPIR-V 1.5 (Vulkan 1.2), as llama.cpp builds its cooperative-matrix

@@ -8,6 +8,7 @@ use sieve::kernels::sample::SamplingParams;
 use sieve::model::{LoadOptions, Model};
 use sieve::session::{GenerateOptions, Session, SessionOptions, StopReason, SubmitAhead};
 use sieve::tokenizer::Tokenizer;
+use sieve::KernelSet;
 use std::sync::Arc;
 
 fn session() -> Session {
@@ -473,17 +474,28 @@ fn an_application_device_is_shared() {
     let dir = golden_dir().join("tiny-llama-gqa");
     let model = Model::load_on(gpu, &dir, &LoadOptions::default()).unwrap();
     let tok = Arc::new(Tokenizer::load(&golden_dir().join("smollm2-135m"), &[]).unwrap());
-    let mut shared = Session::new(model, tok, SessionOptions::default()).unwrap();
+    let mut shared = Session::new(model, tok.clone(), SessionOptions::default()).unwrap();
     let opts = GenerateOptions {
         max_new_tokens: 12,
         stop_at_eos: false,
         ..Default::default()
     };
     let got = shared.generate(&PROMPT, &opts, |_| true).unwrap().ids;
-    assert_eq!(
-        got,
-        session().generate(&PROMPT, &opts, |_| true).unwrap().ids
-    );
+    let want = session().generate(&PROMPT, &opts, |_| true).unwrap().ids;
+    assert_eq!(got, want);
+    // wgpu's default limits (what an application that asks for nothing
+    // gets; WebGPU's: 16 KiB of workgroup memory, the least any Vulkan,
+    // Metal or DX12 device has): every kernel set runs there and gives the
+    // same tokens.
+    for set in [KernelSet::Cpu, KernelSet::Gpu, KernelSet::Tuned] {
+        let (device, queue) = open(wgpu::Limits::default());
+        let gpu = sieve::gpu::Gpu::from_wgpu(&adapter, device, queue, Some(set)).unwrap();
+        let model = Model::load_on(gpu, &dir, &LoadOptions::default())
+            .unwrap_or_else(|e| panic!("{set:?} kernels on wgpu's default limits: {e:#}"));
+        let mut s = Session::new(model, tok.clone(), SessionOptions::default()).unwrap();
+        let got = s.generate(&PROMPT, &opts, |_| true).unwrap().ids;
+        assert_eq!(got, want, "{set:?} kernels on wgpu's default limits");
+    }
 }
 
 /// A session whose tokenizer also ends a generation at `eos` (a token the

@@ -280,18 +280,11 @@ fn decode_pipeline(
     let kv = Some(heads.kv_format);
     let [group] = group_constant(heads);
     let [hd4] = head_dim_constant(heads);
-    let (shader, workgroup_bytes, constants) = match variant {
-        AttnDecodeVariant::Serial => (
-            &shaders::ATTENTION,
-            256 * 16 + 2048 * 4 + 8 * 8,
-            vec![group],
-        ),
-        AttnDecodeVariant::Parallel => (&shaders::ATTENTION_DECODE, 16448, vec![group]),
-        AttnDecodeVariant::LanesPerKey => {
-            (&shaders::ATTENTION_DECODE_LANES, 16448, vec![group, hd4])
-        }
+    let (shader, constants) = match variant {
+        AttnDecodeVariant::Serial => (&shaders::ATTENTION, vec![group]),
+        AttnDecodeVariant::Parallel => (&shaders::ATTENTION_DECODE, vec![group]),
+        AttnDecodeVariant::LanesPerKey => (&shaders::ATTENTION_DECODE_LANES, vec![group, hd4]),
     };
-    gpu.check_workgroup_memory(&format!("{} decode_partial", shader.name), workgroup_bytes)?;
     gpu.pipeline(shader, kv, "decode_partial", &constants)
 }
 
@@ -303,9 +296,9 @@ fn prefill_pipeline(
     heads: Heads,
     entry: &str,
 ) -> Result<Arc<wgpu::ComputePipeline>> {
-    let (shader, workgroup_bytes) = match variant {
-        AttnPrefillVariant::RowPerLane => (&shaders::ATTENTION, 0),
-        AttnPrefillVariant::Tiled => (&shaders::ATTENTION_PREFILL, 16384),
+    let shader = match variant {
+        AttnPrefillVariant::RowPerLane => &shaders::ATTENTION,
+        AttnPrefillVariant::Tiled => &shaders::ATTENTION_PREFILL,
         AttnPrefillVariant::Coop => {
             anyhow::ensure!(
                 heads.head_dim.is_multiple_of(16) && heads.kv_format == WeightFormat::F16,
@@ -313,10 +306,9 @@ fn prefill_pipeline(
                 heads.head_dim,
                 heads.kv_format.name()
             );
-            (&shaders::ATTENTION_PREFILL_COOP, 31232)
+            &shaders::ATTENTION_PREFILL_COOP
         }
     };
-    gpu.check_workgroup_memory(shader.name, workgroup_bytes)?;
     let constants = prefill_constants(gpu, variant, heads);
     gpu.pipeline(shader, Some(heads.kv_format), entry, &constants)
 }

@@ -132,20 +132,19 @@ fn matmul_pipeline(
     format: WeightFormat,
 ) -> Result<Arc<wgpu::ComputePipeline>> {
     let (shader, entry) = matmul_kernel(v);
-    gpu.pipeline(shader, Some(format), entry, &matmul_constants(gpu, v)?)
+    gpu.pipeline(shader, Some(format), entry, &matmul_constants(gpu, v))
 }
 
 /// A mat-mul variant's override constants: the cooperative ones are sized
 /// in subgroups of the device's one subgroup size, the tiled and staged ones
 /// take their tile width.
-fn matmul_constants(gpu: &Gpu, v: MatmulVariant) -> Result<Vec<(&'static str, f64)>> {
-    Ok(match v {
+fn matmul_constants(gpu: &Gpu, v: MatmulVariant) -> Vec<(&'static str, f64)> {
+    match v {
         MatmulVariant::Coop => vec![("SUBGROUP_SIZE", gpu.profile.subgroup_max as f64)],
         MatmulVariant::CoopStaged | MatmulVariant::CoopStagedWide => {
+            // WIDE = 2: a 128-token x slice, 20 KiB in all, past the 16 KiB
+            // some devices have (`Gpu::pipeline` checks).
             let wide = if v == MatmulVariant::CoopStagedWide {
-                // The 128-token x slice: 20 KiB in all, past the 16 KiB a
-                // downlevel device may have.
-                gpu.check_workgroup_memory("matmul_coop_staged (WIDE = 2)", 20480)?;
                 2.0
             } else {
                 1.0
@@ -156,13 +155,9 @@ fn matmul_constants(gpu: &Gpu, v: MatmulVariant) -> Result<Vec<(&'static str, f6
             ]
         }
         MatmulVariant::Tiled => vec![("WIDE", 1.0)],
-        MatmulVariant::TiledWide => {
-            // Two 512-vec4 tiles: the 16 KiB a downlevel device may lack.
-            gpu.check_workgroup_memory("matmul_tiled (WIDE = 2)", 2 * 512 * 16)?;
-            vec![("WIDE", 2.0)]
-        }
+        MatmulVariant::TiledWide => vec![("WIDE", 2.0)],
         MatmulVariant::Blocked4x4 => vec![],
-    })
+    }
 }
 
 /// The workgroups a mat-vec variant is dispatched with for `rows` rows of
@@ -1191,7 +1186,7 @@ mod tests {
                 ..*shader
             };
             let fmt = (shader.prelude == shaders::Prelude::Weights).then_some(format);
-            let constants = matmul_constants(&gpu, variant).unwrap();
+            let constants = matmul_constants(&gpu, variant);
             let pipeline = gpu.pipeline(&emulated, fmt, "matmul", &constants).unwrap();
             let m = GpuMatrix::new(&gpu, "w", rows, cols, format).unwrap();
             assert_eq!(variant.for_part(format, rows, cols), variant);

@@ -92,7 +92,7 @@ fn finish_chunk(ch: DecodeChunk, lid: u32) {
     }
     // Each head's (max, sum) goes straight to its partial (lane g < 8 holds
     // head g's max in m and, after the reduction, its sum in red[g]), so no
-    // workgroup array keeps them: 16 KiB in all, the least any device has.
+    // workgroup array keeps them: 16 KiB in all, what Vulkan and WebGPU promise.
     if (lid < g_n) {
         part[part_base(0u, kvh * g_n + lid, c) + hd4] = vec4<f32>(m, red[lid].x, 0.0, 0.0);
     }

@@ -334,7 +334,8 @@ pub(crate) fn entry_module(
 
 /// Bytes of workgroup memory that `entry` of a kernel source (as
 /// [`source`] assembles it) uses with the given override constants: the
-/// sizes naga gives the workgroup variables the entry point uses, summed.
+/// sizes naga gives the workgroup variables the entry point uses, each
+/// rounded up to 16 bytes, summed.
 /// wgpu does not check this against the device's limit, so sieve does,
 /// for every pipeline it builds (`Gpu::pipeline`). `file` names the
 /// kernel in errors.
@@ -345,13 +346,16 @@ pub fn workgroup_bytes(
     constants: &[(&str, f64)],
 ) -> Result<u64> {
     let parsed = validated_module(src, file, naga::valid::Capabilities::all())?;
-    // Only what the entry point uses is left.
-    let (module, _) = entry_module(&parsed, file, entry, constants)?;
+    let (module, info) = entry_module(&parsed, file, entry, constants)?;
+    let index = module.entry_points.iter().position(|e| e.name == entry);
+    let uses = info.get_entry_point(index.expect("entry_module checks it"));
+    // Each variable rounded up to 16 bytes, as WebGPU counts them (a
+    // driver may pad scalars beside vectors as much).
     Ok(module
         .global_variables
         .iter()
-        .filter(|(_, v)| v.space == naga::AddressSpace::WorkGroup)
-        .map(|(_, v)| module.types[v.ty].inner.size(module.to_ctx()) as u64)
+        .filter(|(h, v)| v.space == naga::AddressSpace::WorkGroup && !uses[*h].is_empty())
+        .map(|(_, v)| (module.types[v.ty].inner.size(module.to_ctx()) as u64).next_multiple_of(16))
         .sum())
 }
 
@@ -384,7 +388,7 @@ mod tests {
             workgroup_bytes(&source(shader, format), shader.file, entry, constants).unwrap()
         };
         let (f16, q4) = (Some(WeightFormat::F16), Some(WeightFormat::Q4_0));
-        // The `gpu` decode attentions: 16 KiB, what every device has.
+        // The `gpu` decode attentions: 16 KiB, what Vulkan and WebGPU promise.
         for shader in [&ATTENTION_DECODE, &ATTENTION_DECODE_LANES] {
             assert_eq!(
                 bytes(shader, f16, "decode_partial", &[("GROUP", 4.0)]),
@@ -410,6 +414,23 @@ mod tests {
             )
         };
         assert_eq!((lanes(64.0, 2.0), lanes(256.0, 8.0)), (512, 8192));
+        // Variables rounded up to 16 bytes each, unused ones not counted.
+        let src = "var<workgroup> a: u32;
+var<workgroup> b: array<vec4<f32>, 4>;
+var<workgroup> unused: array<f32, 1000>;
+@group(0) @binding(0) var<storage, read_write> out: array<u32>;
+@compute @workgroup_size(4)
+fn main(@builtin(local_invocation_index) i: u32) {
+    a = i;
+    b[i] = vec4<f32>(1.0);
+    workgroupBarrier();
+    out[i] = a + u32(b[3u - i].x);
+}
+fn other() { unused[0] = 1.0; }";
+        assert_eq!(
+            workgroup_bytes(src, "probe.wgsl", "main", &[]).unwrap(),
+            16 + 64
+        );
         let e = workgroup_bytes(&source(&ATTENTION, f16), "attention.wgsl", "nope", &[]);
         assert!(format!("{:#}", e.unwrap_err()).contains("attention.wgsl: no entry point nope"));
     }

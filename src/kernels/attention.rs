@@ -870,17 +870,24 @@ mod tests {
     /// Whether the device's subgroups take the LanesPerKey decode; where
     /// not, a note says that it is not run (on subgroups of 4 its shuffles
     /// would read lanes outside the subgroup: undefined, whatever a
-    /// driver happens to return).
+    /// driver happens to return). A device with subgroups of 8 lanes or
+    /// more (lavapipe's by default) must take it: there the rule or the
+    /// start-up check dropping it is a failure, not a reason to skip.
     fn lanes_per_key_runs_here(gpu: &Gpu) -> bool {
-        let can = gpu.kernels.attn_decode_lanes;
-        if !can {
-            let p = &gpu.profile;
+        let p = &gpu.profile;
+        let subgroups_take_it = p.subgroups && p.subgroup_min >= 8;
+        assert_eq!(
+            gpu.kernels.attn_decode_lanes, subgroups_take_it,
+            "LanesPerKey decode on {} (subgroups of {}..{} lanes)",
+            gpu.info.name, p.subgroup_min, p.subgroup_max
+        );
+        if !subgroups_take_it {
             eprintln!(
                 "note: {} has subgroups of {}..{} lanes; the LanesPerKey decode (8 lanes a key) is not run",
                 gpu.info.name, p.subgroup_min, p.subgroup_max
             );
         }
-        can
+        subgroups_take_it
     }
 
     #[test]

@@ -106,7 +106,7 @@ SIEVE_SPIRV=wgpu "$bin" info 2>&1 | grep -E '^kernels|^warning' |
 # every kernel set on the tiny golden models.
 if [ -n "$from" ] && [ -x "$from/bin/sieve-lib-tests" ]; then
     echo "== kernel tests on this device"
-    timeout 120 "$from/bin/sieve-lib-tests" --test-threads 1 kernels:: device:: spirv:: 2>&1 |
+    timeout 150 "$from/bin/sieve-lib-tests" --test-threads 1 kernels:: device:: spirv:: gpu:: shaders:: 2>&1 |
         grep -E '^test |test result|panicked|note:' | tee "$out/kernel-tests.txt"
     echo "== the mat-mul and attention kernel tests again with wgpu's own SPIR-V (SIEVE_SPIRV=wgpu)"
     SIEVE_SPIRV=wgpu timeout 90 "$from/bin/sieve-lib-tests" --test-threads 1 kernels::matmul kernels::attention 2>&1 |

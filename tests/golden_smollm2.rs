@@ -14,6 +14,14 @@
 //! Greedy tokens are compared by teacher forcing (prefill prompt + greedy ids
 //! once, compare the argmax at every step), skipping steps whose reference
 //! top-1/top-2 margin is below 10x the logit tolerance.
+//!
+//! All six prompts run with f32 weights, the central check; every other
+//! configuration (f16 weights, an f16 cache, the `gpu` kernels, the GGUF
+//! loaded as it is) takes one or two of them. On lavapipe a token of this
+//! model costs about 0.3 s on a slow CI machine (0.8 s with the `gpu`
+//! kernels), and what those configurations change is checked kernel by
+//! kernel on awkward shapes in the kernel tests and on the tiny models in
+//! golden_tiny.rs.
 
 mod common;
 use common::*;
@@ -286,20 +294,20 @@ fn f32_logits_and_greedy_match() {
 
 #[test]
 fn f16_logits_and_greedy_match() {
-    check_logits(OutDtype::F16, 0.1, &ALL[..3]);
+    check_logits(OutDtype::F16, 0.1, &ALL[..2]);
 }
 
 /// f32 weights with an f16 KV cache: the error of storing keys and values in
 /// f16 alone (measured: logits max |d| 1.0e-2 to 3.6e-2 over the six prompts,
-/// about what f16 weights cost).
+/// about what f16 weights cost). A chat prompt and a 116-token one here.
 #[test]
 fn f16_kv_cache_logits_and_greedy_match() {
-    check_logits_kv(OutDtype::F32, WeightFormat::F16, 0.06, &ALL);
+    check_logits_kv(OutDtype::F32, WeightFormat::F16, 0.06, &[ALL[1], ALL[4]]);
 }
 
 /// The `gpu` kernel set (its fixed rules; `auto` picks it, timed, on a GPU): f32
 /// weights at the f32 tolerance, f16 weights with an f16 cache at the f16
-/// tolerances.
+/// tolerances, a prompt each.
 #[test]
 fn gpu_kernels_logits_and_greedy_match() {
     let gpu = Some(KernelSet::Gpu);
@@ -307,10 +315,10 @@ fn gpu_kernels_logits_and_greedy_match() {
         return;
     };
     assert_eq!(m.gpu.kernels.set, KernelSet::Gpu);
-    check_logits_on(&m, 2e-3, &ALL[..3]);
+    check_logits_on(&m, 2e-3, &ALL[1..2]);
     drop(m);
     let m = model_with(OutDtype::F16, WeightFormat::F16, gpu).unwrap();
-    check_logits_on(&m, 0.1, &ALL[3..5]);
+    check_logits_on(&m, 0.1, &ALL[3..4]);
 }
 
 #[test]
@@ -390,7 +398,7 @@ fn quantized_gguf_loaded_directly_matches() {
     let Some(gguf) = gguf_path() else {
         return;
     };
-    for (kernels, files) in [(KernelSet::Cpu, &ALL[3..]), (KernelSet::Gpu, &ALL[..3])] {
+    for (kernels, files) in [(KernelSet::Cpu, &ALL[3..4]), (KernelSet::Gpu, &ALL[..1])] {
         let opts = LoadOptions {
             gpu: GpuOptions {
                 kernels: Some(kernels),

@@ -17,9 +17,10 @@
 //!
 //! All six prompts run with f32 weights, the central check; every other
 //! configuration (f16 weights, an f16 cache, the `gpu` kernels, the GGUF
-//! loaded as it is) takes one or two of them. On lavapipe a token of this
-//! model costs about 0.3 s on a slow CI machine (0.8 s with the `gpu`
-//! kernels), and what those configurations change is checked kernel by
+//! loaded as it is) takes one or two of them. On lavapipe on a slow machine
+//! a token of this model cost about 0.3 s (0.8 s with the `gpu` kernels;
+//! BENCHMARKS.md, "Test and CI time"), and what those configurations
+//! change is checked kernel by
 //! kernel on awkward shapes in the kernel tests and on the tiny models in
 //! golden_tiny.rs.
 

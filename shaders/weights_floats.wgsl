@@ -1,6 +1,7 @@
 // weights_floats.wgsl: `dot32` for the float weight formats (appended to
 // weights_f16.wgsl and weights_f32.wgsl; see src/shaders.rs): there is no
-// block scale to factor out, so it is eight `weight4` dot products.
+// block scale to factor out, so it is eight `weight4` dot products, read two
+// at a time (`weight8`: one texel of f16 weights in a texture).
 
 // Not a block format: the `gpu` mat-vec reads one packed word per lane and
 // step (matvec_rows.wgsl).
@@ -9,8 +10,9 @@ const QUANTIZED: bool = false;
 fn dot32(g: u32, xs: array<vec4<f32>, 8>, sx: vec2<f32>) -> f32 {
     var xv = xs;
     var s = 0.0;
-    for (var i = 0u; i < 8u; i++) {
-        s += dot(weight4(g + i), xv[i]);
+    for (var i = 0u; i < 8u; i += 2u) {
+        let v = weight8(g + i);
+        s += dot(v[0], xv[i]) + dot(v[1], xv[i + 1u]);
     }
     return s;
 }

@@ -1,17 +1,17 @@
-// weights_q4_k.wgsl: weight-format prelude for Q4_K (binding 2 `w` and
-// `weight4(g)`, as in weights_f16.wgsl; layouts in src/quant.rs).
+// weights_q4_k.wgsl: weight-format prelude for Q4_K (its words through
+// `w_at`, and `weight4(g)`, as in weights_f16.wgsl; layouts in src/quant.rs).
 // Super-blocks of 256 values in 36 words: word 0 holds d (low half) and dmin
 // (high half) as f16, words 1..3 the 12 bytes of 6-bit scales and mins of
 // the eight sub-blocks of 32 (packed as llama.cpp's get_scale_min_k4 reads
 // them), words 4..35 the 4-bit quants, value 8i + n in nibble n of word
 // 4 + i. x = d * scale * q - dmin * min.
-@group(0) @binding(2) var<storage, read> w: array<u32>;
+alias WWord = u32;
 
 fn weight4(g: u32) -> vec4<f32> {
     let base = (g >> 6u) * 36u;
     let j = g & 63u;
     let sm = k_scale_min(base, j >> 3u);
-    let lo = w[base + 4u + (j >> 1u)] >> ((j & 1u) * 16u);
+    let lo = w_at(base + 4u + (j >> 1u)) >> ((j & 1u) * 16u);
     let q = fields4(lo, 4u);
     return vec4<f32>(q) * sm.x - sm.y;
 }

@@ -1,20 +1,20 @@
-// weights_q6_k.wgsl: weight-format prelude for Q6_K (binding 2 `w` and
-// `weight4(g)`, as in weights_f16.wgsl; layouts in src/quant.rs).
+// weights_q6_k.wgsl: weight-format prelude for Q6_K (its words through
+// `w_at`, and `weight4(g)`, as in weights_f16.wgsl; layouts in src/quant.rs).
 // Super-blocks of 256 values in 53 words: word 0 holds d (f16, low half),
 // words 1..4 the signed 8-bit scales of the 16 groups of 16 values (group s
 // in byte s % 4 of word 1 + s / 4), words 5..36 the low four bits (value
 // 8i + n in nibble n of word 5 + i), words 37..52 the high two bits (value
 // 16i + n in bits 2n of word 37 + i). x = d * scale * (q - 32).
-@group(0) @binding(2) var<storage, read> w: array<u32>;
+alias WWord = u32;
 
 fn weight4(g: u32) -> vec4<f32> {
     let base = (g >> 6u) * 53u;
     let j = g & 63u;
-    let d = unpack2x16float(w[base]).x;
+    let d = unpack2x16float(w_at(base)).x;
     let s = j >> 2u;
-    let sc = bitcast<i32>(w[base + 1u + (s >> 2u)] << (24u - (s & 3u) * 8u)) >> 24u;
-    let lo = w[base + 5u + (j >> 1u)] >> ((j & 1u) * 16u);
-    let hi = w[base + 37u + (j >> 2u)] >> ((j & 3u) * 8u);
+    let sc = bitcast<i32>(w_at(base + 1u + (s >> 2u)) << (24u - (s & 3u) * 8u)) >> 24u;
+    let lo = w_at(base + 5u + (j >> 1u)) >> ((j & 1u) * 16u);
+    let hi = w_at(base + 37u + (j >> 2u)) >> ((j & 3u) * 8u);
     let q = fields4(lo, 4u);
     let h = fields4(hi, 2u) << vec4<u32>(4u);
     return d * f32(sc) * (vec4<f32>(q | h) - 32.0);
@@ -24,15 +24,15 @@ fn dot32(g: u32, xs: array<vec4<f32>, 8>, sx: vec2<f32>) -> f32 {
     let base = (g >> 6u) * 53u;
     let j = (g >> 3u) & 7u;
     // Chunk j is groups 2j and 2j + 1 of 16 values, one scale each.
-    let scales = signed_bytes(w[base + 1u + (j >> 1u)]);
+    let scales = signed_bytes(w_at(base + 1u + (j >> 1u)));
     var xv = xs;
     var s = vec2<f32>(0.0);
     for (var m = 0u; m < 8u; m++) {
-        let lo = w[base + 5u + 4u * j + (m >> 1u)] >> ((m & 1u) * 16u);
-        let hi = w[base + 37u + 2u * j + (m >> 2u)] >> ((m & 3u) * 8u);
+        let lo = w_at(base + 5u + 4u * j + (m >> 1u)) >> ((m & 1u) * 16u);
+        let hi = w_at(base + 37u + 2u * j + (m >> 2u)) >> ((m & 3u) * 8u);
         let q = fields4(lo, 4u) | (fields4(hi, 2u) << vec4<u32>(4u));
         s[m >> 2u] += dot(vec4<f32>(q), xv[m]);
     }
     let sc = select(scales.xy, scales.zw, (j & 1u) == 1u);
-    return unpack2x16float(w[base]).x * dot(sc, s - 32.0 * sx);
+    return unpack2x16float(w_at(base)).x * dot(sc, s - 32.0 * sx);
 }

@@ -16,6 +16,8 @@
 
 use anyhow::{bail, Result};
 
+use crate::shaders::WeightStore;
+
 /// Which kernel set to use: `--kernels` or `SIEVE_KERNELS`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum KernelSet {
@@ -326,6 +328,10 @@ pub struct KernelVariants {
     pub bounded_loops: bool,
     /// Who writes the SPIR-V of the kernels that a Vulkan driver gets.
     pub spirv: SpirvPath,
+    /// Where weight matrices live: textures for the `cpu` set (lavapipe
+    /// fetches texels with vector code and loads storage buffers one lane
+    /// at a time), buffers for the others; `SIEVE_WEIGHTS` overrides it.
+    pub weight_store: WeightStore,
 }
 
 /// Who writes the SPIR-V a Vulkan driver gets (`SIEVE_SPIRV`: `wgpu`,
@@ -392,6 +398,7 @@ impl KernelVariants {
                 attn_prefill_coop: false,
                 bounded_loops: true,
                 spirv: SpirvPath::Wgpu,
+                weight_store: WeightStore::Texture,
             },
             KernelSet::Gpu | KernelSet::Tuned => {
                 // The cooperative GEMMs size their workgroups in subgroups
@@ -429,6 +436,7 @@ impl KernelVariants {
                     attn_prefill_coop: matmul == MatmulVariant::Coop && set == KernelSet::Tuned,
                     bounded_loops: true,
                     spirv: SpirvPath::Wgpu,
+                    weight_store: WeightStore::Buffer,
                 }
             }
         }
@@ -619,9 +627,10 @@ impl KernelVariants {
                 .collect(),
         );
         format!(
-            "{} (mat-vec {matvec}, mat-mul {:?}{blocks}{timed}, decode attention {decode}, prefill attention {prefill}{loops}{spirv})",
+            "{} (mat-vec {matvec}, mat-mul {:?}{blocks}{timed}, decode attention {decode}, prefill attention {prefill}, weights in {}s{loops}{spirv})",
             self.set.name(),
             self.matmul,
+            self.weight_store.name(),
         )
     }
 }

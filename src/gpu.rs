@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex};
 use crate::device::{
     has_coop_f16_16x16, DeviceProfile, KernelSet, KernelVariants, MatmulVariant, SpirvPath,
 };
-use crate::shaders;
+use crate::shaders::{self, WeightStore};
 
 /// How to choose the adapter. Both fields can also come from the environment:
 /// `SIEVE_BACKEND` (vulkan, metal, dx12, gl) and `SIEVE_ADAPTER` (a substring of
@@ -205,6 +205,19 @@ impl Gpu {
         let profile = DeviceProfile::new(&info, features, &limits);
         let mut kernels = KernelVariants::select(&profile, kernel_set);
         kernels.bounded_loops = std::env::var("SIEVE_LOOP_BOUNDING").map_or(true, |v| v != "0");
+        if let Some(store) = WeightStore::from_env()? {
+            kernels.weight_store = store;
+        }
+        // The direct cooperative GEMM loads f16 weights from a buffer; with
+        // weights in textures (`SIEVE_WEIGHTS=texture` on such a device) the
+        // tiled kernel takes its place, as where the device has no
+        // cooperative matrices.
+        if kernels.weight_store == WeightStore::Texture && kernels.matmul == MatmulVariant::Coop {
+            kernels.matmul = MatmulVariant::Tiled;
+            kernels.coop_staged = false;
+            kernels.coop_staged_f16 = false;
+            kernels.coop_staged_wide = false;
+        }
         // sieve writes SPIR-V itself only where the driver takes it as it is.
         let spirv = SpirvPath::from_env()?;
         let passthrough = features.contains(wgpu::Features::PASSTHROUGH_SHADERS)
@@ -349,14 +362,15 @@ impl Gpu {
         // launchers use, and others of the same name, are cached apart (the
         // former may be compiled without loop counters).
         let builtin = shaders::is_builtin(shader) && self.constants_in_range(constants);
+        let store = self.kernels.weight_store;
         let key = format!(
-            "{}:{builtin}:{:?}:{}:{:?}",
+            "{}:{builtin}:{:?}:{store:?}:{}:{:?}",
             shader.name, weights, entry, constants
         );
         if let Some(p) = self.pipelines.lock().unwrap().get(&key) {
             return Ok(p.clone());
         }
-        let src = shaders::source(shader, weights);
+        let src = shaders::source(shader, weights, store);
         // wgpu does not check workgroup memory against the device's limit
         // (and some drivers accept more than they report).
         let bytes = shaders::workgroup_bytes(&src, shader.file, entry, constants)?;
@@ -543,21 +557,45 @@ impl Gpu {
             if binding.group != 0 {
                 bail!("{file}: only bind group 0 is used by sieve's kernels");
             }
+            let buffer = |ty| wgpu::BindingType::Buffer {
+                ty,
+                has_dynamic_offset: false,
+                min_binding_size: None,
+            };
             let ty = match var.space {
-                naga::AddressSpace::Uniform => wgpu::BufferBindingType::Uniform,
-                naga::AddressSpace::Storage { access } => wgpu::BufferBindingType::Storage {
-                    read_only: !access.contains(naga::StorageAccess::STORE),
-                },
-                other => bail!("{file}: unsupported binding address space {other:?}"),
+                naga::AddressSpace::Uniform => buffer(wgpu::BufferBindingType::Uniform),
+                naga::AddressSpace::Storage { access } => {
+                    buffer(wgpu::BufferBindingType::Storage {
+                        read_only: !access.contains(naga::StorageAccess::STORE),
+                    })
+                }
+                // The one texture sieve binds: weights in a texture_2d<u32>
+                // (shaders/weights_texture.wgsl).
+                naga::AddressSpace::Handle
+                    if matches!(
+                        module.types[var.ty].inner,
+                        naga::TypeInner::Image {
+                            dim: naga::ImageDimension::D2,
+                            arrayed: false,
+                            class: naga::ImageClass::Sampled {
+                                kind: naga::ScalarKind::Uint,
+                                multi: false
+                            },
+                        }
+                    ) =>
+                {
+                    wgpu::BindingType::Texture {
+                        sample_type: wgpu::TextureSampleType::Uint,
+                        view_dimension: wgpu::TextureViewDimension::D2,
+                        multisampled: false,
+                    }
+                }
+                other => bail!("{file}: unsupported binding {other:?}"),
             };
             entries.push(wgpu::BindGroupLayoutEntry {
                 binding: binding.binding,
                 visibility: wgpu::ShaderStages::COMPUTE,
-                ty: wgpu::BindingType::Buffer {
-                    ty,
-                    has_dynamic_offset: false,
-                    min_binding_size: None,
-                },
+                ty,
                 count: None,
             });
         }
@@ -606,6 +644,20 @@ impl Gpu {
             );
         }
         Ok(())
+    }
+
+    /// The most bytes one row part of a weight matrix may hold: a storage
+    /// binding, or for weights in textures also the largest texture of
+    /// `WEIGHT_TEXTURE_WIDTH` texels per row.
+    pub fn max_weight_part(&self) -> u64 {
+        match self.kernels.weight_store {
+            WeightStore::Buffer => self.max_binding,
+            WeightStore::Texture => self.max_binding.min(
+                crate::weights::WEIGHT_TEXTURE_WIDTH as u64
+                    * self.limits.max_texture_dimension_2d as u64
+                    * 16,
+            ),
+        }
     }
 
     /// A zero-initialised storage buffer (at least 16 bytes, so that empty tensors bind).
@@ -660,13 +712,39 @@ impl Gpu {
         pipeline: &wgpu::ComputePipeline,
         buffers: &[&wgpu::Buffer],
     ) -> wgpu::BindGroup {
+        let resources: Vec<_> = buffers.iter().map(|b| b.as_entire_binding()).collect();
+        self.bind_group_of(pipeline, &resources)
+    }
+
+    /// Bind group for group 0 of a weight-reading kernel: bindings 0 and 1
+    /// are `head`, binding 2 the weight part (a buffer or a texture), and
+    /// bindings 3, 4, ... `rest`.
+    pub fn bind_group_with_weights(
+        &self,
+        pipeline: &wgpu::ComputePipeline,
+        head: [&wgpu::Buffer; 2],
+        w: &crate::weights::MatrixPart,
+        rest: &[&wgpu::Buffer],
+    ) -> wgpu::BindGroup {
+        let mut resources: Vec<_> = head.iter().map(|b| b.as_entire_binding()).collect();
+        resources.push(w.binding(self));
+        resources.extend(rest.iter().map(|b| b.as_entire_binding()));
+        self.bind_group_of(pipeline, &resources)
+    }
+
+    /// Bind group for group 0 of `pipeline`: binding i is `resources[i]`.
+    fn bind_group_of(
+        &self,
+        pipeline: &wgpu::ComputePipeline,
+        resources: &[wgpu::BindingResource],
+    ) -> wgpu::BindGroup {
         let layout = pipeline.get_bind_group_layout(0);
-        let entries: Vec<wgpu::BindGroupEntry> = buffers
+        let entries: Vec<wgpu::BindGroupEntry> = resources
             .iter()
             .enumerate()
-            .map(|(i, b)| wgpu::BindGroupEntry {
+            .map(|(i, r)| wgpu::BindGroupEntry {
                 binding: i as u32,
-                resource: b.as_entire_binding(),
+                resource: r.clone(),
             })
             .collect();
         self.device.create_bind_group(&wgpu::BindGroupDescriptor {
@@ -820,7 +898,8 @@ pub fn check_limits(limits: &wgpu::Limits) -> Result<()> {
     for shader in shaders::all() {
         let format =
             (shader.prelude != shaders::Prelude::None).then_some(shaders::WeightFormat::F16);
-        let src = shaders::source(shader, format);
+        // Weights in a buffer: the most storage bindings.
+        let src = shaders::source(shader, format, WeightStore::Buffer);
         let module = naga::front::wgsl::parse_str(&src)
             .map_err(|e| anyhow!("{}: {}", shader.file, e.emit_to_string(&src)))?;
         let count = |f: fn(&naga::AddressSpace) -> bool| {
@@ -961,7 +1040,11 @@ fn main(@builtin(local_invocation_index) i: u32) {{
             return;
         }
         let shader = &crate::shaders::MATVEC_WORKGROUP;
-        let src = crate::shaders::source(shader, Some(crate::shaders::WeightFormat::F16));
+        let src = crate::shaders::source(
+            shader,
+            Some(crate::shaders::WeightFormat::F16),
+            crate::shaders::WeightStore::Buffer,
+        );
         let max = gpu.limits.max_compute_invocations_per_workgroup;
         let build = |lanes: u32| {
             let constants = [("LANES", lanes as f64), ("ROWS", 2.0)];

@@ -136,6 +136,64 @@ const WEIGHTS: [&str; 9] = [
     quantized!("q5_k"),
     quantized!("q6_k"),
 ];
+/// How the weight-format preludes reach the matrix: binding 2 and `w_at`,
+/// `w_at2`, by where the matrix lives ([`WeightStore`]; for a texture, by
+/// the format's word type too).
+const WEIGHTS_BUFFER: &str = include_str!("../shaders/weights_buffer.wgsl");
+const WEIGHTS_TEXTURE: &str = include_str!("../shaders/weights_texture.wgsl");
+const WEIGHTS_TEXTURE_U32: &str = include_str!("../shaders/weights_texture_u32.wgsl");
+const WEIGHTS_TEXTURE_F16: &str = include_str!("../shaders/weights_texture_f16.wgsl");
+const WEIGHTS_TEXTURE_F32: &str = include_str!("../shaders/weights_texture_f32.wgsl");
+
+/// Where a weight matrix lives on the device (`src/weights.rs`), and so
+/// which binding the weight-format preludes read it through.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum WeightStore {
+    /// Storage buffers (`weights_buffer.wgsl`): the `gpu` and `tuned` sets.
+    Buffer,
+    /// Rgba32Uint textures (`weights_texture.wgsl`): the `cpu` set, for
+    /// lavapipe, which fetches texels with vector code but loads a storage
+    /// buffer one lane at a time (docs/ARCHITECTURE.md, "Kernel variants").
+    Texture,
+}
+
+impl WeightStore {
+    pub const ALL: [WeightStore; 2] = [WeightStore::Buffer, WeightStore::Texture];
+
+    /// The store `SIEVE_WEIGHTS` asks for (`buffer` or `texture`), None if
+    /// it is unset; an error names the variable and the values it takes.
+    pub fn from_env() -> Result<Option<Self>> {
+        match std::env::var("SIEVE_WEIGHTS").as_deref() {
+            Err(_) | Ok("") => Ok(None),
+            Ok("buffer") => Ok(Some(WeightStore::Buffer)),
+            Ok("texture") => Ok(Some(WeightStore::Texture)),
+            Ok(other) => bail!("SIEVE_WEIGHTS={other:?}: expected buffer or texture"),
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            WeightStore::Buffer => "buffer",
+            WeightStore::Texture => "texture",
+        }
+    }
+
+    /// The binding declarations for weights of `format` stored this way.
+    fn binding(self, format: WeightFormat) -> String {
+        match self {
+            WeightStore::Buffer => WEIGHTS_BUFFER.to_string(),
+            WeightStore::Texture => {
+                let words = match format {
+                    WeightFormat::F16 => WEIGHTS_TEXTURE_F16,
+                    WeightFormat::F32 => WEIGHTS_TEXTURE_F32,
+                    _ => WEIGHTS_TEXTURE_U32,
+                };
+                format!("{WEIGHTS_TEXTURE}\n{words}")
+            }
+        }
+    }
+}
+
 const KV_F16: &str = include_str!("../shaders/kv_f16.wgsl");
 const KV_F32: &str = include_str!("../shaders/kv_f32.wgsl");
 const MATMUL_IO: &str = include_str!("../shaders/matmul_io.wgsl");
@@ -243,16 +301,17 @@ pub fn is_builtin(shader: &Shader) -> bool {
 }
 
 /// The full WGSL source of a kernel. `format` (of its weights or of the KV
-/// cache) is required exactly when the kernel takes a prelude.
-pub fn source(shader: &Shader, format: Option<WeightFormat>) -> String {
+/// cache) is required exactly when the kernel takes a prelude; `store`
+/// (where its weights live) matters only to kernels that read weights.
+pub fn source(shader: &Shader, format: Option<WeightFormat>, store: WeightStore) -> String {
     let prelude = match (shader.prelude, format) {
-        (Prelude::None, _) => "",
+        (Prelude::None, _) => String::new(),
         (Prelude::Weights, Some(f)) => {
             let i = WeightFormat::ALL.iter().position(|&x| x == f).unwrap();
-            WEIGHTS[i]
+            format!("{}\n{}", WEIGHTS[i], store.binding(f))
         }
-        (Prelude::Kv, Some(WeightFormat::F16)) => KV_F16,
-        (Prelude::Kv, Some(WeightFormat::F32)) => KV_F32,
+        (Prelude::Kv, Some(WeightFormat::F16)) => KV_F16.to_string(),
+        (Prelude::Kv, Some(WeightFormat::F32)) => KV_F32.to_string(),
         (Prelude::Kv, Some(f)) => panic!("the KV cache cannot be stored as {}", f.name()),
         (_, None) => panic!("kernel {} needs a storage format", shader.name),
     };
@@ -279,6 +338,15 @@ pub fn formats(shader: &Shader) -> Vec<Option<WeightFormat>> {
         Prelude::None => vec![None],
         Prelude::Weights => WeightFormat::ALL.iter().copied().map(Some).collect(),
         Prelude::Kv => vec![Some(WeightFormat::F16), Some(WeightFormat::F32)],
+    }
+}
+
+/// Every store a kernel can be assembled for by [`source`]: both for a
+/// kernel that reads weights, one (which [`source`] ignores) for the rest.
+pub fn stores(shader: &Shader) -> Vec<WeightStore> {
+    match shader.prelude {
+        Prelude::Weights => WeightStore::ALL.to_vec(),
+        _ => vec![WeightStore::Buffer],
     }
 }
 
@@ -385,7 +453,13 @@ mod tests {
     #[test]
     fn workgroup_bytes_count_what_an_entry_point_uses() {
         let bytes = |shader: &Shader, format, entry, constants: &[(&str, f64)]| {
-            workgroup_bytes(&source(shader, format), shader.file, entry, constants).unwrap()
+            workgroup_bytes(
+                &source(shader, format, WeightStore::Buffer),
+                shader.file,
+                entry,
+                constants,
+            )
+            .unwrap()
         };
         let (f16, q4) = (Some(WeightFormat::F16), Some(WeightFormat::Q4_0));
         // The `gpu` decode attentions: 16 KiB, what Vulkan and WebGPU promise.
@@ -431,7 +505,12 @@ fn other() { unused[0] = 1.0; }";
             workgroup_bytes(src, "probe.wgsl", "main", &[]).unwrap(),
             16 + 64
         );
-        let e = workgroup_bytes(&source(&ATTENTION, f16), "attention.wgsl", "nope", &[]);
+        let e = workgroup_bytes(
+            &source(&ATTENTION, f16, WeightStore::Buffer),
+            "attention.wgsl",
+            "nope",
+            &[],
+        );
         assert!(format!("{:#}", e.unwrap_err()).contains("attention.wgsl: no entry point nope"));
     }
 }

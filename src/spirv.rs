@@ -304,16 +304,23 @@ mod tests {
                 continue;
             }
             let formats = shaders::formats(s);
-            let entries: Vec<String> =
-                naga::front::wgsl::parse_str(&shaders::source(s, formats[0]))
-                    .unwrap()
-                    .entry_points
-                    .iter()
-                    .map(|e| e.name.clone())
-                    .collect();
+            let entries: Vec<String> = naga::front::wgsl::parse_str(&shaders::source(
+                s,
+                formats[0],
+                shaders::WeightStore::Buffer,
+            ))
+            .unwrap()
+            .entry_points
+            .iter()
+            .map(|e| e.name.clone())
+            .collect();
             assert!(!entries.is_empty(), "{}: no entry point found", s.file);
-            for f in formats {
-                let src = shaders::source(s, f);
+            let stores = shaders::stores(s);
+            for (f, store) in formats
+                .iter()
+                .flat_map(|&f| stores.iter().map(move |&st| (f, st)))
+            {
+                let src = shaders::source(s, f, store);
                 for entry in &entries {
                     let wides: &[f64] = if src.contains("override WIDE") {
                         &[1.0, 2.0]
@@ -328,8 +335,10 @@ mod tests {
                         .iter()
                         .flat_map(|c| counters.iter().map(move |b| (c, b)))
                     {
-                        let name =
-                            format!("{} {f:?} {entry} {constants:?} counters {counted}", s.file);
+                        let name = format!(
+                            "{} {f:?} {store:?} {entry} {constants:?} counters {counted}",
+                            s.file
+                        );
                         let features = wgpu::Features::all();
                         let (mut words, _) =
                             kernel_spirv(&src, s.file, entry, constants, counted, features)

@@ -143,7 +143,7 @@ impl WeightSource for RandomWeights {
             let b1 = (hi - part.row0) as u64 * row_bytes;
             let (w0, w1) = (b0 / 4, b1.div_ceil(4));
             self.fill
-                .fill(gpu, &part.buffer, w0, w1 - w0, part.format, d)?;
+                .fill(gpu, &part.write_target(gpu), w0, w1 - w0, part.format, d)?;
             // One tensor at a time, as for files: bounded driver-side queues.
             gpu.queue.submit([]);
         }

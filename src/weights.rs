@@ -13,7 +13,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use crate::gpu::Gpu;
-use crate::shaders::WeightFormat;
+use crate::shaders::{WeightFormat, WeightStore};
 
 /// A memory-mapped set of safetensors files and the tensor names each holds.
 pub struct TensorStore {
@@ -228,12 +228,170 @@ pub fn encode(values: &[f32], format: WeightFormat, what: &str) -> Result<Vec<u8
     }
 }
 
+/// Texels per row of a weights texture (`W_TEXTURE_SHIFT` in
+/// shaders/weights_texture.wgsl is its log2): a power of two, so that the
+/// kernels find a texel with a shift and a mask, and small, so that the
+/// padding of a part's last texture row stays under 64 KiB.
+pub const WEIGHT_TEXTURE_WIDTH: u32 = 4096;
+
 /// One row part of a matrix on the GPU, in one storage format.
 pub struct MatrixPart {
-    pub buffer: wgpu::Buffer,
     pub row0: usize,
     pub rows: usize,
     pub format: WeightFormat,
+    store: PartStore,
+}
+
+/// Where a part's bytes live ([`WeightStore`], chosen with the kernel set).
+enum PartStore {
+    Buffer(wgpu::Buffer),
+    /// An Rgba32Uint texture of `WEIGHT_TEXTURE_WIDTH` texels per row, the
+    /// part's bytes in order. Writes (uploads, the synthetic models' random
+    /// fill) go to a staging buffer of the texture's size, copied into the
+    /// texture (and dropped) when the part is first bound; a write after
+    /// that first copies the texture back into a new staging buffer.
+    Texture {
+        texture: wgpu::Texture,
+        view: wgpu::TextureView,
+        staging: std::sync::Mutex<Option<wgpu::Buffer>>,
+    },
+}
+
+impl MatrixPart {
+    fn new(
+        gpu: &Gpu,
+        label: &str,
+        row0: usize,
+        rows: usize,
+        format: WeightFormat,
+        bytes: u64,
+    ) -> Self {
+        let store = match gpu.kernels.weight_store {
+            WeightStore::Buffer => PartStore::Buffer(gpu.storage(label, bytes)),
+            WeightStore::Texture => {
+                let (width, height) = texture_extent(bytes);
+                let texture = gpu.device.create_texture(&wgpu::TextureDescriptor {
+                    label: Some(label),
+                    size: wgpu::Extent3d {
+                        width,
+                        height,
+                        depth_or_array_layers: 1,
+                    },
+                    mip_level_count: 1,
+                    sample_count: 1,
+                    dimension: wgpu::TextureDimension::D2,
+                    format: wgpu::TextureFormat::Rgba32Uint,
+                    usage: wgpu::TextureUsages::TEXTURE_BINDING
+                        | wgpu::TextureUsages::COPY_DST
+                        | wgpu::TextureUsages::COPY_SRC,
+                    view_formats: &[],
+                });
+                let view = texture.create_view(&Default::default());
+                PartStore::Texture {
+                    texture,
+                    view,
+                    staging: std::sync::Mutex::new(None),
+                }
+            }
+        };
+        MatrixPart {
+            row0,
+            rows,
+            format,
+            store,
+        }
+    }
+
+    /// The buffer the part's words are written into: the part itself, or
+    /// the staging buffer of its texture (made, from the texture's
+    /// contents, if the part was bound since the last write).
+    pub fn write_target(&self, gpu: &Gpu) -> wgpu::Buffer {
+        match &self.store {
+            PartStore::Buffer(b) => b.clone(),
+            PartStore::Texture {
+                texture, staging, ..
+            } => {
+                let mut staging = staging.lock().unwrap();
+                staging
+                    .get_or_insert_with(|| {
+                        let size = texture.size();
+                        let bytes = texture_bytes(size);
+                        let buf = gpu.storage("weights-staging", bytes);
+                        let mut enc = gpu.device.create_command_encoder(&Default::default());
+                        enc.copy_texture_to_buffer(
+                            texture.as_image_copy(),
+                            texel_rows(&buf, size),
+                            size,
+                        );
+                        gpu.queue.submit([enc.finish()]);
+                        buf
+                    })
+                    .clone()
+            }
+        }
+    }
+
+    /// The part's buffer, where it is stored in one ([`WeightStore::Buffer`]):
+    /// what the cooperative GEMM that loads f16 weights straight from
+    /// memory binds.
+    pub fn buffer(&self) -> Option<&wgpu::Buffer> {
+        match &self.store {
+            PartStore::Buffer(b) => Some(b),
+            PartStore::Texture { .. } => None,
+        }
+    }
+
+    /// The part's resource for binding 2 of a weight-reading kernel (a
+    /// texture's pending writes copied in first).
+    pub fn binding(&self, gpu: &Gpu) -> wgpu::BindingResource<'_> {
+        match &self.store {
+            PartStore::Buffer(b) => b.as_entire_binding(),
+            PartStore::Texture {
+                texture,
+                view,
+                staging,
+            } => {
+                if let Some(buf) = staging.lock().unwrap().take() {
+                    let size = texture.size();
+                    let mut enc = gpu.device.create_command_encoder(&Default::default());
+                    enc.copy_buffer_to_texture(
+                        texel_rows(&buf, size),
+                        texture.as_image_copy(),
+                        size,
+                    );
+                    gpu.queue.submit([enc.finish()]);
+                }
+                wgpu::BindingResource::TextureView(view)
+            }
+        }
+    }
+}
+
+/// The texture extent (width, height in texels) that holds `bytes`: rows
+/// of `WEIGHT_TEXTURE_WIDTH` texels, or one row of a multiple of 16 texels
+/// (copies between buffers and textures move rows of a multiple of 256
+/// bytes).
+fn texture_extent(bytes: u64) -> (u32, u32) {
+    let texels = bytes.max(16).div_ceil(16);
+    let width = texels.next_multiple_of(16).min(WEIGHT_TEXTURE_WIDTH as u64) as u32;
+    let height = texels.div_ceil(width as u64) as u32;
+    (width, height)
+}
+
+fn texture_bytes(size: wgpu::Extent3d) -> u64 {
+    size.width as u64 * size.height as u64 * 16
+}
+
+/// A buffer laid out as the texture's rows, back to back.
+fn texel_rows(buf: &wgpu::Buffer, size: wgpu::Extent3d) -> wgpu::TexelCopyBufferInfo<'_> {
+    wgpu::TexelCopyBufferInfo {
+        buffer: buf,
+        layout: wgpu::TexelCopyBufferLayout {
+            offset: 0,
+            bytes_per_row: Some(size.width * 16),
+            rows_per_image: Some(size.height),
+        },
+    }
 }
 
 /// A `[rows, cols]` weight matrix (nn.Linear layout), split into row parts that
@@ -280,23 +438,29 @@ impl GpuMatrix {
             let row_bytes = format.row_bytes(cols);
             // Parts hold a multiple of 4 rows: the matmul kernel works in
             // 4-row blocks.
-            let rows_per_part = ((gpu.max_binding / row_bytes) as usize / 4) * 4;
+            let rows_per_part = ((gpu.max_weight_part() / row_bytes) as usize / 4) * 4;
             if rows_per_part == 0 {
                 bail!(
-                    "{label}: one row of {row_bytes} bytes exceeds the device's {}-byte storage binding",
-                    gpu.max_binding
+                    "{label}: one row of {row_bytes} bytes exceeds the device's {} bytes per weight part (its largest {})",
+                    gpu.max_weight_part(),
+                    match gpu.kernels.weight_store {
+                        WeightStore::Buffer => "storage binding",
+                        WeightStore::Texture => "texture",
+                    }
                 );
             }
             let end = row0 + rows;
             while row0 < end {
                 let n = rows_per_part.min(end - row0);
-                let buffer = gpu.storage(&format!("{label}[{row0}..]"), n as u64 * row_bytes);
-                parts.push(MatrixPart {
-                    buffer,
+                let bytes = n as u64 * row_bytes;
+                parts.push(MatrixPart::new(
+                    gpu,
+                    &format!("{label}[{row0}..]"),
                     row0,
-                    rows: n,
+                    n,
                     format,
-                });
+                    bytes,
+                ));
                 row0 += n;
             }
         }
@@ -404,7 +568,11 @@ impl GpuMatrix {
             }
             let bytes = encode(lo - row0, hi - row0, part.format)?;
             let row_bytes = part.format.row_bytes(self.cols);
-            gpu.write(&part.buffer, (lo - part.row0) as u64 * row_bytes, &bytes);
+            gpu.write(
+                &part.write_target(gpu),
+                (lo - part.row0) as u64 * row_bytes,
+                &bytes,
+            );
         }
         Ok(())
     }

@@ -2,20 +2,23 @@
 //! parsed and validated by naga and translated to SPIR-V (Vulkan), MSL (Metal)
 //! and HLSL (DX12), so a shader that would break on another backend fails here.
 
-use sieve::shaders::{self, WeightFormat};
+use sieve::shaders::{self, WeightFormat, WeightStore};
 
 /// (name, source, uses cooperative matrices) for every kernel and format.
 fn variants() -> Vec<(String, String, bool)> {
     let mut out = vec![];
     for s in shaders::all() {
         let coop = shaders::uses_cooperative_matrices(s);
-        // Weights in every format, quantized ones included.
+        // Weights in every format, quantized ones included, from a buffer
+        // and from a texture.
         for f in shaders::formats(s) {
-            let name = match f {
-                Some(f) => format!("{} ({})", s.file, f.name()),
-                None => s.file.to_string(),
-            };
-            out.push((name, shaders::source(s, f), coop));
+            for store in shaders::stores(s) {
+                let name = match f {
+                    Some(f) => format!("{} ({}, {})", s.file, f.name(), store.name()),
+                    None => s.file.to_string(),
+                };
+                out.push((name, shaders::source(s, f, store), coop));
+            }
         }
     }
     out
@@ -119,6 +122,11 @@ fn shader_list_covers_the_folder() {
         "shaders/weights_q6_k.wgsl",
         "shaders/weights_blocks.wgsl",
         "shaders/weights_floats.wgsl",
+        "shaders/weights_buffer.wgsl",
+        "shaders/weights_texture.wgsl",
+        "shaders/weights_texture_u32.wgsl",
+        "shaders/weights_texture_f16.wgsl",
+        "shaders/weights_texture_f32.wgsl",
         "shaders/kv_f16.wgsl",
         "shaders/kv_f32.wgsl",
         "shaders/matmul_io.wgsl",
@@ -150,7 +158,7 @@ fn host_uniform_structs_match_their_wgsl_layout() {
     for layout in &layouts {
         for shader in &layout.shaders {
             let format = (shader.prelude != shaders::Prelude::None).then_some(WeightFormat::F16);
-            let src = shaders::source(shader, format);
+            let src = shaders::source(shader, format, WeightStore::Buffer);
             let module = naga::front::wgsl::parse_str(&src)
                 .unwrap_or_else(|e| panic!("{}: {}", shader.file, e.emit_to_string(&src)));
             let what = format!(

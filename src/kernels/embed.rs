@@ -60,30 +60,40 @@ pub fn reference(table: &[f32], hidden: usize, ids: &[u32]) -> Vec<f32> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gpu::GpuOptions;
     use crate::kernels::testutil::*;
     use crate::kernels::Step;
-    use crate::shaders::WeightFormat;
+    use crate::shaders::{WeightFormat, WeightStore};
 
     #[test]
     fn gathers_rows_across_table_parts() {
-        // 256-byte bindings split a 37 x 12 f16 table into parts of 8 rows.
-        let gpu = Gpu::new(&GpuOptions {
-            max_binding_override: Some(256),
-            ..Default::default()
-        })
-        .unwrap();
-        let (vocab, hidden) = (37, 12);
-        let table: Vec<f32> = rand_vec(vocab * hidden, 5, 2.0)
-            .iter()
-            .map(|&v| half::f16::from_f32(v).to_f32())
-            .collect();
-        let m = GpuMatrix::new(&gpu, "emb", vocab, hidden, WeightFormat::F16).unwrap();
-        assert!(m.parts.len() > 1);
-        m.write_rows(&gpu, 0, &table, "emb").unwrap();
-        for ids in [vec![0u32], vec![36, 0, 8, 7, 9, 16, 35]] {
-            assert_eq!(gather(&gpu, &m, &ids), reference(&table, hidden, &ids));
+        for store in WeightStore::ALL {
+            // 256-byte bindings split a 37 x 12 f16 table into parts of 8 rows.
+            let gpu = gpu_storing(store, Some(256));
+            let (vocab, hidden) = (37, 12);
+            let mut table = f16_values(rand_vec(vocab * hidden, 5, 2.0));
+            let m = GpuMatrix::new(&gpu, "emb", vocab, hidden, WeightFormat::F16).unwrap();
+            assert!(m.parts.len() > 1);
+            m.write_rows(&gpu, 0, &table, "emb").unwrap();
+            let ids = vec![36, 0, 8, 7, 9, 16, 35, 10];
+            for ids in [vec![0u32], ids.clone()] {
+                assert_eq!(gather(&gpu, &m, &ids), reference(&table, hidden, &ids));
+            }
+            // Rows written again after the table was read (a texture's
+            // staging copy is gone by then): the new rows 7 .. 11, which
+            // share words and parts with rows kept, and the others as before.
+            let new_rows = f16_values(rand_vec(4 * hidden, 6, 2.0));
+            m.write_rows(&gpu, 7, &new_rows, "emb").unwrap();
+            table[7 * hidden..11 * hidden].copy_from_slice(&new_rows);
+            assert_eq!(
+                gather(&gpu, &m, &ids),
+                reference(&table, hidden, &ids),
+                "{store:?}"
+            );
         }
+    }
+
+    fn f16_values(v: Vec<f32>) -> Vec<f32> {
+        v.iter().map(|&v| half::f16::from_f32(v).to_f32()).collect()
     }
 
     /// The rows of `ids` gathered from `m` by the kernel.
@@ -108,20 +118,20 @@ mod tests {
     /// table parts.
     #[test]
     fn gathers_quantized_rows() {
-        let gpu = Gpu::new(&GpuOptions {
-            max_binding_override: Some(4096),
-            ..Default::default()
-        })
-        .unwrap();
         let (vocab, hidden) = (37, 256);
         let ids = vec![36u32, 0, 8, 7, 9, 16, 35];
-        for format in crate::quant::tests::quantized() {
+        for (store, format) in WeightStore::ALL.into_iter().flat_map(|s| {
+            crate::quant::tests::quantized()
+                .into_iter()
+                .map(move |f| (s, f))
+        }) {
+            let gpu = gpu_storing(store, Some(4096));
             let m = GpuMatrix::new(&gpu, "emb", vocab, hidden, format).unwrap();
             assert!(m.parts.len() > 1, "{format:?}");
             let table = fill_test_weights(&gpu, &m, 3);
             let got = gather(&gpu, &m, &ids);
             let want = reference(&table, hidden, &ids);
-            assert!(max_abs_diff(&got, &want) < 1e-5, "{format:?}");
+            assert!(max_abs_diff(&got, &want) < 1e-5, "{format:?} {store:?}");
         }
     }
 }

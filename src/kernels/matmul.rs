@@ -13,7 +13,7 @@ use super::{ceil_div, dispatch, Rows};
 use crate::device::{MatmulVariant, MatvecVariant, MATVEC_LANES, MATVEC_ROWS_MAX};
 use crate::gpu::Gpu;
 use crate::shaders::{self, Shader, WeightFormat};
-use crate::weights::GpuMatrix;
+use crate::weights::{GpuMatrix, MatrixPart};
 
 #[repr(C)]
 #[derive(Clone, Copy, Pod, Zeroable)]
@@ -303,7 +303,7 @@ impl Matmul {
                 let matvec = matvec_pipeline(gpu, matvec_v, part.format)?;
                 let matmul = matmul_pipeline(gpu, matmul_v, part.format)?;
                 let plain = gpu.uniform("matmul-params", &params(flags, 0.0));
-                let bufs = [step, &plain, &part.buffer, bias_buf, x, y, &no_norm];
+                let rest = [bias_buf, x, y, &no_norm];
                 let matvec_group = match fused {
                     Some(FusedInput::RmsNorm {
                         residual,
@@ -311,17 +311,18 @@ impl Matmul {
                         eps,
                     }) => {
                         let fused = gpu.uniform("matvec-params", &params(flags | fused_flag, eps));
-                        let bufs = [step, &fused, &part.buffer, bias_buf, residual, y, weights];
-                        gpu.bind_group(&matvec, &bufs)
+                        let rest = [bias_buf, residual, y, weights];
+                        gpu.bind_group_with_weights(&matvec, [step, &fused], part, &rest)
                     }
                     Some(FusedInput::SwiGlu { gate_up }) => {
                         let fused = gpu.uniform("matvec-params", &params(flags | fused_flag, 0.0));
-                        let bufs = [step, &fused, &part.buffer, bias_buf, gate_up, y, &no_norm];
-                        gpu.bind_group(&matvec, &bufs)
+                        let rest = [bias_buf, gate_up, y, &no_norm];
+                        gpu.bind_group_with_weights(&matvec, [step, &fused], part, &rest)
                     }
-                    None => gpu.bind_group(&matvec, &bufs),
+                    None => gpu.bind_group_with_weights(&matvec, [step, &plain], part, &rest),
                 };
-                let matmul_group = gpu.bind_group(&matmul, &bufs);
+                let matmul_group =
+                    gpu.bind_group_with_weights(&matmul, [step, &plain], part, &rest);
                 Ok(Part {
                     rows: part.rows as u32,
                     matvec: (matvec, matvec_group),
@@ -388,10 +389,10 @@ impl Scratch {
         &self,
         gpu: &Gpu,
         pipeline: &wgpu::ComputePipeline,
-        weights: &wgpu::Buffer,
+        weights: &MatrixPart,
     ) -> wgpu::BindGroup {
         let [step, params, bias, x, y, norm] = &self.buffers;
-        gpu.bind_group(pipeline, &[step, params, weights, bias, x, y, norm])
+        gpu.bind_group_with_weights(pipeline, [step, params], weights, &[bias, x, y, norm])
     }
 }
 
@@ -459,7 +460,7 @@ impl TunedPart<'_> {
                 .map(|&v| Candidate {
                     label: format!("{}x{}", v.shape().0, v.shape().1),
                     dispatch: matvec_pipeline(gpu, v, self.part.format).map(|p| {
-                        let group = scratch.bind(gpu, &p, &self.part.buffer);
+                        let group = scratch.bind(gpu, &p, self.part);
                         (p, group, matvec_groups(v, rows))
                     }),
                 })
@@ -483,7 +484,7 @@ impl TunedPart<'_> {
                 .map(|&v| Candidate {
                     label: format!("{v:?}"),
                     dispatch: matmul_pipeline(gpu, v, format).map(|p| {
-                        let group = scratch.bind(gpu, &p, &self.part.buffer);
+                        let group = scratch.bind(gpu, &p, self.part);
                         (p, group, matmul_groups(v, rows as u32, tokens as u32))
                     }),
                 })
@@ -621,7 +622,7 @@ mod tests {
     use crate::gpu::GpuOptions;
     use crate::kernels::testutil::*;
     use crate::kernels::Step;
-    use crate::shaders::{Shader, WeightFormat};
+    use crate::shaders::{Shader, WeightFormat, WeightStore};
 
     /// Every mat-vec variant this device can run: the `gpu` ones with 1, 2,
     /// 3 (not a power of two), 4 and 8 rows per workgroup of 128 lanes, and
@@ -792,7 +793,12 @@ mod tests {
 
     #[test]
     fn matches_reference_on_awkward_shapes() {
-        let gpu = gpu();
+        for store in WeightStore::ALL {
+            matches_reference_on_awkward_shapes_in(&gpu_storing(store, None));
+        }
+    }
+
+    fn matches_reference_on_awkward_shapes_in(gpu: &Gpu) {
         for &(rows, cols, n) in &[
             (1, 4, 1),
             (7, 12, 1),
@@ -812,7 +818,7 @@ mod tests {
             (131, 2400, 1),
         ] {
             for format in [WeightFormat::F32, WeightFormat::F16] {
-                check(&gpu, rows, cols, n, format, n % 2 == 1, rows % 2 == 1);
+                check(gpu, rows, cols, n, format, n % 2 == 1, rows % 2 == 1);
             }
         }
     }
@@ -822,8 +828,12 @@ mod tests {
     /// tokens; the reference is llama.cpp's dequantization of the same blocks.
     #[test]
     fn quantized_formats_match_reference() {
-        let gpu = gpu();
-        for format in crate::quant::tests::quantized() {
+        for (store, format) in WeightStore::ALL.into_iter().flat_map(|s| {
+            crate::quant::tests::quantized()
+                .into_iter()
+                .map(move |f| (s, f))
+        }) {
+            let gpu = gpu_storing(store, None);
             let block = format.block().unwrap().values;
             for &(rows, blocks, n) in &[
                 (1, 1, 1),
@@ -1146,7 +1156,8 @@ mod tests {
     /// and token tiles, K of several steps, a K-quant.
     #[test]
     fn cooperative_kernels_emulated_match_reference() {
-        let gpu = gpu();
+        // The direct kernel loads f16 weights from a buffer: the `gpu` set's store.
+        let gpu = gpu_with(KernelSet::Gpu);
         if !can_emulate_coop(&gpu, "the emulated cooperative kernels") {
             return;
         }
@@ -1231,7 +1242,7 @@ mod tests {
             let bufs = [
                 &step,
                 &pb,
-                &m.parts[0].buffer,
+                m.parts[0].buffer().unwrap(),
                 &bb,
                 &xb,
                 &yb,

@@ -167,9 +167,7 @@ pub(crate) fn table_part_groups(
                     _p: 0,
                 },
             );
-            let mut bufs = vec![step, &params, &part.buffer];
-            bufs.extend_from_slice(rest);
-            gpu.bind_group(pipeline, &bufs)
+            gpu.bind_group_with_weights(pipeline, [step, &params], part, rest)
         })
         .collect()
 }
@@ -236,6 +234,22 @@ pub(crate) mod testutil {
         f(&mut Arc::get_mut(&mut gpu)
             .expect("a device no one else holds")
             .kernels);
+        gpu
+    }
+
+    /// A device with the default kernel set whose weight matrices live in
+    /// `store`, its storage bindings capped at `max_binding` bytes if given
+    /// (to split small matrices into parts).
+    pub fn gpu_storing(store: crate::shaders::WeightStore, max_binding: Option<u64>) -> Arc<Gpu> {
+        let mut gpu = Gpu::new(&GpuOptions {
+            max_binding_override: max_binding,
+            ..Default::default()
+        })
+        .expect("a GPU adapter (lavapipe on CI)");
+        Arc::get_mut(&mut gpu)
+            .expect("a device no one else holds")
+            .kernels
+            .weight_store = store;
         gpu
     }
 

@@ -53,25 +53,24 @@ pub fn reference(head: &[f32], hidden: usize, ids: &[u32], x: &[f32]) -> Vec<f32
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gpu::GpuOptions;
     use crate::kernels::testutil::*;
     use crate::kernels::Step;
-    use crate::shaders::WeightFormat;
+    use crate::shaders::{WeightFormat, WeightStore};
 
     #[test]
     fn own_token_logits_across_head_parts() {
-        let gpu = Gpu::new(&GpuOptions {
-            max_binding_override: Some(4096),
-            ..Default::default()
-        })
-        .unwrap();
         // f32 rows of 36 values; quantized rows of one K-quant super-block
-        // or eight 32-value blocks.
-        for (format, hidden) in [(WeightFormat::F32, 36)].into_iter().chain(
+        // or eight 32-value blocks; weights in buffers and in textures.
+        let formats = [(WeightFormat::F32, 36)].into_iter().chain(
             crate::quant::tests::quantized()
                 .into_iter()
                 .map(|f| (f, 256)),
-        ) {
+        );
+        for (store, (format, hidden)) in WeightStore::ALL
+            .into_iter()
+            .flat_map(|s| formats.clone().map(move |f| (s, f)))
+        {
+            let gpu = gpu_storing(store, Some(4096));
             let vocab = 50;
             let m = GpuMatrix::new(&gpu, "head", vocab, hidden, format).unwrap();
             assert!(m.parts.len() > 1, "{format:?}");
@@ -94,7 +93,7 @@ mod tests {
             let err = max_abs_diff(&got, &reference(&head, hidden, &ids, &x));
             assert!(
                 err < 1e-4 * w_max * (hidden as f32).sqrt(),
-                "{format:?}: {err}"
+                "{format:?} {store:?}: {err}"
             );
         }
     }

@@ -60,6 +60,8 @@ pub struct Gpu {
     /// weight shape for every engine built on it.
     pub tuner: crate::kernels::tune::Tuner,
     pipelines: Mutex<HashMap<String, Arc<wgpu::ComputePipeline>>>,
+    /// The `cpu` products' input textures by (k/4, tokens) (`x_texture`).
+    x_textures: Mutex<HashMap<(u32, u32), wgpu::Texture>>,
 }
 
 fn parse_backend(name: &str) -> Result<wgpu::Backends> {
@@ -234,6 +236,7 @@ impl Gpu {
             kernels,
             tuner: Default::default(),
             pipelines: Mutex::new(HashMap::new()),
+            x_textures: Mutex::new(HashMap::new()),
         };
         // The cooperative GEMMs rest on an experimental wgpu feature: before
         // the engine relies on them, one small product each (f16 weights, and
@@ -569,8 +572,10 @@ impl Gpu {
                         read_only: !access.contains(naga::StorageAccess::STORE),
                     })
                 }
-                // The one texture sieve binds: weights in a texture_2d<u32>
-                // (shaders/weights_texture.wgsl).
+                // The textures sieve binds: weights, and the `cpu` products'
+                // input, in a texture_2d<u32> (shaders/weights_texture.wgsl,
+                // matmul.wgsl), the latter written as a storage texture
+                // (x_texture.wgsl).
                 naga::AddressSpace::Handle
                     if matches!(
                         module.types[var.ty].inner,
@@ -588,6 +593,25 @@ impl Gpu {
                         sample_type: wgpu::TextureSampleType::Uint,
                         view_dimension: wgpu::TextureViewDimension::D2,
                         multisampled: false,
+                    }
+                }
+                naga::AddressSpace::Handle
+                    if matches!(
+                        module.types[var.ty].inner,
+                        naga::TypeInner::Image {
+                            dim: naga::ImageDimension::D2,
+                            arrayed: false,
+                            class: naga::ImageClass::Storage {
+                                format: naga::StorageFormat::Rgba32Uint,
+                                access: naga::StorageAccess::STORE
+                            },
+                        }
+                    ) =>
+                {
+                    wgpu::BindingType::StorageTexture {
+                        access: wgpu::StorageTextureAccess::WriteOnly,
+                        format: wgpu::TextureFormat::Rgba32Uint,
+                        view_dimension: wgpu::TextureViewDimension::D2,
                     }
                 }
                 other => bail!("{file}: unsupported binding {other:?}"),
@@ -717,23 +741,61 @@ impl Gpu {
     }
 
     /// Bind group for group 0 of a weight-reading kernel: bindings 0 and 1
-    /// are `head`, binding 2 the weight part (a buffer or a texture), and
-    /// bindings 3, 4, ... `rest`.
+    /// are `head`, binding 2 the weight part (a buffer or a texture),
+    /// bindings 3, 4, ... `rest`, then `texture` if given (the `cpu`
+    /// products' input, matmul.wgsl).
     pub fn bind_group_with_weights(
         &self,
         pipeline: &wgpu::ComputePipeline,
         head: [&wgpu::Buffer; 2],
         w: &crate::weights::MatrixPart,
         rest: &[&wgpu::Buffer],
+        texture: Option<&wgpu::TextureView>,
     ) -> wgpu::BindGroup {
         let mut resources: Vec<_> = head.iter().map(|b| b.as_entire_binding()).collect();
         resources.push(w.binding(self));
         resources.extend(rest.iter().map(|b| b.as_entire_binding()));
+        resources.extend(texture.map(wgpu::BindingResource::TextureView));
         self.bind_group_of(pipeline, &resources)
     }
 
+    /// The texture the `cpu` products copy their input x into
+    /// (x_texture.wgsl), `k4` texels wide and `tokens` high: one per shape
+    /// and device, shared by every product of that shape, since each copies
+    /// its x in right before it reads it (within one pass, and queue
+    /// submissions run in order).
+    pub fn x_texture(&self, k4: u32, tokens: u32) -> Result<wgpu::TextureView> {
+        let side = self.limits.max_texture_dimension_2d;
+        if k4 > side || tokens > side {
+            bail!(
+                "the `cpu` kernels take an input of at most {side} x 4 values by {side} tokens \
+                 (this device's largest texture side); this product has {} by {tokens} \
+                 (use --kernels gpu)",
+                k4 * 4
+            );
+        }
+        let mut cache = self.x_textures.lock().unwrap();
+        let texture = cache.entry((k4.max(1), tokens.max(1))).or_insert_with(|| {
+            self.device.create_texture(&wgpu::TextureDescriptor {
+                label: Some("x-texture"),
+                size: wgpu::Extent3d {
+                    width: k4.max(1),
+                    height: tokens.max(1),
+                    depth_or_array_layers: 1,
+                },
+                mip_level_count: 1,
+                sample_count: 1,
+                dimension: wgpu::TextureDimension::D2,
+                format: wgpu::TextureFormat::Rgba32Uint,
+                usage: wgpu::TextureUsages::TEXTURE_BINDING | wgpu::TextureUsages::STORAGE_BINDING,
+                view_formats: &[],
+            })
+        });
+        Ok(texture.create_view(&Default::default()))
+    }
+
     /// Bind group for group 0 of `pipeline`: binding i is `resources[i]`.
-    fn bind_group_of(
+    pub(crate) fn bind_group_of(
         &self,
         pipeline: &wgpu::ComputePipeline,
         resources: &[wgpu::BindingResource],

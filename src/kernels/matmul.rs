@@ -35,6 +35,12 @@ pub(crate) fn uniform_layout() -> super::UniformLayout {
     })
 }
 
+pub(crate) fn x_copy_layout() -> super::UniformLayout {
+    super::uniform_layout!(XCopyParams as "XCopyParams" in [shaders::X_TEXTURE] {
+        k4, count_sel, _p0, _p1
+    })
+}
+
 /// How the product is stored.
 #[derive(Clone, Copy, Debug)]
 pub struct MatmulOptions {
@@ -83,6 +89,32 @@ pub struct Matmul {
     /// kernel that writes x when n = 1.
     pub fuses_input: bool,
     parts: Vec<Part>,
+    /// The copy of x into a texture that the `cpu` kernels (matmul.wgsl)
+    /// read it from, where a part runs one of them.
+    x_copy: Option<XCopy>,
+}
+
+/// x_texture.wgsl bound to one product's x.
+struct XCopy {
+    pipeline: Arc<wgpu::ComputePipeline>,
+    group: wgpu::BindGroup,
+    k4: u32,
+}
+
+/// `XCopyParams` of x_texture.wgsl.
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+struct XCopyParams {
+    k4: u32,
+    count_sel: u32,
+    _p0: u32,
+    _p1: u32,
+}
+
+/// Whether a variant pair's kernel is matmul.wgsl, which reads x from a
+/// texture.
+fn reads_x_texture((matvec, matmul): (MatvecVariant, MatmulVariant)) -> bool {
+    matvec == MatvecVariant::Rows8 || matmul == MatmulVariant::Blocked4x4
 }
 
 fn matvec_kernel(v: MatvecVariant) -> (&'static Shader, &'static str) {
@@ -270,6 +302,40 @@ impl Matmul {
         let (fused_flag, input) = FusedInput::kind(fused.as_ref());
         // The most tokens a product runs for: y holds that many rows.
         let max_tokens = (y.size() / (4 * w.rows as u64)) as usize;
+        let k4 = (w.cols / 4) as u32;
+        let x_copy = if reads_x_texture((matvec_variant, matmul_variant)) {
+            let view = gpu.x_texture(k4, max_tokens as u32)?;
+            let pipeline = gpu.pipeline(&shaders::X_TEXTURE, None, "main", &[])?;
+            let params = gpu.uniform(
+                "x-copy-params",
+                &XCopyParams {
+                    k4,
+                    count_sel: opts.rows as u32,
+                    _p0: 0,
+                    _p1: 0,
+                },
+            );
+            let group = gpu.bind_group_of(
+                &pipeline,
+                &[
+                    step.as_entire_binding(),
+                    params.as_entire_binding(),
+                    x.as_entire_binding(),
+                    wgpu::BindingResource::TextureView(&view),
+                ],
+            );
+            Some((
+                view,
+                XCopy {
+                    pipeline,
+                    group,
+                    k4,
+                },
+            ))
+        } else {
+            None
+        };
+        let x_view = x_copy.as_ref().map(|(view, _)| view);
         let parts = w
             .parts
             .iter()
@@ -312,17 +378,21 @@ impl Matmul {
                     }) => {
                         let fused = gpu.uniform("matvec-params", &params(flags | fused_flag, eps));
                         let rest = [bias_buf, residual, y, weights];
-                        gpu.bind_group_with_weights(&matvec, [step, &fused], part, &rest)
+                        gpu.bind_group_with_weights(&matvec, [step, &fused], part, &rest, None)
                     }
                     Some(FusedInput::SwiGlu { gate_up }) => {
                         let fused = gpu.uniform("matvec-params", &params(flags | fused_flag, 0.0));
                         let rest = [bias_buf, gate_up, y, &no_norm];
-                        gpu.bind_group_with_weights(&matvec, [step, &fused], part, &rest)
+                        gpu.bind_group_with_weights(&matvec, [step, &fused], part, &rest, None)
                     }
-                    None => gpu.bind_group_with_weights(&matvec, [step, &plain], part, &rest),
+                    None => {
+                        let xt = x_view.filter(|_| matvec_v == MatvecVariant::Rows8);
+                        gpu.bind_group_with_weights(&matvec, [step, &plain], part, &rest, xt)
+                    }
                 };
+                let xt = x_view.filter(|_| matmul_v == MatmulVariant::Blocked4x4);
                 let matmul_group =
-                    gpu.bind_group_with_weights(&matmul, [step, &plain], part, &rest);
+                    gpu.bind_group_with_weights(&matmul, [step, &plain], part, &rest, xt);
                 Ok(Part {
                     rows: part.rows as u32,
                     matvec: (matvec, matvec_group),
@@ -336,6 +406,7 @@ impl Matmul {
             matvec_variant,
             fuses_input: fused.is_some(),
             parts,
+            x_copy: x_copy.map(|(_, copy)| copy),
         })
     }
 
@@ -352,6 +423,22 @@ impl Matmul {
 
     /// Encodes the product for `n` rows of x (n must match the step's row count).
     pub fn encode(&self, pass: &mut wgpu::ComputePass, n: u32) {
+        if let Some(copy) = &self.x_copy {
+            // Only where this step runs matmul.wgsl (the mat-vec for one
+            // token, the mat-mul for more).
+            let needed = self.parts.iter().any(|p| match n {
+                1 => p.matvec_variant == MatvecVariant::Rows8,
+                _ => p.matmul_variant == MatmulVariant::Blocked4x4,
+            });
+            if needed {
+                dispatch(
+                    pass,
+                    &copy.pipeline,
+                    &copy.group,
+                    (ceil_div(copy.k4, 64), n, 1),
+                );
+            }
+        }
         for part in &self.parts {
             if n == 1 {
                 let groups = matvec_groups(part.matvec_variant, part.rows);
@@ -392,7 +479,7 @@ impl Scratch {
         weights: &MatrixPart,
     ) -> wgpu::BindGroup {
         let [step, params, bias, x, y, norm] = &self.buffers;
-        gpu.bind_group_with_weights(pipeline, [step, params], weights, &[bias, x, y, norm])
+        gpu.bind_group_with_weights(pipeline, [step, params], weights, &[bias, x, y, norm], None)
     }
 }
 

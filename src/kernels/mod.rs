@@ -116,6 +116,7 @@ pub fn uniform_layouts() -> Vec<UniformLayout> {
         compact::uniform_layout(),
         epikv_delta::uniform_layout(),
         matmul::uniform_layout(),
+        matmul::x_copy_layout(),
         random_fill::uniform_layout(),
         rmsnorm::uniform_layout(),
         rope_kv::uniform_layout(),
@@ -167,7 +168,7 @@ pub(crate) fn table_part_groups(
                     _p: 0,
                 },
             );
-            gpu.bind_group_with_weights(pipeline, [step, &params], part, rest)
+            gpu.bind_group_with_weights(pipeline, [step, &params], part, rest, None)
         })
         .collect()
 }

@@ -576,44 +576,35 @@ impl Gpu {
                 // input, in a texture_2d<u32> (shaders/weights_texture.wgsl,
                 // matmul.wgsl), the latter written as a storage texture
                 // (x_texture.wgsl).
-                naga::AddressSpace::Handle
-                    if matches!(
-                        module.types[var.ty].inner,
-                        naga::TypeInner::Image {
-                            dim: naga::ImageDimension::D2,
-                            arrayed: false,
-                            class: naga::ImageClass::Sampled {
+                naga::AddressSpace::Handle => match module.types[var.ty].inner {
+                    naga::TypeInner::Image {
+                        dim: naga::ImageDimension::D2,
+                        arrayed: false,
+                        class:
+                            naga::ImageClass::Sampled {
                                 kind: naga::ScalarKind::Uint,
-                                multi: false
+                                multi: false,
                             },
-                        }
-                    ) =>
-                {
-                    wgpu::BindingType::Texture {
+                    } => wgpu::BindingType::Texture {
                         sample_type: wgpu::TextureSampleType::Uint,
                         view_dimension: wgpu::TextureViewDimension::D2,
                         multisampled: false,
-                    }
-                }
-                naga::AddressSpace::Handle
-                    if matches!(
-                        module.types[var.ty].inner,
-                        naga::TypeInner::Image {
-                            dim: naga::ImageDimension::D2,
-                            arrayed: false,
-                            class: naga::ImageClass::Storage {
+                    },
+                    naga::TypeInner::Image {
+                        dim: naga::ImageDimension::D2,
+                        arrayed: false,
+                        class:
+                            naga::ImageClass::Storage {
                                 format: naga::StorageFormat::Rgba32Uint,
-                                access: naga::StorageAccess::STORE
+                                access: naga::StorageAccess::STORE,
                             },
-                        }
-                    ) =>
-                {
-                    wgpu::BindingType::StorageTexture {
+                    } => wgpu::BindingType::StorageTexture {
                         access: wgpu::StorageTextureAccess::WriteOnly,
                         format: wgpu::TextureFormat::Rgba32Uint,
                         view_dimension: wgpu::TextureViewDimension::D2,
-                    }
-                }
+                    },
+                    ref other => bail!("{file}: unsupported texture binding {other:?}"),
+                },
                 other => bail!("{file}: unsupported binding {other:?}"),
             };
             entries.push(wgpu::BindGroupLayoutEntry {

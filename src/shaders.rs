@@ -261,6 +261,7 @@ shader!(TOKEN_LOGIT, "token_logit", Weights);
 shader!(ATTN_WEIGHTS, "attn_weights", Kv);
 shader!(EPIKV_DELTA, "epikv_delta", None);
 shader!(READ_BANDWIDTH, "read_bandwidth", None);
+shader!(READ_BANDWIDTH_TEXTURE, "read_bandwidth_texture", None);
 shader!(X_TEXTURE, "x_texture", None);
 shader!(RANDOM_FILL, "random_fill", None);
 
@@ -288,6 +289,7 @@ pub fn all() -> Vec<&'static Shader> {
         &ATTN_WEIGHTS,
         &EPIKV_DELTA,
         &READ_BANDWIDTH,
+        &READ_BANDWIDTH_TEXTURE,
         &X_TEXTURE,
         &RANDOM_FILL,
     ]

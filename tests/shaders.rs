@@ -314,3 +314,29 @@ fn every_loop_has_a_bound_that_cannot_wrap() {
         bad.join("\n")
     );
 }
+
+/// The kernels that read textures find texel t at (t & (width - 1),
+/// t >> shift): each shift constant must be log2 of the width the host
+/// gives its textures (src/weights.rs: WEIGHT_TEXTURE_WIDTH).
+#[test]
+fn texture_shifts_match_the_texture_width() {
+    let width = sieve::weights::WEIGHT_TEXTURE_WIDTH;
+    for (file, name) in [
+        ("weights_texture.wgsl", "W_TEXTURE_SHIFT"),
+        ("read_bandwidth_texture.wgsl", "PROBE_TEXTURE_SHIFT"),
+    ] {
+        let path = format!("{}/shaders/{file}", env!("CARGO_MANIFEST_DIR"));
+        let text = std::fs::read_to_string(&path).unwrap();
+        let decl = format!("const {name}: u32 = ");
+        let line = text
+            .lines()
+            .find_map(|l| l.strip_prefix(&decl))
+            .unwrap_or_else(|| panic!("{file}: no `{decl}...`"));
+        let shift: u32 = line
+            .trim_end_matches(';')
+            .trim_end_matches('u')
+            .parse()
+            .unwrap();
+        assert_eq!(1u32 << shift, width, "{file}: {name} = {shift}");
+    }
+}

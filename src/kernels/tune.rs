@@ -34,7 +34,7 @@ use anyhow::{anyhow, Result};
 use std::sync::{Arc, Mutex};
 
 use super::dispatch;
-use super::read_bandwidth::Probe;
+use super::read_bandwidth::{Probe, Source};
 use crate::gpu::Gpu;
 use crate::shaders::WeightFormat;
 
@@ -304,7 +304,7 @@ impl Timer {
             resolve,
             readback: gpu.readback("tune-readback", 16),
             period_ns: gpu.queue.get_timestamp_period() as f64,
-            flush: Probe::new(gpu, &flush_src, flush_bytes)?,
+            flush: Probe::new(gpu, Source::Buffer(&flush_src, flush_bytes))?,
             _flush_src: flush_src,
         })
     }

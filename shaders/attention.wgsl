@@ -132,7 +132,7 @@ fn decode_partial(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocati
     let c = page.first / CHUNK + wid.x;
     let kvh = wid.y;
     let g_n = GROUP; // p.n_heads / p.n_kv
-    let hd4 = p.hd4;
+    let hd4 = HD4; // p.hd4: constant trip counts, constant offsets into qs
     let kv_stride = p.n_kv * hd4;
     let n_keys = step.start_slot + 1u;
     let k0 = c * CHUNK;

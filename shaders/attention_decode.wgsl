@@ -23,9 +23,10 @@ fn decode_partial(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocati
     let ch = decode_chunk(wid);
     load_group_queries(ch.kvh, lid);
 
-    // Scores: lane j takes key c * CHUNK + j. GROUP (attention_io.wgsl) is
-    // an override constant: the head loops have a constant trip count, so
-    // s_own can stay in registers.
+    // Scores: lane j takes key c * CHUNK + j. GROUP and HD4
+    // (attention_io.wgsl) are override constants: the loops have constant
+    // trip counts, so s_own can stay in registers and the query reads have
+    // constant offsets.
     let slot = ch.c * CHUNK + lid;
     var s_own: array<f32, GMAX>;
     for (var g = 0u; g < GMAX; g++) {
@@ -35,10 +36,10 @@ fn decode_partial(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocati
         for (var g = 0u; g < GROUP; g++) {
             s_own[g] = 0.0;
         }
-        for (var d = 0u; d < p.hd4; d++) {
+        for (var d = 0u; d < HD4; d++) {
             let kv = unpack_kv(kc[kv_word(slot, ch.kvh, d)]);
             for (var g = 0u; g < GROUP; g++) {
-                s_own[g] += dot(qs[g * p.hd4 + d], kv);
+                s_own[g] += dot(qs[g * HD4 + d], kv);
             }
         }
     }

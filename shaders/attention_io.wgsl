@@ -48,7 +48,9 @@ const NEG: f32 = -3.0e38;
 // other entry points do not read it.
 override GROUP: u32 = 1u;
 // head_dim / 4 (1 to HD4_MAX), the same way, for the row-per-lane partials
-// and the eight-lanes-per-key decode (attention_decode_lanes.wgsl).
+// and every decode kernel (on lavapipe a workgroup-memory read of the
+// queries at a constant offset is one load, at a run-time offset a loop over
+// the SIMD lanes: docs/ARCHITECTURE.md, "lavapipe facts").
 override HD4: u32 = HD4_MAX;
 
 fn n_chunks() -> u32 {

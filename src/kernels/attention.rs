@@ -265,8 +265,8 @@ fn group_constant(heads: Heads) -> [(&'static str, f64); 1] {
 }
 
 /// head_dim / 4 as an override constant: the row-per-lane partials' and
-/// the eight-lanes-per-key decode's loops over the head get a constant trip
-/// count (and their per-lane arrays constant indices).
+/// every decode kernel's loops over the head get a constant trip count
+/// (and their per-lane arrays and query reads constant indices).
 fn head_dim_constant(heads: Heads) -> [(&'static str, f64); 1] {
     [("HD4", (heads.head_dim / 4) as f64)]
 }
@@ -280,12 +280,12 @@ fn decode_pipeline(
     let kv = Some(heads.kv_format);
     let [group] = group_constant(heads);
     let [hd4] = head_dim_constant(heads);
-    let (shader, constants) = match variant {
-        AttnDecodeVariant::Serial => (&shaders::ATTENTION, vec![group]),
-        AttnDecodeVariant::Parallel => (&shaders::ATTENTION_DECODE, vec![group]),
-        AttnDecodeVariant::LanesPerKey => (&shaders::ATTENTION_DECODE_LANES, vec![group, hd4]),
+    let shader = match variant {
+        AttnDecodeVariant::Serial => &shaders::ATTENTION,
+        AttnDecodeVariant::Parallel => &shaders::ATTENTION_DECODE,
+        AttnDecodeVariant::LanesPerKey => &shaders::ATTENTION_DECODE_LANES,
     };
-    gpu.pipeline(shader, kv, "decode_partial", &constants)
+    gpu.pipeline(shader, kv, "decode_partial", &[group, hd4])
 }
 
 /// The prefill (or counter-causal, `entry`) partial pipeline of `variant`

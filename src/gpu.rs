@@ -1026,6 +1026,26 @@ mod tests {
         }
     }
 
+    /// The `cpu` products' input texture: past the device's largest side a
+    /// clear error naming the limit and the way out, not a wgpu validation
+    /// failure; within it one texture per shape, shared.
+    #[test]
+    fn x_texture_past_the_largest_side_is_a_clear_error() {
+        let gpu = crate::kernels::testutil::gpu();
+        let side = gpu.limits.max_texture_dimension_2d;
+        for (k4, tokens) in [(side + 1, 1), (1, side + 1)] {
+            let err = gpu.x_texture(k4, tokens).unwrap_err().to_string();
+            assert!(
+                err.contains(&format!("at most {side} x 4 values by {side} tokens"))
+                    && err.contains("--kernels gpu"),
+                "{k4} x {tokens}: {err}"
+            );
+        }
+        gpu.x_texture(side, 3).unwrap();
+        gpu.x_texture(side, 3).unwrap();
+        assert_eq!(gpu.x_textures.lock().unwrap().len(), 1);
+    }
+
     /// On Vulkan, wgpu offers passthrough on every device, so sieve's own
     /// SPIR-V path is the one `SIEVE_SPIRV` asks for (`coop` unset; CI runs
     /// the kernel tests again with `all`, so this fails there if those runs

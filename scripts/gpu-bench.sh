@@ -103,16 +103,20 @@ SIEVE_SPIRV=wgpu "$bin" info 2>&1 | grep -E '^kernels|^warning' |
 
 # 4. Correctness on this device first: every kernel variant against its CPU
 # reference (the cooperative GEMM included where the device offers it) and
-# every kernel set on the tiny golden models.
+# every kernel set on the tiny golden models. The time limits fit a GPU;
+# a `--small` run on a CPU driver gets four times as long, so that its
+# test results show too.
+tests_slack=1
+[ "$small" = 1 ] && tests_slack=4
 if [ -n "$from" ] && [ -x "$from/bin/sieve-lib-tests" ]; then
     echo "== kernel tests on this device"
-    timeout 150 "$from/bin/sieve-lib-tests" --test-threads 1 kernels:: device:: spirv:: gpu:: shaders:: 2>&1 |
+    timeout $((150 * tests_slack)) "$from/bin/sieve-lib-tests" --test-threads 1 kernels:: device:: spirv:: gpu:: shaders:: 2>&1 |
         grep -E '^test |test result|panicked|note:' | tee "$out/kernel-tests.txt"
     echo "== the mat-mul and attention kernel tests again with wgpu's own SPIR-V (SIEVE_SPIRV=wgpu)"
-    SIEVE_SPIRV=wgpu timeout 90 "$from/bin/sieve-lib-tests" --test-threads 1 kernels::matmul kernels::attention 2>&1 |
+    SIEVE_SPIRV=wgpu timeout $((90 * tests_slack)) "$from/bin/sieve-lib-tests" --test-threads 1 kernels::matmul kernels::attention 2>&1 |
         grep -E '^test |test result|panicked|note:' | tee "$out/kernel-tests-wgpu-spirv.txt"
     echo "== golden tests (tiny models, every kernel set)"
-    SIEVE_GOLDEN_DIR="$from/golden" timeout 120 "$from/bin/golden-tiny-tests" --test-threads 1 2>&1 |
+    SIEVE_GOLDEN_DIR="$from/golden" timeout $((120 * tests_slack)) "$from/bin/golden-tiny-tests" --test-threads 1 2>&1 |
         grep -E '^test |test result|panicked' | tee "$out/golden-tests.txt"
 fi
 

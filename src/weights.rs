@@ -269,23 +269,12 @@ impl MatrixPart {
         let store = match gpu.kernels.weight_store {
             WeightStore::Buffer => PartStore::Buffer(gpu.storage(label, bytes)),
             WeightStore::Texture => {
-                let (width, height) = texture_extent(bytes);
-                let texture = gpu.device.create_texture(&wgpu::TextureDescriptor {
-                    label: Some(label),
-                    size: wgpu::Extent3d {
-                        width,
-                        height,
-                        depth_or_array_layers: 1,
-                    },
-                    mip_level_count: 1,
-                    sample_count: 1,
-                    dimension: wgpu::TextureDimension::D2,
-                    format: wgpu::TextureFormat::Rgba32Uint,
-                    usage: wgpu::TextureUsages::TEXTURE_BINDING
-                        | wgpu::TextureUsages::COPY_DST
-                        | wgpu::TextureUsages::COPY_SRC,
-                    view_formats: &[],
-                });
+                let texture = texel_texture(
+                    gpu,
+                    label,
+                    texture_extent(bytes),
+                    wgpu::TextureUsages::COPY_DST | wgpu::TextureUsages::COPY_SRC,
+                );
                 let view = texture.create_view(&Default::default());
                 PartStore::Texture {
                     texture,
@@ -365,6 +354,30 @@ impl MatrixPart {
             }
         }
     }
+}
+
+/// A sampled Rgba32Uint texture of (width, height) texels, also usable as
+/// `usage` says: a weight part's, or the read-bandwidth probe's.
+pub(crate) fn texel_texture(
+    gpu: &Gpu,
+    label: &str,
+    (width, height): (u32, u32),
+    usage: wgpu::TextureUsages,
+) -> wgpu::Texture {
+    gpu.device.create_texture(&wgpu::TextureDescriptor {
+        label: Some(label),
+        size: wgpu::Extent3d {
+            width,
+            height,
+            depth_or_array_layers: 1,
+        },
+        mip_level_count: 1,
+        sample_count: 1,
+        dimension: wgpu::TextureDimension::D2,
+        format: wgpu::TextureFormat::Rgba32Uint,
+        usage: wgpu::TextureUsages::TEXTURE_BINDING | usage,
+        view_formats: &[],
+    })
 }
 
 /// The texture extent (width, height in texels) that holds `bytes`: rows

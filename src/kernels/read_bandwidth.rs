@@ -213,20 +213,12 @@ fn texture_extent(bytes: u64, max_side: u32) -> (u32, u32) {
 /// A sampled Rgba32Uint texture of `width` x `height` texels (zeros until
 /// written).
 fn probe_texture(gpu: &Gpu, width: u32, height: u32) -> wgpu::Texture {
-    gpu.device.create_texture(&wgpu::TextureDescriptor {
-        label: Some("bandwidth-texture"),
-        size: wgpu::Extent3d {
-            width,
-            height,
-            depth_or_array_layers: 1,
-        },
-        mip_level_count: 1,
-        sample_count: 1,
-        dimension: wgpu::TextureDimension::D2,
-        format: wgpu::TextureFormat::Rgba32Uint,
-        usage: wgpu::TextureUsages::TEXTURE_BINDING | wgpu::TextureUsages::COPY_DST,
-        view_formats: &[],
-    })
+    crate::weights::texel_texture(
+        gpu,
+        "bandwidth-texture",
+        (width, height),
+        wgpu::TextureUsages::COPY_DST,
+    )
 }
 
 #[cfg(test)]

@@ -204,7 +204,13 @@ impl Gpu {
             Some(v) => v.min(real_max_binding),
             None => real_max_binding,
         };
-        let profile = DeviceProfile::new(&info, features, &limits);
+        let mut profile = DeviceProfile::new(&info, features, &limits);
+        // `SIEVE_MATRIX_UNITS=0`: the kernels as on a device without
+        // cooperative matrices (the tiled GEMMs, the tiled prefill
+        // attention), to measure what the matrix units buy.
+        if std::env::var("SIEVE_MATRIX_UNITS").is_ok_and(|v| v == "0") {
+            profile.coop_f16_16x16 = false;
+        }
         let mut kernels = KernelVariants::select(&profile, kernel_set);
         kernels.bounded_loops = std::env::var("SIEVE_LOOP_BOUNDING").map_or(true, |v| v != "0");
         if let Some(store) = WeightStore::from_env()? {

@@ -485,8 +485,10 @@ impl Scratch {
 
 impl TunedPart<'_> {
     /// Scratch bindings for `tokens` tokens with the given flags; x is
-    /// twice as wide with a fused SwiGLU (gate then up).
-    fn scratch(&self, gpu: &Gpu, tokens: usize, flags: u32) -> Scratch {
+    /// twice as wide with a fused SwiGLU (gate then up). x and the norm
+    /// weights hold random values, not zeros: matrix units (and some
+    /// multipliers) run faster on zeros, which would favour them.
+    fn scratch(&self, gpu: &Gpu, tokens: usize, flags: u32) -> Result<Scratch> {
         let (rows, cols) = (self.part.rows as u64, self.cols as u64);
         let x_width = if flags & FUSED_SWIGLU != 0 { 2 } else { 1 };
         let step = gpu.uniform(
@@ -509,16 +511,26 @@ impl TunedPart<'_> {
                 _p: 0,
             },
         );
-        Scratch {
+        let x = gpu.storage("tune-x", tokens as u64 * cols * 4 * x_width);
+        let norm = gpu.storage("tune-norm", cols * 4);
+        let fill = super::random_fill::RandomFill::new(gpu)?;
+        let random = |seed, offset| super::random_fill::Distribution {
+            seed,
+            scale: 1.0,
+            offset,
+        };
+        fill.fill(gpu, &x, 0, x.size() / 4, WeightFormat::F32, random(1, 0.0))?;
+        fill.fill(gpu, &norm, 0, cols, WeightFormat::F32, random(2, 1.0))?;
+        Ok(Scratch {
             buffers: [
                 step,
                 params,
                 gpu.storage("tune-bias", rows * 4),
-                gpu.storage("tune-x", tokens as u64 * cols * 4 * x_width),
+                x,
                 gpu.storage("tune-y", tokens as u64 * rows * 4),
-                gpu.storage("tune-norm", cols * 4),
+                norm,
             ],
-        }
+        })
     }
 
     fn key(&self, op: &'static str, input: &'static str, tokens: usize) -> TuneKey {
@@ -546,9 +558,11 @@ impl TunedPart<'_> {
                 .iter()
                 .map(|&v| Candidate {
                     label: format!("{}x{}", v.shape().0, v.shape().1),
-                    dispatch: matvec_pipeline(gpu, v, self.part.format).map(|p| {
-                        let group = scratch.bind(gpu, &p, self.part);
-                        (p, group, matvec_groups(v, rows))
+                    dispatch: scratch_or_error(&scratch).and_then(|scratch| {
+                        matvec_pipeline(gpu, v, self.part.format).map(|p| {
+                            let group = scratch.bind(gpu, &p, self.part);
+                            (p, group, matvec_groups(v, rows))
+                        })
                     }),
                 })
                 .collect()
@@ -570,15 +584,24 @@ impl TunedPart<'_> {
                 .iter()
                 .map(|&v| Candidate {
                     label: format!("{v:?}"),
-                    dispatch: matmul_pipeline(gpu, v, format).map(|p| {
-                        let group = scratch.bind(gpu, &p, self.part);
-                        (p, group, matmul_groups(v, rows as u32, tokens as u32))
+                    dispatch: scratch_or_error(&scratch).and_then(|scratch| {
+                        matmul_pipeline(gpu, v, format).map(|p| {
+                            let group = scratch.bind(gpu, &p, self.part);
+                            (p, group, matmul_groups(v, rows as u32, tokens as u32))
+                        })
                     }),
                 })
                 .collect()
         });
         cands[i]
     }
+}
+
+/// The scratch bindings, or their error as each candidate's own.
+fn scratch_or_error(scratch: &Result<Scratch>) -> Result<&Scratch> {
+    scratch
+        .as_ref()
+        .map_err(|e| anyhow::anyhow!("the timings' scratch inputs: {e:#}"))
 }
 
 /// The workgroups a mat-mul variant is dispatched with for `rows` rows of

@@ -22,7 +22,8 @@
 //! read once), timed by timestamp queries at the start and end of its own
 //! compute pass; the median counts. A candidate three times slower than the best so
 //! far after its first timed run is not run again. Mat-vec and mat-mul
-//! candidates run on scratch inputs and outputs. Attention candidates read
+//! candidates run on scratch inputs (random values: matrix units run
+//! faster on zeros) and outputs. Attention candidates read
 //! the engine's own query and cache buffers (what they hold does not change
 //! the work) and write only its partials, a scratch buffer every step
 //! rewrites before reading; a step uniform of their own sets the depth. So

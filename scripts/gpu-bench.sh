@@ -5,8 +5,8 @@
 # prefill 512 (median of 3 after a warm-up) and decode at depths
 # 0/4096/16384 next to llama.cpp's Vulkan figures, with the device's
 # timed kernels (`--kernels auto`, which is `tuned` on a GPU), without the
-# matrix units (SIEVE_MATRIX_UNITS=0: the tiled GEMMs), without wgpu's
-# shader loop counters, in Q4_0 and Q8_0, the CCS refresh, the fixed-rule
+# matrix units (SIEVE_MATRIX_UNITS=0: the tiled GEMMs), with wgpu's
+# shader loop counters (SIEVE_LOOP_BOUNDING=1), in Q4_0 and Q8_0, the CCS refresh, the fixed-rule
 # `gpu` set, wgpu's own SPIR-V for the cooperative kernels, decode with
 # eviction and long contexts.
 #
@@ -38,9 +38,9 @@
 # measures the f32 cache instead.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-# Every section but the ones that ask otherwise keeps wgpu's shader loop
-# counters, sieve's own SPIR-V for the cooperative kernels and the matrix
-# units.
+# Every section but the ones that ask otherwise runs sieve's defaults:
+# kernels without wgpu's shader loop counters, sieve's own SPIR-V for the
+# cooperative kernels, the matrix units.
 unset SIEVE_LOOP_BOUNDING SIEVE_SPIRV SIEVE_MATRIX_UNITS SIEVE_KERNELS
 small=0
 out=bench-out
@@ -292,12 +292,12 @@ fi
 
 # 5. Speed, most important first: the 8B shape with the device's kernels
 # (per-kernel split of a prefill and a decode step included), then without
-# the matrix units and without the loop counters, the 1B shape, the block
+# the matrix units and with the loop counters, the 1B shape, the block
 # formats and the CCS refresh.
 bench speed-$big 100 40 -- "$big" "${speed[@]}" --depths "$depths" --decode-steps "$steps"
 bench speed-$big-no-matrix-units 60 30 SIEVE_MATRIX_UNITS=0 -- "$big" "${speed[@]}" \
     --depths 0 --decode-steps 8
-bench speed-$big-loops-unbounded 60 30 SIEVE_LOOP_BOUNDING=0 -- "$big" "${speed[@]}" \
+bench speed-$big-loop-counters 60 30 SIEVE_LOOP_BOUNDING=1 -- "$big" "${speed[@]}" \
     --depths "$depths_short" --decode-steps "$steps"
 bench speed-$little 60 30 -- "$little" "${speed[@]}" --depths "$depths" --decode-steps "$steps"
 for dtype in q4_0 q8_0; do

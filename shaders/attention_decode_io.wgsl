@@ -8,8 +8,15 @@
 //            tree reductions over the 32 segments in workgroup memory;
 //   values   lane = (4-value column d, key slice s of 8): each lane sums 32
 //            keys for all heads (the 32 columns of a value row are read by
-//            adjacent lanes), then the 8 slices are added per head.
+//            adjacent lanes), VALUE_BATCH rows loaded at a time, then the
+//            8 slices are added per head.
 // Workgroup memory: 16,384 bytes (16 KiB: what WebGPU and Vulkan promise).
+
+// Value rows each lane loads at once in the value phase (1 to
+// VALUE_BATCH_MAX): an override constant set by the launcher, 1 for
+// `Parallel` and `LanesPerKey`, 8 for `ParallelBatched`.
+override VALUE_BATCH: u32 = 1u;
+const VALUE_BATCH_MAX: u32 = 8u;
 
 var<workgroup> qs: array<vec4<f32>, 256>;  // GMAX * HD4_MAX, scaled queries
 var<workgroup> sc: array<f32, 2048>;       // GMAX * CHUNK scores, then weights
@@ -107,7 +114,22 @@ fn finish_chunk(ch: DecodeChunk, lid: u32) {
         acc[h] = vec4<f32>(0.0);
     }
     if (d < hd4) {
-        for (var j = s; j < n_valid; j += 8u) { // loop bound: n_valid <= CHUNK
+        // VALUE_BATCH rows of the slice at a time: their loads are issued
+        // together, before the sums that use them (one row at a time, each
+        // lane waits for memory once per key).
+        var j = s;
+        for (; j + 8u * (VALUE_BATCH - 1u) < n_valid; j += 8u * VALUE_BATCH) { // loop bound: n_valid <= CHUNK
+            var vs: array<vec4<f32>, VALUE_BATCH_MAX>;
+            for (var u = 0u; u < VALUE_BATCH; u++) {
+                vs[u] = unpack_kv(vc[kv_word(k0 + j + 8u * u, kvh, d)]);
+            }
+            for (var u = 0u; u < VALUE_BATCH; u++) {
+                for (var h = 0u; h < g_n; h++) {
+                    acc[h] += sc[h * CHUNK + j + 8u * u] * vs[u];
+                }
+            }
+        }
+        for (; j < n_valid; j += 8u) { // loop bound: n_valid <= CHUNK
             let v = unpack_kv(vc[kv_word(k0 + j, kvh, d)]);
             for (var h = 0u; h < g_n; h++) {
                 acc[h] += sc[h * CHUNK + j] * v;

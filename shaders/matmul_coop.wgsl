@@ -13,7 +13,8 @@
 // 16 x 16. K is walked 64 values at a time: the lanes convert that slice of
 // x (32 tokens x 64 values) to f16 in workgroup memory (tokens past n are
 // zeros), then for each 16-value step load the four A tiles straight from
-// memory and multiply them with the two B tiles. The epilogue goes through
+// memory and multiply them with the two B tiles (X_STRIDE, below, pads the
+// staged rows for `CoopPadded`). The epilogue goes through
 // workgroup memory one accumulator at a time, so bias, residual and the
 // token bound are applied per element by `store`.
 //
@@ -27,8 +28,14 @@ enable wgpu_cooperative_matrix;
 
 override SUBGROUP_SIZE: u32 = 32u;
 
-// B slice: token t's 64 values at t * 64 (column-major, stride 64).
-var<workgroup> x_slice: array<f16, 2048>;
+// Halves from one token's staged values to the next: 64 (`Coop`), or 72
+// (`CoopPadded`): 128 bytes apart, the 16 tokens of a matrix load all
+// start on bank 0 (16-way conflicts); 144 bytes apart they spread over the
+// banks (and stay 16-byte aligned).
+override X_STRIDE: u32 = 64u;
+
+// B slice: token t's 64 values at t * X_STRIDE (column-major).
+var<workgroup> x_slice: array<f16, 32u * X_STRIDE>;
 // One 16 x 16 accumulator, column-major: (row i, token j) at j * 16 + i.
 var<workgroup> c_tile: array<f32, 256>;
 
@@ -69,7 +76,7 @@ fn matmul(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
             if (tok0 + t < n) {
                 v = x[(tok0 + t) * p.k4 + k0 / 4u + q];
             }
-            let at = t * 64u + q * 4u;
+            let at = t * X_STRIDE + q * 4u;
             x_slice[at] = f16(v.x);
             x_slice[at + 1u] = f16(v.y);
             x_slice[at + 2u] = f16(v.z);
@@ -77,8 +84,8 @@ fn matmul(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
         }
         workgroupBarrier();
         for (var kk = 0u; kk < 64u; kk += 16u) {
-            let b0 = coopLoad<coop_mat16x16<f16, B>>(&x_slice[kk], 64u);
-            let b1 = coopLoad<coop_mat16x16<f16, B>>(&x_slice[16u * 64u + kk], 64u);
+            let b0 = coopLoad<coop_mat16x16<f16, B>>(&x_slice[kk], X_STRIDE);
+            let b1 = coopLoad<coop_mat16x16<f16, B>>(&x_slice[16u * X_STRIDE + kk], X_STRIDE);
             let a_at = row0 * k_len + k0 + kk;
             let a0 = coopLoadT<coop_mat16x16<f16, A>>(&w[a_at], k_len);
             let a1 = coopLoadT<coop_mat16x16<f16, A>>(&w[a_at + 16u * k_len], k_len);

@@ -26,7 +26,8 @@
 // lanes per row so loads are coalesced) and convert that slice of x
 // (64 * WIDE tokens x 32 values) to f16 in workgroup memory (rows and
 // tokens past the ends are zeros), then each subgroup multiplies its A
-// tiles with its four B tiles, twice. Values are rounded to f16 on the way
+// tiles with its four B tiles, twice (K_STRIDE, below, pads the staged rows
+// for `CoopStagedPadded`). Values are rounded to f16 on the way
 // in (weights and activations), with f32 accumulation. The epilogue goes
 // through workgroup memory one accumulator at a time, so bias, residual and
 // the row and token bounds are applied per element by `store`.
@@ -43,11 +44,16 @@ override WIDE: u32 = 1u;
 
 // Values of K staged at a time.
 const K_STEP: u32 = 32u;
+// Halves from one staged row to the next: K_STEP (32, today's `CoopStaged`),
+// or K_STEP + 8 (40, `CoopStagedPadded`): with rows 64 bytes apart the 16
+// rows of a matrix load fall on two sets of 8 banks (8-way conflicts);
+// 80 bytes apart they spread over all 32 (rows stay 16-byte aligned).
+override K_STRIDE: u32 = 32u;
 
-// A slice: row r's K_STEP values at r * K_STEP (row-major, stride K_STEP).
-var<workgroup> w_slice: array<f16, 4096>;
-// B slice: token t's K_STEP values at t * K_STEP (column-major, stride K_STEP).
-var<workgroup> x_slice: array<f16, 2048u * WIDE>;
+// A slice: row r's K_STEP values at r * K_STRIDE (row-major).
+var<workgroup> w_slice: array<f16, 128u * K_STRIDE>;
+// B slice: token t's K_STEP values at t * K_STRIDE (column-major).
+var<workgroup> x_slice: array<f16, 64u * WIDE * K_STRIDE>;
 // One 16 x 16 accumulator per subgroup, column-major: (row i, token j) at
 // 256 s + j * 16 + i.
 var<workgroup> c_tiles: array<f32, 1024>;
@@ -116,7 +122,7 @@ fn matmul(
             if (row0 + r < p.rows) {
                 v = weight4((row0 + r) * p.k4 + k0 + q);
             }
-            let at = r * K_STEP + q * 4u;
+            let at = r * K_STRIDE + q * 4u;
             w_slice[at] = f16(v.x);
             w_slice[at + 1u] = f16(v.y);
             w_slice[at + 2u] = f16(v.z);
@@ -129,7 +135,7 @@ fn matmul(
             if (tok0 + t < n) {
                 v = x[(tok0 + t) * p.k4 + k0 + q];
             }
-            let at = t * K_STEP + q * 4u;
+            let at = t * K_STRIDE + q * 4u;
             x_slice[at] = f16(v.x);
             x_slice[at + 1u] = f16(v.y);
             x_slice[at + 2u] = f16(v.z);
@@ -137,12 +143,12 @@ fn matmul(
         }
         workgroupBarrier();
         for (var kk = 0u; kk < K_STEP; kk += 16u) {
-            let a0 = coopLoadT<coop_mat16x16<f16, A>>(&w_slice[a_row * K_STEP + kk], K_STEP);
-            let a1 = coopLoadT<coop_mat16x16<f16, A>>(&w_slice[(a_row + 16u) * K_STEP + kk], K_STEP);
-            let b0 = coopLoad<coop_mat16x16<f16, B>>(&x_slice[b_tok * K_STEP + kk], K_STEP);
-            let b1 = coopLoad<coop_mat16x16<f16, B>>(&x_slice[(b_tok + 16u) * K_STEP + kk], K_STEP);
-            let b2 = coopLoad<coop_mat16x16<f16, B>>(&x_slice[(b_tok + 32u) * K_STEP + kk], K_STEP);
-            let b3 = coopLoad<coop_mat16x16<f16, B>>(&x_slice[(b_tok + 48u) * K_STEP + kk], K_STEP);
+            let a0 = coopLoadT<coop_mat16x16<f16, A>>(&w_slice[a_row * K_STRIDE + kk], K_STRIDE);
+            let a1 = coopLoadT<coop_mat16x16<f16, A>>(&w_slice[(a_row + 16u) * K_STRIDE + kk], K_STRIDE);
+            let b0 = coopLoad<coop_mat16x16<f16, B>>(&x_slice[b_tok * K_STRIDE + kk], K_STRIDE);
+            let b1 = coopLoad<coop_mat16x16<f16, B>>(&x_slice[(b_tok + 16u) * K_STRIDE + kk], K_STRIDE);
+            let b2 = coopLoad<coop_mat16x16<f16, B>>(&x_slice[(b_tok + 32u) * K_STRIDE + kk], K_STRIDE);
+            let b3 = coopLoad<coop_mat16x16<f16, B>>(&x_slice[(b_tok + 48u) * K_STRIDE + kk], K_STRIDE);
             c00 = coopMultiplyAdd(a0, b0, c00);
             c01 = coopMultiplyAdd(a0, b1, c01);
             c02 = coopMultiplyAdd(a0, b2, c02);
@@ -152,8 +158,8 @@ fn matmul(
             c12 = coopMultiplyAdd(a1, b2, c12);
             c13 = coopMultiplyAdd(a1, b3, c13);
             if (WIDE == 2u) {
-                let a2 = coopLoadT<coop_mat16x16<f16, A>>(&w_slice[(a_row + 32u) * K_STEP + kk], K_STEP);
-                let a3 = coopLoadT<coop_mat16x16<f16, A>>(&w_slice[(a_row + 48u) * K_STEP + kk], K_STEP);
+                let a2 = coopLoadT<coop_mat16x16<f16, A>>(&w_slice[(a_row + 32u) * K_STRIDE + kk], K_STRIDE);
+                let a3 = coopLoadT<coop_mat16x16<f16, A>>(&w_slice[(a_row + 48u) * K_STRIDE + kk], K_STRIDE);
                 c20 = coopMultiplyAdd(a2, b0, c20);
                 c21 = coopMultiplyAdd(a2, b1, c21);
                 c22 = coopMultiplyAdd(a2, b2, c22);

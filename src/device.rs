@@ -150,11 +150,12 @@ pub enum MatvecVariant {
     /// words, one scale per block).
     Rows8,
     /// `matvec_workgroup.wgsl`: a workgroup of `lanes` lanes (64, 128 or
-    /// 256) per `rows` rows (1 to 8), coalesced loads along K, reduced in
-    /// workgroup memory.
-    WorkgroupReduce { lanes: u32, rows: u32 },
+    /// 256) per `rows` rows (1 to 8), coalesced loads along K, `steps`
+    /// loads per row in flight per lane (2 or 4; matvec_rows.wgsl), reduced
+    /// in workgroup memory.
+    WorkgroupReduce { lanes: u32, rows: u32, steps: u32 },
     /// `matvec_subgroup.wgsl`: the same, reduced with subgroup sums.
-    SubgroupReduce { lanes: u32, rows: u32 },
+    SubgroupReduce { lanes: u32, rows: u32, steps: u32 },
 }
 
 /// Lanes and rows per workgroup of the `gpu` mat-vecs: the fixed rule's
@@ -163,6 +164,9 @@ pub const MATVEC_LANES_DEFAULT: u32 = 128;
 pub const MATVEC_ROWS_DEFAULT: u32 = 2;
 pub const MATVEC_LANES: [u32; 3] = [64, 128, 256];
 pub const MATVEC_ROWS_MAX: u32 = 8;
+/// Loads per row in flight per lane: the fixed rule's, and the others timed.
+pub const MATVEC_STEPS_DEFAULT: u32 = 2;
+pub const MATVEC_STEPS: [u32; 2] = [2, 4];
 
 impl MatvecVariant {
     /// Whether the variant can fold the kernel that writes its input (RMSNorm,
@@ -175,18 +179,40 @@ impl MatvecVariant {
     pub fn shape(self) -> (u32, u32) {
         match self {
             MatvecVariant::Rows8 => (8, 64),
-            MatvecVariant::WorkgroupReduce { lanes, rows }
-            | MatvecVariant::SubgroupReduce { lanes, rows } => (lanes, rows),
+            MatvecVariant::WorkgroupReduce { lanes, rows, .. }
+            | MatvecVariant::SubgroupReduce { lanes, rows, .. } => (lanes, rows),
         }
     }
 
-    /// The same kernel with `lanes` lanes per `rows` rows (the `cpu`
-    /// variant has one shape).
-    pub fn with_shape(self, lanes: u32, rows: u32) -> Self {
+    /// Loads per row in flight per lane (the `cpu` variant: 1).
+    pub fn steps(self) -> u32 {
+        match self {
+            MatvecVariant::Rows8 => 1,
+            MatvecVariant::WorkgroupReduce { steps, .. }
+            | MatvecVariant::SubgroupReduce { steps, .. } => steps,
+        }
+    }
+
+    /// The same kernel with `lanes` lanes per `rows` rows and `steps` loads
+    /// per row in flight (the `cpu` variant has one shape).
+    pub fn with_shape(self, lanes: u32, rows: u32, steps: u32) -> Self {
         match self {
             MatvecVariant::Rows8 => self,
-            MatvecVariant::WorkgroupReduce { .. } => MatvecVariant::WorkgroupReduce { lanes, rows },
-            MatvecVariant::SubgroupReduce { .. } => MatvecVariant::SubgroupReduce { lanes, rows },
+            MatvecVariant::WorkgroupReduce { .. } => {
+                MatvecVariant::WorkgroupReduce { lanes, rows, steps }
+            }
+            MatvecVariant::SubgroupReduce { .. } => {
+                MatvecVariant::SubgroupReduce { lanes, rows, steps }
+            }
+        }
+    }
+
+    /// How the timings name it: lanes x rows, and x steps where not 2.
+    pub fn label(self) -> String {
+        let (lanes, rows) = self.shape();
+        match self.steps() {
+            MATVEC_STEPS_DEFAULT => format!("{lanes}x{rows}"),
+            steps => format!("{lanes}x{rows}x{steps}"),
         }
     }
 }
@@ -218,6 +244,15 @@ pub enum MatmulVariant {
     /// half the workgroups). A timed candidate of `tuned` wherever
     /// `CoopStaged` is one.
     CoopStagedWide,
+    /// `matmul_coop.wgsl` with X_STRIDE = 72: `Coop` with its staged x
+    /// rows padded by 8 halves, so that a matrix load from workgroup memory
+    /// is free of bank conflicts. A timed candidate of `tuned` wherever
+    /// `Coop` is one; takes what `Coop` takes.
+    CoopPadded,
+    /// `matmul_coop_staged.wgsl` with K_STRIDE = 40: `CoopStaged` with its
+    /// staged rows padded by 8 halves (the same reason). A timed candidate
+    /// of `tuned` wherever `CoopStaged` is one; takes what it takes.
+    CoopStagedPadded,
 }
 
 impl MatmulVariant {
@@ -236,19 +271,23 @@ impl MatmulVariant {
     ) -> MatmulVariant {
         use crate::shaders::WeightFormat;
         match (self, format) {
-            (MatmulVariant::Coop, WeightFormat::F16)
+            (MatmulVariant::Coop | MatmulVariant::CoopPadded, WeightFormat::F16)
                 if cols.is_multiple_of(64) && rows.is_multiple_of(64) =>
-            {
-                MatmulVariant::Coop
-            }
-            (MatmulVariant::Coop, f) if f.block().is_some() => MatmulVariant::CoopStaged,
-            // Asked for by name (the timings, tests): block formats and f16
-            // rows of whole 32-value slices.
-            (MatmulVariant::CoopStaged | MatmulVariant::CoopStagedWide, f)
-                if f.block().is_some() || (f == WeightFormat::F16 && cols.is_multiple_of(32)) =>
             {
                 self
             }
+            (MatmulVariant::Coop, f) if f.block().is_some() => MatmulVariant::CoopStaged,
+            (MatmulVariant::CoopPadded, f) if f.block().is_some() => {
+                MatmulVariant::CoopStagedPadded
+            }
+            // Asked for by name (the timings, tests): block formats and f16
+            // rows of whole 32-value slices.
+            (
+                MatmulVariant::CoopStaged
+                | MatmulVariant::CoopStagedWide
+                | MatmulVariant::CoopStagedPadded,
+                f,
+            ) if f.block().is_some() || (f == WeightFormat::F16 && cols.is_multiple_of(32)) => self,
             (v, _) if v.cooperative() => MatmulVariant::Tiled,
             (v, _) => v,
         }
@@ -259,7 +298,11 @@ impl MatmulVariant {
     pub fn cooperative(self) -> bool {
         matches!(
             self,
-            MatmulVariant::Coop | MatmulVariant::CoopStaged | MatmulVariant::CoopStagedWide
+            MatmulVariant::Coop
+                | MatmulVariant::CoopStaged
+                | MatmulVariant::CoopStagedWide
+                | MatmulVariant::CoopPadded
+                | MatmulVariant::CoopStagedPadded
         )
     }
 }
@@ -277,6 +320,12 @@ pub enum AttnDecodeVariant {
     /// reading consecutive words of its row, summed by subgroup shuffles
     /// (needs subgroups of at least 8 lanes; a `tuned` candidate).
     LanesPerKey,
+    /// `attention_decode.wgsl` with VALUE_BATCH = 8: as `Parallel`, with
+    /// each lane's value rows loaded eight at a time, so that eight loads
+    /// are in flight where `Parallel` waits for memory once per key (its
+    /// value phase read an H200's cache at a tenth of the bandwidth); a
+    /// `tuned` candidate.
+    ParallelBatched,
 }
 
 /// Attention partials for many queries (prefill, counter-causal pass).
@@ -312,6 +361,10 @@ pub struct KernelVariants {
     /// Whether `CoopStagedWide` is a timed candidate wherever `CoopStaged`
     /// is one (`tuned` only; cleared when it fails its start-up check).
     pub coop_staged_wide: bool,
+    /// Whether `CoopPadded` and `CoopStagedPadded` are timed candidates
+    /// wherever `Coop` and `CoopStaged` are (`tuned` only; cleared when
+    /// either fails its start-up check).
+    pub coop_padded: bool,
     pub attn_decode: AttnDecodeVariant,
     /// Whether `AttnDecodeVariant::LanesPerKey` can run here (subgroup
     /// operations, subgroups of at least 8 lanes).
@@ -322,9 +375,10 @@ pub struct KernelVariants {
     /// start-up check).
     pub attn_prefill_coop: bool,
     /// Whether sieve's own kernels keep the loop counter wgpu adds to every
-    /// shader loop (the default until a GPU run shows what it costs);
-    /// `SIEVE_LOOP_BOUNDING=0` drops it, which is sound since every loop of
-    /// the kernels ends (docs/ARCHITECTURE.md, "Kernel variants").
+    /// shader loop (`SIEVE_LOOP_BOUNDING=1`). Off by default: it cost an
+    /// H200 a fifth of its decode speed, and dropping it is sound since
+    /// every loop of the kernels ends (docs/ARCHITECTURE.md, "Kernel
+    /// variants").
     pub bounded_loops: bool,
     /// Who writes the SPIR-V of the kernels that a Vulkan driver gets.
     pub spirv: SpirvPath,
@@ -392,11 +446,12 @@ impl KernelVariants {
                 coop_staged: false,
                 coop_staged_f16: false,
                 coop_staged_wide: false,
+                coop_padded: false,
                 attn_decode: AttnDecodeVariant::Serial,
                 attn_decode_lanes: false,
                 attn_prefill: AttnPrefillVariant::RowPerLane,
                 attn_prefill_coop: false,
-                bounded_loops: true,
+                bounded_loops: false,
                 spirv: SpirvPath::Wgpu,
                 weight_store: WeightStore::Texture,
             },
@@ -419,22 +474,25 @@ impl KernelVariants {
                         MatvecVariant::SubgroupReduce {
                             lanes: MATVEC_LANES_DEFAULT,
                             rows: MATVEC_ROWS_DEFAULT,
+                            steps: MATVEC_STEPS_DEFAULT,
                         }
                     } else {
                         MatvecVariant::WorkgroupReduce {
                             lanes: MATVEC_LANES_DEFAULT,
                             rows: MATVEC_ROWS_DEFAULT,
+                            steps: MATVEC_STEPS_DEFAULT,
                         }
                     },
                     matmul,
                     coop_staged: matmul == MatmulVariant::Coop,
                     coop_staged_f16: matmul == MatmulVariant::Coop && set == KernelSet::Tuned,
                     coop_staged_wide: matmul == MatmulVariant::Coop && set == KernelSet::Tuned,
+                    coop_padded: matmul == MatmulVariant::Coop && set == KernelSet::Tuned,
                     attn_decode: AttnDecodeVariant::Parallel,
                     attn_decode_lanes: profile.subgroups && profile.subgroup_min >= 8,
                     attn_prefill: AttnPrefillVariant::Tiled,
                     attn_prefill_coop: matmul == MatmulVariant::Coop && set == KernelSet::Tuned,
-                    bounded_loops: true,
+                    bounded_loops: false,
                     spirv: SpirvPath::Wgpu,
                     weight_store: WeightStore::Buffer,
                 }
@@ -446,7 +504,8 @@ impl KernelVariants {
     /// [`MatmulVariant::for_part`], with block formats on `Tiled` where the
     /// staged cooperative kernel is off for them (`coop_staged`; f16
     /// weights asked for by name keep it: their start-up check is their
-    /// own).
+    /// own), and the direct cooperative kernel on `Tiled` for weights in
+    /// textures.
     pub fn part_variant(
         &self,
         variant: MatmulVariant,
@@ -455,8 +514,17 @@ impl KernelVariants {
         cols: usize,
     ) -> MatmulVariant {
         match variant.for_part(format, rows, cols) {
-            MatmulVariant::CoopStaged | MatmulVariant::CoopStagedWide
+            MatmulVariant::CoopStaged
+            | MatmulVariant::CoopStagedWide
+            | MatmulVariant::CoopStagedPadded
                 if !self.coop_staged && format.block().is_some() =>
+            {
+                MatmulVariant::Tiled
+            }
+            // The direct kernel binds f16 weights as a buffer of its own:
+            // with weights in textures the tiled kernel takes its place.
+            MatmulVariant::Coop | MatmulVariant::CoopPadded
+                if self.weight_store == WeightStore::Texture =>
             {
                 MatmulVariant::Tiled
             }
@@ -472,19 +540,28 @@ impl KernelVariants {
 
     /// The mat-vec variants worth timing for a weight matrix, the fixed
     /// rule's first: the `gpu` mat-vec with 64, 128 or 256 lanes per 1, 2,
-    /// 4 or 8 rows.
+    /// 4 or 8 rows, two loads per row in flight; and four in flight with
+    /// 128 or 256 lanes per 1, 2 or 4 rows (eight rows of four loads each
+    /// would hold more registers than a lane keeps fast).
     pub fn matvec_candidates(&self) -> Vec<MatvecVariant> {
         let v = self.matvec;
         if v == MatvecVariant::Rows8 {
             return vec![v];
         }
         let mut out = vec![v];
+        let mut push = |c: MatvecVariant| {
+            if !out.contains(&c) {
+                out.push(c);
+            }
+        };
         for lanes in MATVEC_LANES {
             for rows in [1, 2, 4, MATVEC_ROWS_MAX] {
-                let c = v.with_shape(lanes, rows);
-                if c != v {
-                    out.push(c);
-                }
+                push(v.with_shape(lanes, rows, MATVEC_STEPS_DEFAULT));
+            }
+        }
+        for lanes in [128, 256] {
+            for rows in [1, 2, 4] {
+                push(v.with_shape(lanes, rows, 4));
             }
         }
         out
@@ -518,7 +595,9 @@ impl KernelVariants {
             };
         let more = [
             direct.then_some(MatmulVariant::Coop),
+            (direct && self.coop_padded).then_some(MatmulVariant::CoopPadded),
             staged.then_some(MatmulVariant::CoopStaged),
+            (staged && self.coop_padded).then_some(MatmulVariant::CoopStagedPadded),
             (staged && self.coop_staged_wide).then_some(MatmulVariant::CoopStagedWide),
             Some(MatmulVariant::Tiled),
             Some(MatmulVariant::TiledWide),
@@ -533,11 +612,13 @@ impl KernelVariants {
     }
 
     /// The decode attention variants worth timing (`tuned`), the fixed
-    /// rule's first: the one-key-per-lane and the eight-lanes-per-key
-    /// kernels, and the `cpu` set's serial one; one for the other sets.
+    /// rule's first: the one-key-per-lane kernel with one and with eight
+    /// value rows loaded at a time, the eight-lanes-per-key kernel, and the
+    /// `cpu` set's serial one; one for the other sets.
     pub fn attn_decode_candidates(&self) -> Vec<AttnDecodeVariant> {
         let mut out = vec![self.attn_decode];
         if self.tuned() {
+            out.push(AttnDecodeVariant::ParallelBatched);
             if self.attn_decode_lanes {
                 out.push(AttnDecodeVariant::LanesPerKey);
             }
@@ -591,16 +672,16 @@ impl KernelVariants {
             v => format!("{v:?}"),
         };
         let timed = if self.tuned() && self.matmul == MatmulVariant::Coop {
-            ", each part's fastest of Coop, CoopStaged, CoopStagedWide, Tiled, TiledWide timed"
+            ", each part's fastest of Coop, CoopPadded, CoopStaged, CoopStagedPadded, CoopStagedWide, Tiled, TiledWide timed"
         } else if self.tuned() {
             ", each part's fastest of Tiled, TiledWide timed"
         } else {
             ""
         };
         let loops = if self.bounded_loops {
-            ""
+            ", wgpu's shader loop counters kept"
         } else {
-            ", shader loops unbounded"
+            ""
         };
         // Said where it differs from what wgpu alone would do.
         let uses_coop = self.matmul == MatmulVariant::Coop || self.attn_prefill_coop;
@@ -658,7 +739,8 @@ mod tests {
                 KernelSet::Tuned,
                 MatvecVariant::SubgroupReduce {
                     lanes: 128,
-                    rows: 2
+                    rows: 2,
+                    steps: 2
                 },
                 MatmulVariant::Coop
             )
@@ -673,7 +755,8 @@ mod tests {
             (
                 MatvecVariant::WorkgroupReduce {
                     lanes: 128,
-                    rows: 2
+                    rows: 2,
+                    steps: 2
                 },
                 MatmulVariant::Tiled
             )
@@ -690,12 +773,14 @@ mod tests {
     }
 
     #[test]
-    fn unbounded_loops_are_said() {
+    fn loop_counters_are_said() {
         let mut v =
             KernelVariants::select(&DeviceProfile::for_tests(false, true, true), KernelSet::Gpu);
-        assert!(v.bounded_loops && !v.describe().contains("loops"));
-        v.bounded_loops = false;
-        assert!(v.describe().ends_with(", shader loops unbounded)"));
+        assert!(!v.bounded_loops && !v.describe().contains("loop"));
+        v.bounded_loops = true;
+        assert!(v
+            .describe()
+            .ends_with(", wgpu's shader loop counters kept)"));
     }
 
     /// Who writes which kernel's SPIR-V, and `describe` says so where sieve
@@ -758,27 +843,32 @@ mod tests {
             KernelVariants::select(&DeviceProfile::for_tests(false, true, true), KernelSet::Gpu)
                 .matmul;
         assert_eq!(v, MatmulVariant::Coop);
-        assert_eq!(v.for_part(WeightFormat::F16, 128, 576), MatmulVariant::Coop);
-        assert_eq!(
-            v.for_part(WeightFormat::F32, 128, 576),
-            MatmulVariant::Tiled
-        );
-        assert_eq!(
-            v.for_part(WeightFormat::Q4_0, 128, 576),
-            MatmulVariant::CoopStaged
-        );
-        assert_eq!(
-            v.for_part(WeightFormat::Q6_K, 36, 512),
-            MatmulVariant::CoopStaged
-        );
-        assert_eq!(v.for_part(WeightFormat::F16, 36, 576), MatmulVariant::Tiled);
-        assert_eq!(
-            v.for_part(WeightFormat::F16, 128, 100),
-            MatmulVariant::Tiled
-        );
-        // The staged kernel asked for by name, with either tile width:
-        // block formats, f16 rows of whole 32-value slices, nothing else.
-        for staged in [MatmulVariant::CoopStaged, MatmulVariant::CoopStagedWide] {
+        // (asked for, format, rows, k, what runs): the staged kernel takes
+        // block formats, f16 where the direct one cannot, nothing else.
+        use MatmulVariant::{Coop, CoopPadded, CoopStaged, CoopStagedPadded, Tiled};
+        let cases = [
+            (Coop, WeightFormat::F16, 128, 576, Coop),
+            (Coop, WeightFormat::F32, 128, 576, Tiled),
+            (Coop, WeightFormat::Q4_0, 128, 576, CoopStaged),
+            (Coop, WeightFormat::Q6_K, 36, 512, CoopStaged),
+            (Coop, WeightFormat::F16, 36, 576, Tiled),
+            (Coop, WeightFormat::F16, 128, 100, Tiled),
+            (CoopPadded, WeightFormat::F16, 128, 576, CoopPadded),
+            (CoopPadded, WeightFormat::Q4_0, 128, 576, CoopStagedPadded),
+            (CoopPadded, WeightFormat::F16, 36, 576, Tiled),
+        ];
+        for (asked, format, rows, k, runs) in cases {
+            assert_eq!(
+                asked.for_part(format, rows, k),
+                runs,
+                "{asked:?} on {format:?} {rows}x{k}"
+            );
+        }
+        for staged in [
+            MatmulVariant::CoopStaged,
+            MatmulVariant::CoopStagedWide,
+            MatmulVariant::CoopStagedPadded,
+        ] {
             assert_eq!(staged.for_part(WeightFormat::Q4_K, 36, 512), staged);
             assert_eq!(staged.for_part(WeightFormat::F16, 36, 544), staged);
             let other = [(WeightFormat::F16, 36, 100), (WeightFormat::F32, 128, 576)];
@@ -798,26 +888,59 @@ mod tests {
         let mut v = KernelVariants::select(&coop, KernelSet::Tuned);
         let mv = v.matvec_candidates();
         assert_eq!(mv[0], v.matvec);
-        assert_eq!(mv.len(), 12);
+        assert_eq!(mv.len(), 18);
         for (i, c) in mv.iter().enumerate() {
             assert!(!mv[..i].contains(c), "{c:?} twice");
             assert!(matches!(c, MatvecVariant::SubgroupReduce { .. }));
         }
         use MatmulVariant::*;
         let f16 = v.matmul_candidates(WeightFormat::F16, 128, 576);
-        assert_eq!(f16, [Coop, CoopStaged, CoopStagedWide, Tiled, TiledWide]);
+        assert_eq!(
+            f16,
+            [
+                Coop,
+                CoopPadded,
+                CoopStaged,
+                CoopStagedPadded,
+                CoopStagedWide,
+                Tiled,
+                TiledWide
+            ]
+        );
         // Not whole 64 x 64 tiles: the direct kernel does not take it, the
         // staged one does (K a multiple of 32).
         let f16 = v.matmul_candidates(WeightFormat::F16, 36, 544);
-        assert_eq!(f16, [Tiled, CoopStaged, CoopStagedWide, TiledWide]);
+        assert_eq!(
+            f16,
+            [
+                Tiled,
+                CoopStaged,
+                CoopStagedPadded,
+                CoopStagedWide,
+                TiledWide
+            ]
+        );
         let f16 = v.matmul_candidates(WeightFormat::F16, 36, 100);
         assert_eq!(f16, [Tiled, TiledWide]);
         let f32 = v.matmul_candidates(WeightFormat::F32, 128, 576);
         assert_eq!(f32, [Tiled, TiledWide]);
         let q = v.matmul_candidates(WeightFormat::Q4_K, 128, 512);
-        assert_eq!(q, [CoopStaged, CoopStagedWide, Tiled, TiledWide]);
-        // The wide tiles failing their check drop them alone.
+        assert_eq!(
+            q,
+            [
+                CoopStaged,
+                CoopStagedPadded,
+                CoopStagedWide,
+                Tiled,
+                TiledWide
+            ]
+        );
+        // The wide tiles failing their check drop them alone, and so do the
+        // padded ones.
         v.coop_staged_wide = false;
+        let q = v.matmul_candidates(WeightFormat::Q4_K, 128, 512);
+        assert_eq!(q, [CoopStaged, CoopStagedPadded, Tiled, TiledWide]);
+        v.coop_padded = false;
         let q = v.matmul_candidates(WeightFormat::Q4_K, 128, 512);
         assert_eq!(q, [CoopStaged, Tiled, TiledWide]);
         // The staged kernel failing its check with block formats leaves it
@@ -836,7 +959,12 @@ mod tests {
         // The fixed-rule set times nothing, and has no f16 staged candidate
         // and no wide staged one.
         let fixed = KernelVariants::select(&coop, KernelSet::Gpu);
-        assert!(!fixed.tuned() && !fixed.coop_staged_f16 && !fixed.coop_staged_wide);
+        assert!(
+            !fixed.tuned()
+                && !fixed.coop_staged_f16
+                && !fixed.coop_staged_wide
+                && !fixed.coop_padded
+        );
         let plain = KernelVariants::select(
             &DeviceProfile::for_tests(false, true, false),
             KernelSet::Tuned,
@@ -862,7 +990,10 @@ mod tests {
         use AttnPrefillVariant::*;
         let subgroups = DeviceProfile::for_tests(false, true, false);
         let v = KernelVariants::select(&subgroups, KernelSet::Tuned);
-        assert_eq!(v.attn_decode_candidates(), [Parallel, LanesPerKey, Serial]);
+        assert_eq!(
+            v.attn_decode_candidates(),
+            [Parallel, ParallelBatched, LanesPerKey, Serial]
+        );
         assert_eq!(v.attn_prefill_candidates(128, F16), [Tiled, RowPerLane]);
         // With cooperative matrices, the matrix-unit prefill where the
         // head is whole 16-value blocks.
@@ -887,10 +1018,16 @@ mod tests {
             ..subgroups.clone()
         };
         let v = KernelVariants::select(&small, KernelSet::Tuned);
-        assert_eq!(v.attn_decode_candidates(), [Parallel, Serial]);
+        assert_eq!(
+            v.attn_decode_candidates(),
+            [Parallel, ParallelBatched, Serial]
+        );
         let none = DeviceProfile::for_tests(false, false, false);
         let v = KernelVariants::select(&none, KernelSet::Tuned);
-        assert_eq!(v.attn_decode_candidates(), [Parallel, Serial]);
+        assert_eq!(
+            v.attn_decode_candidates(),
+            [Parallel, ParallelBatched, Serial]
+        );
         let v = KernelVariants::select(&subgroups, KernelSet::Gpu);
         assert_eq!(v.attn_decode_candidates(), [Parallel]);
         assert_eq!(v.attn_prefill_candidates(128, F16), [Tiled]);

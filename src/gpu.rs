@@ -212,7 +212,10 @@ impl Gpu {
             profile.coop_f16_16x16 = false;
         }
         let mut kernels = KernelVariants::select(&profile, kernel_set);
-        kernels.bounded_loops = std::env::var("SIEVE_LOOP_BOUNDING").map_or(true, |v| v != "0");
+        // wgpu's shader loop counters cost an H200 a fifth of its decode
+        // speed (BENCHMARKS.md, "GPU figures"); sieve's own kernels drop
+        // them unless `SIEVE_LOOP_BOUNDING=1` (every loop of theirs ends).
+        kernels.bounded_loops = std::env::var("SIEVE_LOOP_BOUNDING").is_ok_and(|v| v == "1");
         if let Some(store) = WeightStore::from_env()? {
             kernels.weight_store = store;
         }
@@ -225,6 +228,7 @@ impl Gpu {
             kernels.coop_staged = false;
             kernels.coop_staged_f16 = false;
             kernels.coop_staged_wide = false;
+            kernels.coop_padded = false;
         }
         // sieve writes SPIR-V itself only where the driver takes it as it is.
         let spirv = SpirvPath::from_env()?;
@@ -294,6 +298,30 @@ impl Gpu {
                     gpu.kernels.coop_staged_wide = false;
                 }
             }
+            // The padded kernels (candidates beside the two above), with the
+            // weights their unpadded kernels kept.
+            let padded = [
+                (
+                    gpu.kernels.coop_staged,
+                    MatmulVariant::CoopStagedPadded,
+                    WeightFormat::Q4_0,
+                ),
+                (
+                    gpu.kernels.coop_staged_f16,
+                    MatmulVariant::CoopStagedPadded,
+                    WeightFormat::F16,
+                ),
+                (true, MatmulVariant::CoopPadded, WeightFormat::F16),
+            ];
+            for (kept, variant, format) in padded {
+                if !kept || !gpu.kernels.coop_padded {
+                    continue;
+                }
+                if let Err(e) = check_variant(&gpu, variant, format) {
+                    warn(variant, format, e, "the padded kernels are not timed");
+                    gpu.kernels.coop_padded = false;
+                }
+            }
             if let Err(e) = check_variant(&gpu, MatmulVariant::Coop, WeightFormat::F16) {
                 let then = "every weight format uses the tiled kernel";
                 warn(MatmulVariant::Coop, WeightFormat::F16, e, then);
@@ -301,6 +329,7 @@ impl Gpu {
                 gpu.kernels.coop_staged = false;
                 gpu.kernels.coop_staged_f16 = false;
                 gpu.kernels.coop_staged_wide = false;
+                gpu.kernels.coop_padded = false;
             }
         }
         // The matrix-unit prefill attention rests on the same experimental
@@ -438,9 +467,9 @@ impl Gpu {
         // that a loop that never ends cannot let the driver's compiler assume
         // it unreachable; the counter can also keep that compiler from
         // unrolling a loop and from keeping its arrays in registers (wgpu
-        // issue 7698: a pipeline a hundred times slower). sieve keeps it
-        // unless `SIEVE_LOOP_BOUNDING=0`, and then drops it for its own
-        // kernels only; bounds checks stay on.
+        // issue 7698: a pipeline a hundred times slower). sieve drops it
+        // for its own kernels only, unless `SIEVE_LOOP_BOUNDING=1`; bounds
+        // checks stay on.
         let module = if loop_counters {
             self.device.create_shader_module(desc)
         } else {
@@ -1037,7 +1066,9 @@ mod tests {
     /// failure; within it one texture per shape, shared.
     #[test]
     fn x_texture_past_the_largest_side_is_a_clear_error() {
-        let gpu = crate::kernels::testutil::gpu();
+        // A device of its own: the shared one's textures are other tests'
+        // too, made while this one runs.
+        let gpu = crate::kernels::testutil::gpu_storing(crate::shaders::WeightStore::Texture, None);
         let side = gpu.limits.max_texture_dimension_2d;
         for (k4, tokens) in [(side + 1, 1), (1, side + 1)] {
             let err = gpu.x_texture(k4, tokens).unwrap_err().to_string();

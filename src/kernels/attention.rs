@@ -280,12 +280,21 @@ fn decode_pipeline(
     let kv = Some(heads.kv_format);
     let [group] = group_constant(heads);
     let [hd4] = head_dim_constant(heads);
-    let shader = match variant {
-        AttnDecodeVariant::Serial => &shaders::ATTENTION,
-        AttnDecodeVariant::Parallel => &shaders::ATTENTION_DECODE,
-        AttnDecodeVariant::LanesPerKey => &shaders::ATTENTION_DECODE_LANES,
+    let (shader, value_batch) = match variant {
+        AttnDecodeVariant::Serial => (&shaders::ATTENTION, None),
+        AttnDecodeVariant::Parallel => (&shaders::ATTENTION_DECODE, None),
+        AttnDecodeVariant::ParallelBatched => (&shaders::ATTENTION_DECODE, Some(8.0)),
+        AttnDecodeVariant::LanesPerKey => (&shaders::ATTENTION_DECODE_LANES, None),
     };
-    gpu.pipeline(shader, kv, "decode_partial", &[group, hd4])
+    match value_batch {
+        Some(b) => gpu.pipeline(
+            shader,
+            kv,
+            "decode_partial",
+            &[group, hd4, ("VALUE_BATCH", b)],
+        ),
+        None => gpu.pipeline(shader, kv, "decode_partial", &[group, hd4]),
+    }
 }
 
 /// The prefill (or counter-causal, `entry`) partial pipeline of `variant`
@@ -853,12 +862,19 @@ mod tests {
     }
 
     /// Devices with each decode variant: `cpu` (attention.wgsl), `gpu`
-    /// (attention_decode.wgsl) and, where the device's subgroups take it
+    /// (attention_decode.wgsl, with one and with eight value rows loaded at
+    /// a time) and, where the device's subgroups take it
     /// (lavapipe's 8 lanes do; with `LP_NATIVE_VECTOR_WIDTH=128` its 4 do
     /// not), the `gpu` set with the eight-lanes-per-key kernel
     /// (attention_decode_lanes.wgsl).
     fn decode_devices() -> Vec<Arc<Gpu>> {
-        let mut out = vec![gpu_with(KernelSet::Cpu), gpu_with(KernelSet::Gpu)];
+        let mut out = vec![
+            gpu_with(KernelSet::Cpu),
+            gpu_with(KernelSet::Gpu),
+            gpu_with_variants(KernelSet::Gpu, |v| {
+                v.attn_decode = AttnDecodeVariant::ParallelBatched;
+            }),
+        ];
         if lanes_per_key_runs_here(&out[1]) {
             out.push(gpu_with_variants(KernelSet::Gpu, |v| {
                 v.attn_decode = AttnDecodeVariant::LanesPerKey;
@@ -943,9 +959,9 @@ mod tests {
             }
         );
         let labels: &[&str] = if lanes_per_key_runs_here(&gpu) {
-            &["Parallel", "LanesPerKey", "Serial"]
+            &["Parallel", "ParallelBatched", "LanesPerKey", "Serial"]
         } else {
-            &["Parallel", "Serial"]
+            &["Parallel", "ParallelBatched", "Serial"]
         };
         assert_eq!(decode.labels, labels);
         // The prefill is timed at as many queries as the step's buffers hold.
@@ -992,7 +1008,11 @@ mod tests {
     #[test]
     fn decode_check_passes_every_variant() {
         let gpu = gpu_with(KernelSet::Gpu);
-        let mut variants = vec![AttnDecodeVariant::Serial, AttnDecodeVariant::Parallel];
+        let mut variants = vec![
+            AttnDecodeVariant::Serial,
+            AttnDecodeVariant::Parallel,
+            AttnDecodeVariant::ParallelBatched,
+        ];
         if lanes_per_key_runs_here(&gpu) {
             variants.push(AttnDecodeVariant::LanesPerKey);
         }

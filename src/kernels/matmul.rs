@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use super::tune::{Candidate, TuneKey};
 use super::{ceil_div, dispatch, Rows};
-use crate::device::{MatmulVariant, MatvecVariant, MATVEC_LANES, MATVEC_ROWS_MAX};
+use crate::device::{MatmulVariant, MatvecVariant, MATVEC_LANES, MATVEC_ROWS_MAX, MATVEC_STEPS};
 use crate::gpu::Gpu;
 use crate::shaders::{self, Shader, WeightFormat};
 use crate::weights::{GpuMatrix, MatrixPart};
@@ -129,10 +129,10 @@ fn matmul_kernel(v: MatmulVariant) -> (&'static Shader, &'static str) {
     match v {
         MatmulVariant::Blocked4x4 => (&shaders::MATMUL, "matmul"),
         MatmulVariant::Tiled | MatmulVariant::TiledWide => (&shaders::MATMUL_TILED, "matmul"),
-        MatmulVariant::Coop => (&shaders::MATMUL_COOP, "matmul"),
-        MatmulVariant::CoopStaged | MatmulVariant::CoopStagedWide => {
-            (&shaders::MATMUL_COOP_STAGED, "matmul")
-        }
+        MatmulVariant::Coop | MatmulVariant::CoopPadded => (&shaders::MATMUL_COOP, "matmul"),
+        MatmulVariant::CoopStaged
+        | MatmulVariant::CoopStagedWide
+        | MatmulVariant::CoopStagedPadded => (&shaders::MATMUL_COOP_STAGED, "matmul"),
     }
 }
 
@@ -148,10 +148,20 @@ fn matvec_pipeline(
         MatvecVariant::Rows8 => gpu.pipeline(shader, Some(format), entry, &[]),
         _ => {
             let (lanes, rows) = v.shape();
-            if !(1..=MATVEC_ROWS_MAX).contains(&rows) || !MATVEC_LANES.contains(&lanes) {
-                bail!("{v:?}: lanes must be one of {MATVEC_LANES:?}, rows 1 to {MATVEC_ROWS_MAX}");
+            let steps = v.steps();
+            if !(1..=MATVEC_ROWS_MAX).contains(&rows)
+                || !MATVEC_LANES.contains(&lanes)
+                || !MATVEC_STEPS.contains(&steps)
+            {
+                bail!(
+                    "{v:?}: lanes must be one of {MATVEC_LANES:?}, rows 1 to {MATVEC_ROWS_MAX}, steps one of {MATVEC_STEPS:?}"
+                );
             }
-            let constants = [("LANES", lanes as f64), ("ROWS", rows as f64)];
+            let constants = [
+                ("LANES", lanes as f64),
+                ("ROWS", rows as f64),
+                ("STEPS", steps as f64),
+            ];
             gpu.pipeline(shader, Some(format), entry, &constants)
         }
     }
@@ -173,6 +183,15 @@ fn matmul_pipeline(
 fn matmul_constants(gpu: &Gpu, v: MatmulVariant) -> Vec<(&'static str, f64)> {
     match v {
         MatmulVariant::Coop => vec![("SUBGROUP_SIZE", gpu.profile.subgroup_max as f64)],
+        MatmulVariant::CoopPadded => vec![
+            ("SUBGROUP_SIZE", gpu.profile.subgroup_max as f64),
+            ("X_STRIDE", 72.0),
+        ],
+        MatmulVariant::CoopStagedPadded => vec![
+            ("SUBGROUP_SIZE", gpu.profile.subgroup_max as f64),
+            ("WIDE", 1.0),
+            ("K_STRIDE", 40.0),
+        ],
         MatmulVariant::CoopStaged | MatmulVariant::CoopStagedWide => {
             // WIDE = 2: a 128-token x slice, 20 KiB in all, past the 16 KiB
             // some devices have (`Gpu::pipeline` checks).
@@ -557,7 +576,7 @@ impl TunedPart<'_> {
             cands
                 .iter()
                 .map(|&v| Candidate {
-                    label: format!("{}x{}", v.shape().0, v.shape().1),
+                    label: v.label(),
                     dispatch: scratch_or_error(&scratch).and_then(|scratch| {
                         matvec_pipeline(gpu, v, self.part.format).map(|p| {
                             let group = scratch.bind(gpu, &p, self.part);
@@ -611,8 +630,10 @@ fn matmul_groups(variant: MatmulVariant, rows: u32, n: u32) -> (u32, u32, u32) {
         MatmulVariant::Blocked4x4 => (ceil_div(ceil_div(rows, 4), 64), ceil_div(n, 4), 1),
         MatmulVariant::Tiled => (ceil_div(rows, 64), ceil_div(n, 64), 1),
         MatmulVariant::TiledWide => (ceil_div(rows, 128), ceil_div(n, 128), 1),
-        MatmulVariant::Coop => (rows / 64, ceil_div(n, 32), 1),
-        MatmulVariant::CoopStaged => (ceil_div(rows, 128), ceil_div(n, 64), 1),
+        MatmulVariant::Coop | MatmulVariant::CoopPadded => (rows / 64, ceil_div(n, 32), 1),
+        MatmulVariant::CoopStaged | MatmulVariant::CoopStagedPadded => {
+            (ceil_div(rows, 128), ceil_div(n, 64), 1)
+        }
         MatmulVariant::CoopStagedWide => (ceil_div(rows, 128), ceil_div(n, 128), 1),
     }
 }
@@ -736,25 +757,29 @@ mod tests {
 
     /// Every mat-vec variant this device can run: the `gpu` ones with 1, 2,
     /// 3 (not a power of two), 4 and 8 rows per workgroup of 128 lanes, and
-    /// of 64 and 256 lanes with a few row counts, the subgroup one where the
+    /// of 64 and 256 lanes with a few row counts, two loads per row in
+    /// flight, and four with a few shapes; the subgroup one where the
     /// device has subgroups.
     fn matvecs(gpu: &Gpu) -> Vec<MatvecVariant> {
         let mut out = vec![MatvecVariant::Rows8];
         let shapes = [
-            (128, 1),
-            (128, 2),
-            (128, 3),
-            (128, 4),
-            (128, 8),
-            (64, 1),
-            (64, 8),
-            (256, 2),
-            (256, 8),
+            (128, 1, 2),
+            (128, 2, 2),
+            (128, 3, 2),
+            (128, 4, 2),
+            (128, 8, 2),
+            (64, 1, 2),
+            (64, 8, 2),
+            (256, 2, 2),
+            (256, 8, 2),
+            (128, 1, 4),
+            (128, 3, 4),
+            (256, 4, 4),
         ];
-        for (lanes, rows) in shapes {
-            out.push(MatvecVariant::WorkgroupReduce { lanes, rows });
+        for (lanes, rows, steps) in shapes {
+            out.push(MatvecVariant::WorkgroupReduce { lanes, rows, steps });
             if gpu.profile.subgroups {
-                out.push(MatvecVariant::SubgroupReduce { lanes, rows });
+                out.push(MatvecVariant::SubgroupReduce { lanes, rows, steps });
             }
         }
         out
@@ -1157,7 +1182,7 @@ mod tests {
             "{:?}",
             matvec.key
         );
-        assert_eq!(matvec.labels.len(), 12);
+        assert_eq!(matvec.labels.len(), gpu.kernels.matvec_candidates().len());
         assert_eq!(matvec.labels[0], "128x2");
         assert!(
             matvec.seconds.iter().all(|s| s.is_some_and(|s| s > 0.0)),
@@ -1297,6 +1322,11 @@ mod tests {
             (staged, MatmulVariant::CoopStagedWide, Q4_0, 200, 576, 150),
             (staged, MatmulVariant::CoopStagedWide, F16, 72, 96, 9),
             (staged, MatmulVariant::CoopStagedWide, Q4_K, 136, 256, 129),
+            // The padded kernels: the same shapes as their unpadded ones.
+            (direct, MatmulVariant::CoopPadded, F16, 128, 192, 40),
+            (direct, MatmulVariant::CoopPadded, F16, 64, 640, 3),
+            (staged, MatmulVariant::CoopStagedPadded, Q4_0, 200, 576, 70),
+            (staged, MatmulVariant::CoopStagedPadded, F16, 72, 96, 9),
         ];
         for ((shader, init), variant, format, rows, cols, n) in cases {
             let leak = |s: String| -> &'static str { Box::leak(s.into_boxed_str()) };
@@ -1388,6 +1418,8 @@ mod tests {
             (MatmulVariant::Coop, WeightFormat::F16),
             (MatmulVariant::CoopStaged, WeightFormat::Q4_0),
             (MatmulVariant::CoopStagedWide, WeightFormat::Q4_0),
+            (MatmulVariant::CoopPadded, WeightFormat::F16),
+            (MatmulVariant::CoopStagedPadded, WeightFormat::Q4_0),
         ] {
             let coop = check_variant(&gpu, variant, format);
             if has_coop {

@@ -16,12 +16,15 @@
 //! session) reuses it (mat-muls are keyed by the token count they are
 //! timed at too: an engine with other prompt chunks times those again).
 //!
-//! How: each candidate runs once to warm up, then three times, each time
-//! after a submission that reads a large scratch buffer (so the weights are
-//! not in the GPU's cache, as in a real decode step where every matrix is
-//! read once), timed by timestamp queries at the start and end of its own
-//! compute pass; the median counts. A candidate three times slower than the best so
-//! far after its first timed run is not run again. Mat-vec and mat-mul
+//! How: after a few milliseconds of work that raise a GPU's clocks from
+//! idle, the candidates run in rounds, each once per round (a warm-up round,
+//! then three timed ones, so that a change of clocks touches all of them
+//! alike), each run after a submission that reads a large scratch buffer
+//! (so the weights are not in the GPU's cache, as in a real decode step
+//! where every matrix is read once), timed by timestamp queries at the
+//! start and end of its own compute pass; the median counts. A candidate
+//! three times slower than the best after the first timed round is not run
+//! again. Mat-vec and mat-mul
 //! candidates run on scratch inputs (random values: matrix units run
 //! faster on zeros) and outputs. Attention candidates read
 //! the engine's own query and cache buffers (what they hold does not change
@@ -245,24 +248,54 @@ fn time_all(gpu: &Gpu, key: TuneKey, candidates: &[Candidate]) -> Tuned {
             return tuned;
         }
     };
-    let mut best = f64::INFINITY;
-    for (i, c) in candidates.iter().enumerate() {
-        let run = match &c.dispatch {
-            Ok(d) => d,
+    let runs: Vec<Option<&Dispatch>> = candidates
+        .iter()
+        .enumerate()
+        .map(|(i, c)| match &c.dispatch {
+            Ok(d) => Some(d),
             Err(e) => {
                 tuned.errors[i] = Some(format!("{e:#}"));
+                None
+            }
+        })
+        .collect();
+    if let Err(e) = timer.warm_up(gpu) {
+        tuned.untimed = Some(format!("not timed: {e:#}"));
+        return tuned;
+    }
+    // Round by round, every candidate once per round (a warm-up round
+    // first), so that a change of the GPU's clocks during the timings
+    // touches every candidate alike; a candidate CUTOFF times slower than
+    // the best after the first timed round is not run again.
+    let mut times: Vec<Vec<f64>> = vec![vec![]; n];
+    for round in 0..=RUNS {
+        let best = times
+            .iter()
+            .filter_map(|t| t.first().copied())
+            .fold(f64::INFINITY, f64::min);
+        for (i, run) in runs.iter().enumerate() {
+            let Some(run) = run else { continue };
+            if tuned.errors[i].is_some() || times[i].first().is_some_and(|&t| t > CUTOFF * best) {
                 continue;
             }
-        };
-        match timer.median(gpu, run, best) {
-            Ok(s) => {
-                tuned.seconds[i] = Some(s);
-                if s < best {
-                    best = s;
-                    tuned.choice = i;
-                }
+            match timer.once(gpu, run) {
+                Ok(t) if round > 0 => times[i].push(t),
+                Ok(_) => {}
+                Err(e) => tuned.errors[i] = Some(format!("{e:#}")),
             }
-            Err(e) => tuned.errors[i] = Some(format!("{e:#}")),
+        }
+    }
+    let mut best = f64::INFINITY;
+    for (i, t) in times.iter_mut().enumerate() {
+        if tuned.errors[i].is_some() || t.is_empty() {
+            continue;
+        }
+        t.sort_by(f64::total_cmp);
+        let s = t[t.len() / 2];
+        tuned.seconds[i] = Some(s);
+        if s < best {
+            best = s;
+            tuned.choice = i;
         }
     }
     tuned
@@ -351,19 +384,25 @@ impl Timer {
         Ok(ns * 1e-9)
     }
 
-    /// The median of [`RUNS`] runs after a warm-up, or the first run alone
-    /// when it is [`CUTOFF`] times slower than `best`.
-    fn median(&self, gpu: &Gpu, run: &Dispatch, best: f64) -> Result<f64> {
-        self.once(gpu, run)?;
-        let mut times = vec![self.once(gpu, run)?];
-        if times[0] > CUTOFF * best {
-            return Ok(times[0]);
+    /// Keeps a GPU busy for a few milliseconds before the timings (16
+    /// flushes in one submission), so that its clocks have risen from
+    /// idle; a CPU implementation has no such clocks and skips it.
+    fn warm_up(&self, gpu: &Gpu) -> Result<()> {
+        if gpu.profile.cpu_implementation {
+            return Ok(());
         }
-        for _ in 1..RUNS {
-            times.push(self.once(gpu, run)?);
+        let mut enc = gpu.device.create_command_encoder(&Default::default());
+        {
+            let mut pass = enc.begin_compute_pass(&Default::default());
+            for _ in 0..16 {
+                self.flush.encode(&mut pass);
+            }
         }
-        times.sort_by(f64::total_cmp);
-        Ok(times[RUNS / 2])
+        gpu.queue.submit([enc.finish()]);
+        gpu.device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .map_err(|e| anyhow!("waiting for the GPU: {e}"))?;
+        Ok(())
     }
 }
 

@@ -27,7 +27,8 @@
 // (64 * WIDE tokens x 32 values) to f16 in workgroup memory (rows and
 // tokens past the ends are zeros), then each subgroup multiplies its A
 // tiles with its four B tiles, twice (K_STRIDE, below, pads the staged rows
-// for `CoopStagedPadded`). Values are rounded to f16 on the way
+// for `CoopStagedPadded` and `CoopStagedPrefetch`; PREFETCH issues the next
+// slice's loads before the products, for `CoopStagedPrefetch`). Values are rounded to f16 on the way
 // in (weights and activations), with f32 accumulation. The epilogue goes
 // through workgroup memory one accumulator at a time, so bias, residual and
 // the row and token bounds are applied per element by `store`.
@@ -50,6 +51,15 @@ const K_STEP: u32 = 32u;
 // 80 bytes apart they spread over all 32 (rows stay 16-byte aligned).
 override K_STRIDE: u32 = 32u;
 
+// Whether each step's global loads are issued before the step before it
+// multiplies (`CoopStagedPrefetch`), so that their latency hides behind
+// the matrix products, at the cost of holding them in registers; else
+// each step loads, stages and multiplies in turn.
+override PREFETCH: bool = false;
+// The most vec4 loads one lane makes per step: (1,024 + 512 * WIDE) / lanes,
+// with at least 8 lanes per subgroup (32 lanes a workgroup).
+const SLICE_LOADS_MAX: u32 = 64u;
+
 // A slice: row r's K_STEP values at r * K_STRIDE (row-major).
 var<workgroup> w_slice: array<f16, 128u * K_STRIDE>;
 // B slice: token t's K_STEP values at t * K_STRIDE (column-major).
@@ -57,6 +67,54 @@ var<workgroup> x_slice: array<f16, 64u * WIDE * K_STRIDE>;
 // One 16 x 16 accumulator per subgroup, column-major: (row i, token j) at
 // 256 s + j * 16 + i.
 var<workgroup> c_tiles: array<f32, 1024>;
+
+// This lane's share of one step's slices, as loaded: element e = lane +
+// i * lanes, W's 1,024 (row e / 8, packed group e % 8) first, then x's
+// 512 * WIDE (token (e - 1024) / 8); rows and tokens past the ends are
+// zeros. Lanes divide 1,024, so each i is W's or x's for every lane.
+struct Slices {
+    v: array<vec4<f32>, SLICE_LOADS_MAX>,
+}
+
+fn load_slices(k0: u32, lane: u32, row0: u32, tok0: u32, n: u32) -> Slices {
+    let lanes = 4u * SUBGROUP_SIZE;
+    var s: Slices;
+    for (var i = 0u; i < (1024u + 512u * WIDE) / lanes; i++) {
+        let e = lane + i * lanes;
+        s.v[i] = vec4<f32>(0.0);
+        if (e < 1024u) {
+            if (row0 + e / 8u < p.rows) {
+                s.v[i] = weight4((row0 + e / 8u) * p.k4 + k0 + e % 8u);
+            }
+        } else if (tok0 + (e - 1024u) / 8u < n) {
+            s.v[i] = x[(tok0 + (e - 1024u) / 8u) * p.k4 + k0 + e % 8u];
+        }
+    }
+    return s;
+}
+
+// Rounds a step's slices to f16 into workgroup memory (rows K_STRIDE apart).
+fn stage_slices(s: Slices, lane: u32) {
+    let lanes = 4u * SUBGROUP_SIZE;
+    var sv = s;
+    for (var i = 0u; i < (1024u + 512u * WIDE) / lanes; i++) {
+        let e = lane + i * lanes;
+        let v = vec4<f16>(sv.v[i]);
+        if (e < 1024u) {
+            let at = (e / 8u) * K_STRIDE + (e % 8u) * 4u;
+            w_slice[at] = v.x;
+            w_slice[at + 1u] = v.y;
+            w_slice[at + 2u] = v.z;
+            w_slice[at + 3u] = v.w;
+        } else {
+            let at = ((e - 1024u) / 8u) * K_STRIDE + (e % 8u) * 4u;
+            x_slice[at] = v.x;
+            x_slice[at + 1u] = v.y;
+            x_slice[at + 2u] = v.z;
+            x_slice[at + 3u] = v.w;
+        }
+    }
+}
 
 fn store_tile(
     c: coop_mat16x16<f32, C>,
@@ -113,35 +171,24 @@ fn matmul(
     var c31 = coop_mat16x16<f32, C>();
     var c32 = coop_mat16x16<f32, C>();
     var c33 = coop_mat16x16<f32, C>();
+    var next: Slices;
+    if (PREFETCH) {
+        next = load_slices(0u, lane, row0, tok0, n);
+    }
     for (var k0 = 0u; k0 < bounded(p.k4); k0 += K_STEP / 4u) {
         // 128 rows x 8 packed groups of W, 64 * WIDE tokens x 8 vec4 of x.
-        for (var e = lane; e < 1024u; e += lanes) {
-            let r = e / 8u;
-            let q = e % 8u;
-            var v = vec4<f32>(0.0);
-            if (row0 + r < p.rows) {
-                v = weight4((row0 + r) * p.k4 + k0 + q);
-            }
-            let at = r * K_STRIDE + q * 4u;
-            w_slice[at] = f16(v.x);
-            w_slice[at + 1u] = f16(v.y);
-            w_slice[at + 2u] = f16(v.z);
-            w_slice[at + 3u] = f16(v.w);
+        var cur: Slices;
+        if (PREFETCH) {
+            cur = next;
+        } else {
+            cur = load_slices(k0, lane, row0, tok0, n);
         }
-        for (var e = lane; e < 512u * WIDE; e += lanes) {
-            let t = e / 8u;
-            let q = e % 8u;
-            var v = vec4<f32>(0.0);
-            if (tok0 + t < n) {
-                v = x[(tok0 + t) * p.k4 + k0 + q];
-            }
-            let at = t * K_STRIDE + q * 4u;
-            x_slice[at] = f16(v.x);
-            x_slice[at + 1u] = f16(v.y);
-            x_slice[at + 2u] = f16(v.z);
-            x_slice[at + 3u] = f16(v.w);
-        }
+        stage_slices(cur, lane);
         workgroupBarrier();
+        // The next step's loads, in flight during this step's products.
+        if (PREFETCH && k0 + K_STEP / 4u < p.k4) {
+            next = load_slices(k0 + K_STEP / 4u, lane, row0, tok0, n);
+        }
         for (var kk = 0u; kk < K_STEP; kk += 16u) {
             let a0 = coopLoadT<coop_mat16x16<f16, A>>(&w_slice[a_row * K_STRIDE + kk], K_STRIDE);
             let a1 = coopLoadT<coop_mat16x16<f16, A>>(&w_slice[(a_row + 16u) * K_STRIDE + kk], K_STRIDE);

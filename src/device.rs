@@ -253,6 +253,11 @@ pub enum MatmulVariant {
     /// staged rows padded by 8 halves (the same reason). A timed candidate
     /// of `tuned` wherever `CoopStaged` is one; takes what it takes.
     CoopStagedPadded,
+    /// `matmul_coop_staged.wgsl` with K_STRIDE = 40 and PREFETCH:
+    /// `CoopStagedPadded` with each K step's global loads issued before the
+    /// step before it multiplies (double buffering in registers). A timed
+    /// candidate wherever `CoopStagedPadded` is one; takes what it takes.
+    CoopStagedPrefetch,
 }
 
 impl MatmulVariant {
@@ -285,7 +290,8 @@ impl MatmulVariant {
             (
                 MatmulVariant::CoopStaged
                 | MatmulVariant::CoopStagedWide
-                | MatmulVariant::CoopStagedPadded,
+                | MatmulVariant::CoopStagedPadded
+                | MatmulVariant::CoopStagedPrefetch,
                 f,
             ) if f.block().is_some() || (f == WeightFormat::F16 && cols.is_multiple_of(32)) => self,
             (v, _) if v.cooperative() => MatmulVariant::Tiled,
@@ -303,6 +309,7 @@ impl MatmulVariant {
                 | MatmulVariant::CoopStagedWide
                 | MatmulVariant::CoopPadded
                 | MatmulVariant::CoopStagedPadded
+                | MatmulVariant::CoopStagedPrefetch
         )
     }
 }
@@ -361,9 +368,9 @@ pub struct KernelVariants {
     /// Whether `CoopStagedWide` is a timed candidate wherever `CoopStaged`
     /// is one (`tuned` only; cleared when it fails its start-up check).
     pub coop_staged_wide: bool,
-    /// Whether `CoopPadded` and `CoopStagedPadded` are timed candidates
-    /// wherever `Coop` and `CoopStaged` are (`tuned` only; cleared when
-    /// either fails its start-up check).
+    /// Whether `CoopPadded`, `CoopStagedPadded` and `CoopStagedPrefetch`
+    /// are timed candidates wherever `Coop` and `CoopStaged` are (`tuned`
+    /// only; cleared when one fails its start-up check).
     pub coop_padded: bool,
     pub attn_decode: AttnDecodeVariant,
     /// Whether `AttnDecodeVariant::LanesPerKey` can run here (subgroup
@@ -517,6 +524,7 @@ impl KernelVariants {
             MatmulVariant::CoopStaged
             | MatmulVariant::CoopStagedWide
             | MatmulVariant::CoopStagedPadded
+            | MatmulVariant::CoopStagedPrefetch
                 if !self.coop_staged && format.block().is_some() =>
             {
                 MatmulVariant::Tiled
@@ -598,6 +606,7 @@ impl KernelVariants {
             (direct && self.coop_padded).then_some(MatmulVariant::CoopPadded),
             staged.then_some(MatmulVariant::CoopStaged),
             (staged && self.coop_padded).then_some(MatmulVariant::CoopStagedPadded),
+            (staged && self.coop_padded).then_some(MatmulVariant::CoopStagedPrefetch),
             (staged && self.coop_staged_wide).then_some(MatmulVariant::CoopStagedWide),
             Some(MatmulVariant::Tiled),
             Some(MatmulVariant::TiledWide),
@@ -672,7 +681,7 @@ impl KernelVariants {
             v => format!("{v:?}"),
         };
         let timed = if self.tuned() && self.matmul == MatmulVariant::Coop {
-            ", each part's fastest of Coop, CoopPadded, CoopStaged, CoopStagedPadded, CoopStagedWide, Tiled, TiledWide timed"
+            ", each part's fastest of Coop, CoopPadded, CoopStaged, CoopStagedPadded, CoopStagedPrefetch, CoopStagedWide, Tiled, TiledWide timed"
         } else if self.tuned() {
             ", each part's fastest of Tiled, TiledWide timed"
         } else {
@@ -868,6 +877,7 @@ mod tests {
             MatmulVariant::CoopStaged,
             MatmulVariant::CoopStagedWide,
             MatmulVariant::CoopStagedPadded,
+            MatmulVariant::CoopStagedPrefetch,
         ] {
             assert_eq!(staged.for_part(WeightFormat::Q4_K, 36, 512), staged);
             assert_eq!(staged.for_part(WeightFormat::F16, 36, 544), staged);
@@ -902,6 +912,7 @@ mod tests {
                 CoopPadded,
                 CoopStaged,
                 CoopStagedPadded,
+                CoopStagedPrefetch,
                 CoopStagedWide,
                 Tiled,
                 TiledWide
@@ -916,6 +927,7 @@ mod tests {
                 Tiled,
                 CoopStaged,
                 CoopStagedPadded,
+                CoopStagedPrefetch,
                 CoopStagedWide,
                 TiledWide
             ]
@@ -930,6 +942,7 @@ mod tests {
             [
                 CoopStaged,
                 CoopStagedPadded,
+                CoopStagedPrefetch,
                 CoopStagedWide,
                 Tiled,
                 TiledWide
@@ -939,7 +952,16 @@ mod tests {
         // padded ones.
         v.coop_staged_wide = false;
         let q = v.matmul_candidates(WeightFormat::Q4_K, 128, 512);
-        assert_eq!(q, [CoopStaged, CoopStagedPadded, Tiled, TiledWide]);
+        assert_eq!(
+            q,
+            [
+                CoopStaged,
+                CoopStagedPadded,
+                CoopStagedPrefetch,
+                Tiled,
+                TiledWide
+            ]
+        );
         v.coop_padded = false;
         let q = v.matmul_candidates(WeightFormat::Q4_K, 128, 512);
         assert_eq!(q, [CoopStaged, Tiled, TiledWide]);

@@ -311,6 +311,16 @@ impl Gpu {
                     MatmulVariant::CoopStagedPadded,
                     WeightFormat::F16,
                 ),
+                (
+                    gpu.kernels.coop_staged,
+                    MatmulVariant::CoopStagedPrefetch,
+                    WeightFormat::Q4_0,
+                ),
+                (
+                    gpu.kernels.coop_staged_f16,
+                    MatmulVariant::CoopStagedPrefetch,
+                    WeightFormat::F16,
+                ),
                 (true, MatmulVariant::CoopPadded, WeightFormat::F16),
             ];
             for (kept, variant, format) in padded {

@@ -132,7 +132,8 @@ fn matmul_kernel(v: MatmulVariant) -> (&'static Shader, &'static str) {
         MatmulVariant::Coop | MatmulVariant::CoopPadded => (&shaders::MATMUL_COOP, "matmul"),
         MatmulVariant::CoopStaged
         | MatmulVariant::CoopStagedWide
-        | MatmulVariant::CoopStagedPadded => (&shaders::MATMUL_COOP_STAGED, "matmul"),
+        | MatmulVariant::CoopStagedPadded
+        | MatmulVariant::CoopStagedPrefetch => (&shaders::MATMUL_COOP_STAGED, "matmul"),
     }
 }
 
@@ -191,6 +192,12 @@ fn matmul_constants(gpu: &Gpu, v: MatmulVariant) -> Vec<(&'static str, f64)> {
             ("SUBGROUP_SIZE", gpu.profile.subgroup_max as f64),
             ("WIDE", 1.0),
             ("K_STRIDE", 40.0),
+        ],
+        MatmulVariant::CoopStagedPrefetch => vec![
+            ("SUBGROUP_SIZE", gpu.profile.subgroup_max as f64),
+            ("WIDE", 1.0),
+            ("K_STRIDE", 40.0),
+            ("PREFETCH", 1.0),
         ],
         MatmulVariant::CoopStaged | MatmulVariant::CoopStagedWide => {
             // WIDE = 2: a 128-token x slice, 20 KiB in all, past the 16 KiB
@@ -631,9 +638,9 @@ fn matmul_groups(variant: MatmulVariant, rows: u32, n: u32) -> (u32, u32, u32) {
         MatmulVariant::Tiled => (ceil_div(rows, 64), ceil_div(n, 64), 1),
         MatmulVariant::TiledWide => (ceil_div(rows, 128), ceil_div(n, 128), 1),
         MatmulVariant::Coop | MatmulVariant::CoopPadded => (rows / 64, ceil_div(n, 32), 1),
-        MatmulVariant::CoopStaged | MatmulVariant::CoopStagedPadded => {
-            (ceil_div(rows, 128), ceil_div(n, 64), 1)
-        }
+        MatmulVariant::CoopStaged
+        | MatmulVariant::CoopStagedPadded
+        | MatmulVariant::CoopStagedPrefetch => (ceil_div(rows, 128), ceil_div(n, 64), 1),
         MatmulVariant::CoopStagedWide => (ceil_div(rows, 128), ceil_div(n, 128), 1),
     }
 }
@@ -1327,6 +1334,17 @@ mod tests {
             (direct, MatmulVariant::CoopPadded, F16, 64, 640, 3),
             (staged, MatmulVariant::CoopStagedPadded, Q4_0, 200, 576, 70),
             (staged, MatmulVariant::CoopStagedPadded, F16, 72, 96, 9),
+            // Prefetching: K of one step (nothing to prefetch), and many.
+            (
+                staged,
+                MatmulVariant::CoopStagedPrefetch,
+                Q4_0,
+                200,
+                576,
+                70,
+            ),
+            (staged, MatmulVariant::CoopStagedPrefetch, Q8_0, 16, 32, 1),
+            (staged, MatmulVariant::CoopStagedPrefetch, F16, 72, 96, 9),
         ];
         for ((shader, init), variant, format, rows, cols, n) in cases {
             let leak = |s: String| -> &'static str { Box::leak(s.into_boxed_str()) };
@@ -1420,6 +1438,7 @@ mod tests {
             (MatmulVariant::CoopStagedWide, WeightFormat::Q4_0),
             (MatmulVariant::CoopPadded, WeightFormat::F16),
             (MatmulVariant::CoopStagedPadded, WeightFormat::Q4_0),
+            (MatmulVariant::CoopStagedPrefetch, WeightFormat::Q4_0),
         ] {
             let coop = check_variant(&gpu, variant, format);
             if has_coop {

@@ -14,13 +14,14 @@
 // x (32 tokens x 64 values) to f16 in workgroup memory (tokens past n are
 // zeros), then for each 16-value step load the four A tiles straight from
 // memory and multiply them with the two B tiles (X_STRIDE, below, pads the
-// staged rows for `CoopPadded`). The epilogue goes through
+// staged rows for `CoopPadded` and `CoopTokensFast`). The epilogue goes through
 // workgroup memory one accumulator at a time, so bias, residual and the
 // token bound are applied per element by `store`.
 //
 // Bindings (group 0): as matmul_io.wgsl, with
 //   2 w     storage read  [rows, k] f16
-// Dispatch: (rows / 64, ceil(n / 32), 1).
+// Dispatch: (rows / 64, ceil(n / 32), 1), or with TOKENS_FAST (below,
+// `CoopTokensFast`) (ceil(n / 32), rows / 64, 1).
 enable f16;
 enable wgpu_cooperative_matrix;
 
@@ -33,6 +34,13 @@ override SUBGROUP_SIZE: u32 = 32u;
 // start on bank 0 (16-way conflicts); 144 bytes apart they spread over the
 // banks (and stay 16-byte aligned).
 override X_STRIDE: u32 = 64u;
+
+// Which grid axis walks the tokens: with TOKENS_FAST, workgroups next to
+// each other in launch order share their weight rows, so a weight tile is
+// read from memory once and served from L2 to every token tile; else they
+// share their tokens, and each weight tile comes again for each token tile
+// after all rows have passed (the whole matrix, far larger than L2).
+override TOKENS_FAST: bool = false;
 
 // B slice: token t's 64 values at t * X_STRIDE (column-major).
 var<workgroup> x_slice: array<f16, 32u * X_STRIDE>;
@@ -54,8 +62,9 @@ fn store_tile(c: coop_mat16x16<f32, C>, row: u32, tok: u32, lane: u32, n: u32) {
 @compute @workgroup_size(SUBGROUP_SIZE)
 fn matmul(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lane: u32) {
     let n = step_rows(step, p.count_sel);
-    let row0 = wg.x * 64u;
-    let tok0 = wg.y * 32u;
+    let tile = select(wg.xy, wg.yx, TOKENS_FAST);
+    let row0 = tile.x * 64u;
+    let tok0 = tile.y * 32u;
     // No early return: the dispatch covers exactly rows / 64 x ceil(n / 32)
     // tiles, and cooperative operations must stay in uniform control flow.
     let k_len = bounded(p.k4 * 4u);

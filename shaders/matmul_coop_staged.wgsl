@@ -28,14 +28,16 @@
 // tokens past the ends are zeros), then each subgroup multiplies its A
 // tiles with its four B tiles, twice (K_STRIDE, below, pads the staged rows
 // for `CoopStagedPadded` and `CoopStagedPrefetch`; PREFETCH issues the next
-// slice's loads before the products, for `CoopStagedPrefetch`). Values are rounded to f16 on the way
+// slice's loads before the products, for `CoopStagedPrefetch` and
+// `CoopStagedTokensFast`). Values are rounded to f16 on the way
 // in (weights and activations), with f32 accumulation. The epilogue goes
 // through workgroup memory one accumulator at a time, so bias, residual and
 // the row and token bounds are applied per element by `store`.
 //
 // Bindings (group 0): as matmul_io.wgsl, with
 //   2 w     storage read  [rows, k] weights (declared by the format prelude)
-// Dispatch: (ceil(rows / 128), ceil(n / (64 * WIDE)), 1).
+// Dispatch: (ceil(rows / 128), ceil(n / (64 * WIDE)), 1), or with
+// TOKENS_FAST (below, `CoopStagedTokensFast`) the two swapped.
 enable f16;
 enable wgpu_cooperative_matrix;
 
@@ -56,6 +58,9 @@ override K_STRIDE: u32 = 32u;
 // the matrix products, at the cost of holding them in registers; else
 // each step loads, stages and multiplies in turn.
 override PREFETCH: bool = false;
+// Which grid axis walks the tokens (as in matmul_coop.wgsl: with
+// TOKENS_FAST, neighbours in launch order share their weight rows).
+override TOKENS_FAST: bool = false;
 // The most vec4 loads one lane makes per step: (1,024 + 512 * WIDE) / lanes,
 // with at least 8 lanes per subgroup (32 lanes a workgroup).
 const SLICE_LOADS_MAX: u32 = 64u;
@@ -146,8 +151,9 @@ fn matmul(
     let n = step_rows(step, p.count_sel);
     let lanes = 4u * SUBGROUP_SIZE;
     let tokens = 64u * WIDE;
-    let row0 = wg.x * 128u;
-    let tok0 = wg.y * tokens;
+    let tile = select(wg.xy, wg.yx, TOKENS_FAST);
+    let row0 = tile.x * 128u;
+    let tok0 = tile.y * tokens;
     // No early return: the dispatch covers exactly the tiles, and
     // cooperative operations and barriers must stay in uniform control flow
     // (WIDE is an override constant: uniform).

@@ -258,6 +258,16 @@ pub enum MatmulVariant {
     /// step before it multiplies (double buffering in registers). A timed
     /// candidate wherever `CoopStagedPadded` is one; takes what it takes.
     CoopStagedPrefetch,
+    /// `matmul_coop.wgsl` with X_STRIDE = 72 and TOKENS_FAST: `CoopPadded`
+    /// with the grid's fast axis on the tokens, so that the workgroups of
+    /// one weight tile run together and read it from memory once. A timed
+    /// candidate wherever `CoopPadded` is one; takes what it takes.
+    CoopTokensFast,
+    /// `matmul_coop_staged.wgsl` with K_STRIDE = 40, PREFETCH and
+    /// TOKENS_FAST: `CoopStagedPrefetch` with the tokens on the grid's fast
+    /// axis (the same reason). A timed candidate wherever
+    /// `CoopStagedPrefetch` is one; takes what it takes.
+    CoopStagedTokensFast,
 }
 
 impl MatmulVariant {
@@ -276,14 +286,16 @@ impl MatmulVariant {
     ) -> MatmulVariant {
         use crate::shaders::WeightFormat;
         match (self, format) {
-            (MatmulVariant::Coop | MatmulVariant::CoopPadded, WeightFormat::F16)
-                if cols.is_multiple_of(64) && rows.is_multiple_of(64) =>
-            {
-                self
-            }
+            (
+                MatmulVariant::Coop | MatmulVariant::CoopPadded | MatmulVariant::CoopTokensFast,
+                WeightFormat::F16,
+            ) if cols.is_multiple_of(64) && rows.is_multiple_of(64) => self,
             (MatmulVariant::Coop, f) if f.block().is_some() => MatmulVariant::CoopStaged,
             (MatmulVariant::CoopPadded, f) if f.block().is_some() => {
                 MatmulVariant::CoopStagedPadded
+            }
+            (MatmulVariant::CoopTokensFast, f) if f.block().is_some() => {
+                MatmulVariant::CoopStagedTokensFast
             }
             // Asked for by name (the timings, tests): block formats and f16
             // rows of whole 32-value slices.
@@ -291,7 +303,8 @@ impl MatmulVariant {
                 MatmulVariant::CoopStaged
                 | MatmulVariant::CoopStagedWide
                 | MatmulVariant::CoopStagedPadded
-                | MatmulVariant::CoopStagedPrefetch,
+                | MatmulVariant::CoopStagedPrefetch
+                | MatmulVariant::CoopStagedTokensFast,
                 f,
             ) if f.block().is_some() || (f == WeightFormat::F16 && cols.is_multiple_of(32)) => self,
             (v, _) if v.cooperative() => MatmulVariant::Tiled,
@@ -310,6 +323,8 @@ impl MatmulVariant {
                 | MatmulVariant::CoopPadded
                 | MatmulVariant::CoopStagedPadded
                 | MatmulVariant::CoopStagedPrefetch
+                | MatmulVariant::CoopTokensFast
+                | MatmulVariant::CoopStagedTokensFast
         )
     }
 }
@@ -368,10 +383,12 @@ pub struct KernelVariants {
     /// Whether `CoopStagedWide` is a timed candidate wherever `CoopStaged`
     /// is one (`tuned` only; cleared when it fails its start-up check).
     pub coop_staged_wide: bool,
-    /// Whether `CoopPadded`, `CoopStagedPadded` and `CoopStagedPrefetch`
-    /// are timed candidates wherever `Coop` and `CoopStaged` are (`tuned`
-    /// only; cleared when one fails its start-up check).
-    pub coop_padded: bool,
+    /// Whether the refined cooperative kernels (`CoopPadded`,
+    /// `CoopTokensFast`, `CoopStagedPadded`, `CoopStagedPrefetch`,
+    /// `CoopStagedTokensFast`) are timed candidates wherever `Coop` and
+    /// `CoopStaged` are (`tuned` only; cleared when one fails its start-up
+    /// check).
+    pub coop_refined: bool,
     pub attn_decode: AttnDecodeVariant,
     /// Whether `AttnDecodeVariant::LanesPerKey` can run here (subgroup
     /// operations, subgroups of at least 8 lanes).
@@ -453,7 +470,7 @@ impl KernelVariants {
                 coop_staged: false,
                 coop_staged_f16: false,
                 coop_staged_wide: false,
-                coop_padded: false,
+                coop_refined: false,
                 attn_decode: AttnDecodeVariant::Serial,
                 attn_decode_lanes: false,
                 attn_prefill: AttnPrefillVariant::RowPerLane,
@@ -494,7 +511,7 @@ impl KernelVariants {
                     coop_staged: matmul == MatmulVariant::Coop,
                     coop_staged_f16: matmul == MatmulVariant::Coop && set == KernelSet::Tuned,
                     coop_staged_wide: matmul == MatmulVariant::Coop && set == KernelSet::Tuned,
-                    coop_padded: matmul == MatmulVariant::Coop && set == KernelSet::Tuned,
+                    coop_refined: matmul == MatmulVariant::Coop && set == KernelSet::Tuned,
                     attn_decode: AttnDecodeVariant::Parallel,
                     attn_decode_lanes: profile.subgroups && profile.subgroup_min >= 8,
                     attn_prefill: AttnPrefillVariant::Tiled,
@@ -525,13 +542,14 @@ impl KernelVariants {
             | MatmulVariant::CoopStagedWide
             | MatmulVariant::CoopStagedPadded
             | MatmulVariant::CoopStagedPrefetch
+            | MatmulVariant::CoopStagedTokensFast
                 if !self.coop_staged && format.block().is_some() =>
             {
                 MatmulVariant::Tiled
             }
             // The direct kernel binds f16 weights as a buffer of its own:
             // with weights in textures the tiled kernel takes its place.
-            MatmulVariant::Coop | MatmulVariant::CoopPadded
+            MatmulVariant::Coop | MatmulVariant::CoopPadded | MatmulVariant::CoopTokensFast
                 if self.weight_store == WeightStore::Texture =>
             {
                 MatmulVariant::Tiled
@@ -603,10 +621,12 @@ impl KernelVariants {
             };
         let more = [
             direct.then_some(MatmulVariant::Coop),
-            (direct && self.coop_padded).then_some(MatmulVariant::CoopPadded),
+            (direct && self.coop_refined).then_some(MatmulVariant::CoopPadded),
+            (direct && self.coop_refined).then_some(MatmulVariant::CoopTokensFast),
             staged.then_some(MatmulVariant::CoopStaged),
-            (staged && self.coop_padded).then_some(MatmulVariant::CoopStagedPadded),
-            (staged && self.coop_padded).then_some(MatmulVariant::CoopStagedPrefetch),
+            (staged && self.coop_refined).then_some(MatmulVariant::CoopStagedPadded),
+            (staged && self.coop_refined).then_some(MatmulVariant::CoopStagedPrefetch),
+            (staged && self.coop_refined).then_some(MatmulVariant::CoopStagedTokensFast),
             (staged && self.coop_staged_wide).then_some(MatmulVariant::CoopStagedWide),
             Some(MatmulVariant::Tiled),
             Some(MatmulVariant::TiledWide),
@@ -681,7 +701,7 @@ impl KernelVariants {
             v => format!("{v:?}"),
         };
         let timed = if self.tuned() && self.matmul == MatmulVariant::Coop {
-            ", each part's fastest of Coop, CoopPadded, CoopStaged, CoopStagedPadded, CoopStagedPrefetch, CoopStagedWide, Tiled, TiledWide timed"
+            ", each part's fastest of Coop, CoopPadded, CoopTokensFast, CoopStaged, CoopStagedPadded, CoopStagedPrefetch, CoopStagedTokensFast, CoopStagedWide, Tiled, TiledWide timed"
         } else if self.tuned() {
             ", each part's fastest of Tiled, TiledWide timed"
         } else {
@@ -910,9 +930,11 @@ mod tests {
             [
                 Coop,
                 CoopPadded,
+                CoopTokensFast,
                 CoopStaged,
                 CoopStagedPadded,
                 CoopStagedPrefetch,
+                CoopStagedTokensFast,
                 CoopStagedWide,
                 Tiled,
                 TiledWide
@@ -928,6 +950,7 @@ mod tests {
                 CoopStaged,
                 CoopStagedPadded,
                 CoopStagedPrefetch,
+                CoopStagedTokensFast,
                 CoopStagedWide,
                 TiledWide
             ]
@@ -943,6 +966,7 @@ mod tests {
                 CoopStaged,
                 CoopStagedPadded,
                 CoopStagedPrefetch,
+                CoopStagedTokensFast,
                 CoopStagedWide,
                 Tiled,
                 TiledWide
@@ -958,11 +982,12 @@ mod tests {
                 CoopStaged,
                 CoopStagedPadded,
                 CoopStagedPrefetch,
+                CoopStagedTokensFast,
                 Tiled,
                 TiledWide
             ]
         );
-        v.coop_padded = false;
+        v.coop_refined = false;
         let q = v.matmul_candidates(WeightFormat::Q4_K, 128, 512);
         assert_eq!(q, [CoopStaged, Tiled, TiledWide]);
         // The staged kernel failing its check with block formats leaves it
@@ -985,7 +1010,7 @@ mod tests {
             !fixed.tuned()
                 && !fixed.coop_staged_f16
                 && !fixed.coop_staged_wide
-                && !fixed.coop_padded
+                && !fixed.coop_refined
         );
         let plain = KernelVariants::select(
             &DeviceProfile::for_tests(false, true, false),

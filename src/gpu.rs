@@ -228,7 +228,7 @@ impl Gpu {
             kernels.coop_staged = false;
             kernels.coop_staged_f16 = false;
             kernels.coop_staged_wide = false;
-            kernels.coop_padded = false;
+            kernels.coop_refined = false;
         }
         // sieve writes SPIR-V itself only where the driver takes it as it is.
         let spirv = SpirvPath::from_env()?;
@@ -298,9 +298,9 @@ impl Gpu {
                     gpu.kernels.coop_staged_wide = false;
                 }
             }
-            // The padded kernels (candidates beside the two above), with the
-            // weights their unpadded kernels kept.
-            let padded = [
+            // The refined kernels (candidates beside the two above), with the
+            // weights their plain kernels kept.
+            let refined = [
                 (
                     gpu.kernels.coop_staged,
                     MatmulVariant::CoopStagedPadded,
@@ -320,16 +320,27 @@ impl Gpu {
                     gpu.kernels.coop_staged_f16,
                     MatmulVariant::CoopStagedPrefetch,
                     WeightFormat::F16,
+                ),
+                (
+                    gpu.kernels.coop_staged,
+                    MatmulVariant::CoopStagedTokensFast,
+                    WeightFormat::Q4_0,
                 ),
                 (true, MatmulVariant::CoopPadded, WeightFormat::F16),
+                (true, MatmulVariant::CoopTokensFast, WeightFormat::F16),
             ];
-            for (kept, variant, format) in padded {
-                if !kept || !gpu.kernels.coop_padded {
+            for (kept, variant, format) in refined {
+                if !kept || !gpu.kernels.coop_refined {
                     continue;
                 }
                 if let Err(e) = check_variant(&gpu, variant, format) {
-                    warn(variant, format, e, "the padded kernels are not timed");
-                    gpu.kernels.coop_padded = false;
+                    warn(
+                        variant,
+                        format,
+                        e,
+                        "the refined cooperative kernels are not timed",
+                    );
+                    gpu.kernels.coop_refined = false;
                 }
             }
             if let Err(e) = check_variant(&gpu, MatmulVariant::Coop, WeightFormat::F16) {
@@ -339,7 +350,7 @@ impl Gpu {
                 gpu.kernels.coop_staged = false;
                 gpu.kernels.coop_staged_f16 = false;
                 gpu.kernels.coop_staged_wide = false;
-                gpu.kernels.coop_padded = false;
+                gpu.kernels.coop_refined = false;
             }
         }
         // The matrix-unit prefill attention rests on the same experimental

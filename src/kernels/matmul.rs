@@ -129,11 +129,14 @@ fn matmul_kernel(v: MatmulVariant) -> (&'static Shader, &'static str) {
     match v {
         MatmulVariant::Blocked4x4 => (&shaders::MATMUL, "matmul"),
         MatmulVariant::Tiled | MatmulVariant::TiledWide => (&shaders::MATMUL_TILED, "matmul"),
-        MatmulVariant::Coop | MatmulVariant::CoopPadded => (&shaders::MATMUL_COOP, "matmul"),
+        MatmulVariant::Coop | MatmulVariant::CoopPadded | MatmulVariant::CoopTokensFast => {
+            (&shaders::MATMUL_COOP, "matmul")
+        }
         MatmulVariant::CoopStaged
         | MatmulVariant::CoopStagedWide
         | MatmulVariant::CoopStagedPadded
-        | MatmulVariant::CoopStagedPrefetch => (&shaders::MATMUL_COOP_STAGED, "matmul"),
+        | MatmulVariant::CoopStagedPrefetch
+        | MatmulVariant::CoopStagedTokensFast => (&shaders::MATMUL_COOP_STAGED, "matmul"),
     }
 }
 
@@ -180,41 +183,30 @@ fn matmul_pipeline(
 
 /// A mat-mul variant's override constants: the cooperative ones are sized
 /// in subgroups of the device's one subgroup size, the tiled and staged ones
-/// take their tile width.
+/// take their tile width, and each refined cooperative kernel adds its
+/// refinements to those of the one it refines (padded rows, then prefetch,
+/// then the grid's fast axis on the tokens).
 fn matmul_constants(gpu: &Gpu, v: MatmulVariant) -> Vec<(&'static str, f64)> {
+    use MatmulVariant::*;
+    let subgroup = ("SUBGROUP_SIZE", gpu.profile.subgroup_max as f64);
+    let on = 1.0;
+    // WIDE = 2: a 128-token x slice, 20 KiB in all, past the 16 KiB some
+    // devices have (`Gpu::pipeline` checks).
+    let staged = [subgroup, ("WIDE", 1.0)];
+    let padded_staged = [subgroup, ("WIDE", 1.0), ("K_STRIDE", 40.0)];
+    let prefetching = [&padded_staged[..], &[("PREFETCH", on)]].concat();
     match v {
-        MatmulVariant::Coop => vec![("SUBGROUP_SIZE", gpu.profile.subgroup_max as f64)],
-        MatmulVariant::CoopPadded => vec![
-            ("SUBGROUP_SIZE", gpu.profile.subgroup_max as f64),
-            ("X_STRIDE", 72.0),
-        ],
-        MatmulVariant::CoopStagedPadded => vec![
-            ("SUBGROUP_SIZE", gpu.profile.subgroup_max as f64),
-            ("WIDE", 1.0),
-            ("K_STRIDE", 40.0),
-        ],
-        MatmulVariant::CoopStagedPrefetch => vec![
-            ("SUBGROUP_SIZE", gpu.profile.subgroup_max as f64),
-            ("WIDE", 1.0),
-            ("K_STRIDE", 40.0),
-            ("PREFETCH", 1.0),
-        ],
-        MatmulVariant::CoopStaged | MatmulVariant::CoopStagedWide => {
-            // WIDE = 2: a 128-token x slice, 20 KiB in all, past the 16 KiB
-            // some devices have (`Gpu::pipeline` checks).
-            let wide = if v == MatmulVariant::CoopStagedWide {
-                2.0
-            } else {
-                1.0
-            };
-            vec![
-                ("SUBGROUP_SIZE", gpu.profile.subgroup_max as f64),
-                ("WIDE", wide),
-            ]
-        }
-        MatmulVariant::Tiled => vec![("WIDE", 1.0)],
-        MatmulVariant::TiledWide => vec![("WIDE", 2.0)],
-        MatmulVariant::Blocked4x4 => vec![],
+        Coop => vec![subgroup],
+        CoopPadded => vec![subgroup, ("X_STRIDE", 72.0)],
+        CoopTokensFast => vec![subgroup, ("X_STRIDE", 72.0), ("TOKENS_FAST", on)],
+        CoopStaged => staged.to_vec(),
+        CoopStagedWide => vec![subgroup, ("WIDE", 2.0)],
+        CoopStagedPadded => padded_staged.to_vec(),
+        CoopStagedPrefetch => prefetching,
+        CoopStagedTokensFast => [&prefetching[..], &[("TOKENS_FAST", on)]].concat(),
+        Tiled => vec![("WIDE", 1.0)],
+        TiledWide => vec![("WIDE", 2.0)],
+        Blocked4x4 => vec![],
     }
 }
 
@@ -641,6 +633,8 @@ fn matmul_groups(variant: MatmulVariant, rows: u32, n: u32) -> (u32, u32, u32) {
         MatmulVariant::CoopStaged
         | MatmulVariant::CoopStagedPadded
         | MatmulVariant::CoopStagedPrefetch => (ceil_div(rows, 128), ceil_div(n, 64), 1),
+        MatmulVariant::CoopTokensFast => (ceil_div(n, 32), rows / 64, 1),
+        MatmulVariant::CoopStagedTokensFast => (ceil_div(n, 64), ceil_div(rows, 128), 1),
         MatmulVariant::CoopStagedWide => (ceil_div(rows, 128), ceil_div(n, 128), 1),
     }
 }
@@ -1345,6 +1339,18 @@ mod tests {
             ),
             (staged, MatmulVariant::CoopStagedPrefetch, Q8_0, 16, 32, 1),
             (staged, MatmulVariant::CoopStagedPrefetch, F16, 72, 96, 9),
+            // Tokens on the grid's fast axis: more row tiles than token
+            // tiles (3 x 2), and fewer (2 x 3).
+            (direct, MatmulVariant::CoopTokensFast, F16, 192, 192, 40),
+            (
+                staged,
+                MatmulVariant::CoopStagedTokensFast,
+                Q4_0,
+                200,
+                576,
+                150,
+            ),
+            (staged, MatmulVariant::CoopStagedTokensFast, F16, 72, 96, 9),
         ];
         for ((shader, init), variant, format, rows, cols, n) in cases {
             let leak = |s: String| -> &'static str { Box::leak(s.into_boxed_str()) };
@@ -1439,6 +1445,8 @@ mod tests {
             (MatmulVariant::CoopPadded, WeightFormat::F16),
             (MatmulVariant::CoopStagedPadded, WeightFormat::Q4_0),
             (MatmulVariant::CoopStagedPrefetch, WeightFormat::Q4_0),
+            (MatmulVariant::CoopTokensFast, WeightFormat::F16),
+            (MatmulVariant::CoopStagedTokensFast, WeightFormat::Q4_0),
         ] {
             let coop = check_variant(&gpu, variant, format);
             if has_coop {

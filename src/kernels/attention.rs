@@ -441,7 +441,8 @@ fn time_on_first_page<V: Copy + std::fmt::Debug>(
             .zip(labels(cands))
             .map(|(&v, label)| Candidate {
                 label,
-                dispatch: pipeline(v).map(|p| (p.clone(), gpu.bind_group(&p, &bufs), groups)),
+                dispatches: pipeline(v)
+                    .map(|p| vec![(p.clone(), gpu.bind_group(&p, &bufs), groups)]),
             })
             .collect()
     });

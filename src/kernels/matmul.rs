@@ -8,7 +8,7 @@ use anyhow::{bail, Result};
 use bytemuck::{Pod, Zeroable};
 use std::sync::Arc;
 
-use super::tune::{Candidate, TuneKey};
+use super::tune::{Candidate, Dispatch, TuneKey};
 use super::{ceil_div, dispatch, Rows};
 use crate::device::{MatmulVariant, MatvecVariant, MATVEC_LANES, MATVEC_ROWS_MAX, MATVEC_STEPS};
 use crate::gpu::Gpu;
@@ -75,6 +75,9 @@ struct Part {
     rows: u32,
     matvec: (Arc<wgpu::ComputePipeline>, wgpu::BindGroup),
     matvec_variant: MatvecVariant,
+    /// Whether the mat-vec folds in the kernel that writes its input (the
+    /// timings may choose not to, part by part).
+    matvec_fused: bool,
     matmul: (Arc<wgpu::ComputePipeline>, wgpu::BindGroup),
     matmul_variant: MatmulVariant,
 }
@@ -85,8 +88,10 @@ pub struct Matmul {
     /// part's own, which timings may have changed, is in
     /// [`Matmul::matvec_variants`].
     pub matvec_variant: MatvecVariant,
-    /// The mat-vec computes its input itself ([`FusedInput`]): skip the
-    /// kernel that writes x when n = 1.
+    /// Every part's mat-vec computes its input itself ([`FusedInput`]):
+    /// skip the kernel that writes x when n = 1. Where some part does not
+    /// (the timings found the unfused way faster there), that kernel runs
+    /// and the parts that fold it in still read its input instead.
     pub fuses_input: bool,
     parts: Vec<Part>,
     /// The copy of x into a texture that the `cpu` kernels (matmul.wgsl)
@@ -354,7 +359,7 @@ impl Matmul {
             None
         };
         let x_view = x_copy.as_ref().map(|(view, _)| view);
-        let parts = w
+        let parts: Vec<Part> = w
             .parts
             .iter()
             .map(|part| -> Result<Part> {
@@ -368,7 +373,7 @@ impl Matmul {
                     eps: eps as f32,
                     _p: 0,
                 };
-                let (matvec_v, matmul_v) = if tune {
+                let ((matvec_v, matvec_fused), matmul_v) = if tune {
                     let shape = TunedPart {
                         part,
                         cols: w.cols,
@@ -382,13 +387,13 @@ impl Matmul {
                     let m =
                         gpu.kernels
                             .part_variant(matmul_variant, part.format, part.rows, w.cols);
-                    (matvec_variant, m)
+                    ((matvec_variant, fused.is_some()), m)
                 };
                 let matvec = matvec_pipeline(gpu, matvec_v, part.format)?;
                 let matmul = matmul_pipeline(gpu, matmul_v, part.format)?;
                 let plain = gpu.uniform("matmul-params", &params(flags, 0.0));
                 let rest = [bias_buf, x, y, &no_norm];
-                let matvec_group = match fused {
+                let matvec_group = match fused.filter(|_| matvec_fused) {
                     Some(FusedInput::RmsNorm {
                         residual,
                         weights,
@@ -415,6 +420,7 @@ impl Matmul {
                     rows: part.rows as u32,
                     matvec: (matvec, matvec_group),
                     matvec_variant: matvec_v,
+                    matvec_fused,
                     matmul: (matmul, matmul_group),
                     matmul_variant: matmul_v,
                 })
@@ -422,7 +428,7 @@ impl Matmul {
             .collect::<Result<_>>()?;
         Ok(Matmul {
             matvec_variant,
-            fuses_input: fused.is_some(),
+            fuses_input: fused.is_some() && parts.iter().all(|p| p.matvec_fused),
             parts,
             x_copy: x_copy.map(|(_, copy)| copy),
         })
@@ -499,6 +505,27 @@ impl Scratch {
         let [step, params, bias, x, y, norm] = &self.buffers;
         gpu.bind_group_with_weights(pipeline, [step, params], weights, &[bias, x, y, norm], None)
     }
+
+    /// The kernel a fused mat-vec folds in (`fused_flag`), run on the
+    /// inputs of `self` (the fused candidates' scratch) and writing the x
+    /// of `plain` (the unfused ones'), as the engine runs it for one token.
+    fn input_kernel(
+        &self,
+        gpu: &Gpu,
+        plain: &Scratch,
+        fused_flag: u32,
+        cols: usize,
+    ) -> Result<Dispatch> {
+        let [step, _, _, input, _, norm] = &self.buffers;
+        let x = &plain.buffers[3];
+        Ok(if fused_flag == FUSED_NORM {
+            let eps = 1e-5;
+            super::rmsnorm::RmsNorm::new(gpu, step, cols, eps, norm, input, x, Rows::Tokens)?
+                .dispatch_for(1)
+        } else {
+            super::silu_mul::SiluMul::new(gpu, step, cols, input, x)?.dispatch_for(1)
+        })
+    }
 }
 
 impl TunedPart<'_> {
@@ -562,30 +589,63 @@ impl TunedPart<'_> {
         }
     }
 
-    /// The fastest mat-vec of the device's candidates for this part.
-    fn matvec(&self, gpu: &Gpu, fused_flag: u32, input: &'static str) -> MatvecVariant {
+    /// The fastest mat-vec of the device's candidates for this part, and
+    /// whether it folds in the kernel that writes its input. With an input
+    /// to fold in (`fused_flag`), each variant is timed both ways, the
+    /// unfused one after that kernel (the RMSNorm or the SwiGLU, timed
+    /// with it): folded in, the norm's sum of squares or every SiLU is
+    /// computed again in each workgroup, which can cost more than the
+    /// dispatch it saves.
+    fn matvec(&self, gpu: &Gpu, fused_flag: u32, input: &'static str) -> (MatvecVariant, bool) {
         let cands = gpu.kernels.matvec_candidates();
-        if cands.len() == 1 {
-            return cands[0];
+        let fused_first: &[bool] = if fused_flag != 0 {
+            &[true, false]
+        } else {
+            &[false]
+        };
+        let choices: Vec<(MatvecVariant, bool)> = fused_first
+            .iter()
+            .flat_map(|&fused| cands.iter().map(move |&v| (v, fused && v.fuses_input())))
+            .collect();
+        if choices.len() == 1 {
+            return choices[0];
         }
-        let flags = self.flags | fused_flag;
         let rows = self.part.rows as u32;
         let i = gpu.tuner.choose(gpu, self.key("mat-vec", input, 1), || {
-            let scratch = self.scratch(gpu, 1, flags);
-            cands
+            let fused = self.scratch(gpu, 1, self.flags | fused_flag);
+            let plain = self.scratch(gpu, 1, self.flags);
+            let input_kernel = match (&fused, &plain) {
+                (Ok(fused), Ok(plain)) => fused.input_kernel(gpu, plain, fused_flag, self.cols),
+                (Err(e), _) | (_, Err(e)) => Err(anyhow::anyhow!("{e:#}")),
+            };
+            choices
                 .iter()
-                .map(|&v| Candidate {
-                    label: v.label(),
-                    dispatch: scratch_or_error(&scratch).and_then(|scratch| {
-                        matvec_pipeline(gpu, v, self.part.format).map(|p| {
+                .map(|&(v, fold)| {
+                    let unfused = fused_flag != 0 && !fold;
+                    let scratch = if fold { &fused } else { &plain };
+                    let before = match (&input_kernel, unfused) {
+                        (_, false) => Ok(vec![]),
+                        (Ok(d), true) => Ok(vec![d.clone()]),
+                        (Err(e), true) => Err(anyhow::anyhow!("the unfused input kernel: {e:#}")),
+                    };
+                    Candidate {
+                        label: if unfused {
+                            format!("{} unfused", v.label())
+                        } else {
+                            v.label()
+                        },
+                        dispatches: scratch_or_error(scratch).and_then(|scratch| {
+                            let mut run = before?;
+                            let p = matvec_pipeline(gpu, v, self.part.format)?;
                             let group = scratch.bind(gpu, &p, self.part);
-                            (p, group, matvec_groups(v, rows))
-                        })
-                    }),
+                            run.push((p, group, matvec_groups(v, rows)));
+                            Ok(run)
+                        }),
+                    }
                 })
                 .collect()
         });
-        cands[i]
+        choices[i]
     }
 
     /// The fastest mat-mul of the device's candidates for this part at
@@ -602,10 +662,10 @@ impl TunedPart<'_> {
                 .iter()
                 .map(|&v| Candidate {
                     label: format!("{v:?}"),
-                    dispatch: scratch_or_error(&scratch).and_then(|scratch| {
+                    dispatches: scratch_or_error(&scratch).and_then(|scratch| {
                         matmul_pipeline(gpu, v, format).map(|p| {
                             let group = scratch.bind(gpu, &p, self.part);
-                            (p, group, matmul_groups(v, rows as u32, tokens as u32))
+                            vec![(p, group, matmul_groups(v, rows as u32, tokens as u32))]
                         })
                     }),
                 })
@@ -752,6 +812,7 @@ mod tests {
     use super::*;
     use crate::device::{KernelSet, KernelVariants};
     use crate::gpu::GpuOptions;
+    use crate::kernels::rmsnorm::RmsNorm;
     use crate::kernels::testutil::*;
     use crate::kernels::Step;
     use crate::shaders::{Shader, WeightFormat, WeightStore};
@@ -1147,16 +1208,7 @@ mod tests {
         let (rb, gb) = (gpu.storage_from("r", &residual), gpu.storage_from("g", &g));
         let xb = gpu.storage_from("x", &vec![0f32; n * cols]);
         let build = |y: &wgpu::Buffer, step: &wgpu::Buffer| {
-            let fused = FusedInput::RmsNorm {
-                residual: &rb,
-                weights: &gb,
-                eps,
-            };
-            let opts = MatmulOptions {
-                accumulate: false,
-                rows: Rows::Tokens,
-            };
-            Matmul::normed(&gpu, step, &m, None, &xb, y, opts, Some(fused)).unwrap()
+            normed_product(&gpu, step, &m, (&rb, &gb, eps), &xb, y)
         };
         let one = step_buffer(
             &gpu,
@@ -1183,14 +1235,18 @@ mod tests {
             "{:?}",
             matvec.key
         );
-        assert_eq!(matvec.labels.len(), gpu.kernels.matvec_candidates().len());
+        // Each variant with the norm folded in, then each after the norm.
+        let cands = gpu.kernels.matvec_candidates();
+        assert_eq!(matvec.labels.len(), 2 * cands.len());
         assert_eq!(matvec.labels[0], "128x2");
+        assert_eq!(matvec.labels[cands.len()], "128x2 unfused");
         assert!(
             matvec.seconds.iter().all(|s| s.is_some_and(|s| s > 0.0)),
             "{matvec:?}"
         );
         let chosen = mm.matvec_variants()[0];
-        assert_eq!(chosen, gpu.kernels.matvec_candidates()[matvec.choice]);
+        assert_eq!(chosen, cands[matvec.choice % cands.len()]);
+        assert_eq!(mm.fuses_input, matvec.choice < cands.len());
         // The mat-mul (the tiled kernel's two tile sizes at least) once, at
         // the tokens y holds.
         let mm_timed: Vec<_> = results.iter().filter(|t| t.key.op() == "mat-mul").collect();
@@ -1206,7 +1262,13 @@ mod tests {
         let x = crate::kernels::rmsnorm::reference(&residual[..cols], &g, eps as f32);
         let mut want = vec![0f32; rows];
         reference(&w, rows, cols, None, &x, &mut want, false);
-        run_pass(&gpu, |pass| mm.encode(pass, 1));
+        let norm = RmsNorm::new(&gpu, &one, cols, eps, &gb, &rb, &xb, Rows::Tokens).unwrap();
+        run_pass(&gpu, |pass| {
+            if !mm.fuses_input {
+                norm.encode(pass, 1);
+            }
+            mm.encode(pass, 1)
+        });
         let got: Vec<f32> = gpu.read(&yb, 0, rows).unwrap();
         let w_max = w.iter().fold(1f32, |a, v| a.max(v.abs()));
         let err = max_abs_diff(&got, &want);
@@ -1221,6 +1283,90 @@ mod tests {
         for t in &results {
             assert!(crate::kernels::tune::describe(t).contains(&format!("{rows}x{cols}")));
         }
+    }
+
+    /// `m`'s product with the device's variants and the RMSNorm of
+    /// `(residual, weights, eps)` as its input, writing y.
+    fn normed_product(
+        gpu: &Gpu,
+        step: &wgpu::Buffer,
+        m: &GpuMatrix,
+        (residual, weights, eps): (&wgpu::Buffer, &wgpu::Buffer, f64),
+        x: &wgpu::Buffer,
+        y: &wgpu::Buffer,
+    ) -> Matmul {
+        let fused = FusedInput::RmsNorm {
+            residual,
+            weights,
+            eps,
+        };
+        let opts = MatmulOptions {
+            accumulate: false,
+            rows: Rows::Tokens,
+        };
+        Matmul::normed(gpu, step, m, None, x, y, opts, Some(fused)).unwrap()
+    }
+
+    /// A product whose timings chose the unfused mat-vec for one part and
+    /// the fused one for the other (forced here): it no longer fuses its
+    /// input, so the norm kernel runs, and both parts match the reference,
+    /// the fused one reading the norm's input, the other the norm's output.
+    #[test]
+    fn tuned_product_mixes_fused_and_unfused_parts() {
+        let gpu = gpu_with(KernelSet::Tuned);
+        let cands = gpu.kernels.matvec_candidates();
+        let (cols, eps) = (160, 1e-5);
+        let blocks = [(24, WeightFormat::F16), (32, WeightFormat::Q8_0)];
+        let m = GpuMatrix::stacked(&gpu, "w", cols, &blocks).unwrap();
+        let rows = m.rows;
+        let w = fill_test_weights(&gpu, &m, 31);
+        let labels: Vec<String> = (0..2 * cands.len()).map(|i| i.to_string()).collect();
+        // The F16 part unfused (the rule's variant), the Q8_0 part fused.
+        for (&(part_rows, format), choice) in blocks.iter().zip([cands.len(), 0]) {
+            let key = TuneKey::Matrix {
+                op: "mat-vec",
+                input: "rmsnorm",
+                format,
+                rows: part_rows,
+                cols,
+                tokens: 1,
+            };
+            gpu.tuner.force(key, labels.clone(), choice);
+        }
+        let residual = rand_vec(cols, 16, 3.0);
+        let g = rand_vec(cols, 18, 1.0);
+        let (rb, gb) = (gpu.storage_from("r", &residual), gpu.storage_from("g", &g));
+        let xb = gpu.storage_from("x", &vec![1e3f32; cols]);
+        let yb = gpu.storage_from("y", &vec![0f32; rows]);
+        let one = step_buffer(
+            &gpu,
+            Step {
+                n_tokens: 1,
+                ..Default::default()
+            },
+        );
+        let mm = normed_product(&gpu, &one, &m, (&rb, &gb, eps), &xb, &yb);
+        assert!(!mm.fuses_input, "one part runs unfused");
+        assert_eq!(mm.matvec_variants(), [cands[0], cands[0]]);
+        let x = crate::kernels::rmsnorm::reference(&residual, &g, eps as f32);
+        let mut want = vec![0f32; rows];
+        reference(&w, rows, cols, None, &x, &mut want, false);
+        let w_max = w.iter().fold(1f32, |a, v| a.max(v.abs()));
+        let tolerance = 1e-4 * w_max * (cols as f32).sqrt();
+        // Without the norm kernel, x holds garbage: the fused part is right
+        // all the same, the unfused one is not (it reads x).
+        run_pass(&gpu, |pass| mm.encode(pass, 1));
+        let got: Vec<f32> = gpu.read(&yb, 0, rows).unwrap();
+        assert!(max_abs_diff(&got[24..], &want[24..]) < tolerance);
+        assert!(max_abs_diff(&got[..24], &want[..24]) > 1.0);
+        let norm = RmsNorm::new(&gpu, &one, cols, eps, &gb, &rb, &xb, Rows::Tokens).unwrap();
+        run_pass(&gpu, |pass| {
+            norm.encode(pass, 1);
+            mm.encode(pass, 1)
+        });
+        let got: Vec<f32> = gpu.read(&yb, 0, rows).unwrap();
+        let err = max_abs_diff(&got, &want);
+        assert!(err < tolerance, "{err}");
     }
 
     /// Every mat-vec variant given `fused`, whose result the product should

@@ -58,7 +58,14 @@ impl RmsNorm {
     }
 
     pub fn encode(&self, pass: &mut wgpu::ComputePass, rows: u32) {
-        dispatch(pass, &self.pipeline, &self.group, (rows, 1, 1));
+        let (pipeline, group, groups) = self.dispatch_for(rows);
+        dispatch(pass, &pipeline, &group, groups);
+    }
+
+    /// What [`RmsNorm::encode`] dispatches for `rows` rows (the timings run
+    /// it before an unfused mat-vec).
+    pub fn dispatch_for(&self, rows: u32) -> super::tune::Dispatch {
+        (self.pipeline.clone(), self.group.clone(), (rows, 1, 1))
     }
 }
 

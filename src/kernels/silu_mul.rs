@@ -49,12 +49,15 @@ impl SiluMul {
     }
 
     pub fn encode(&self, pass: &mut wgpu::ComputePass, n_tokens: u32) {
-        dispatch(
-            pass,
-            &self.pipeline,
-            &self.group,
-            (ceil_div(self.ffn4, 64), n_tokens, 1),
-        );
+        let (pipeline, group, groups) = self.dispatch_for(n_tokens);
+        dispatch(pass, &pipeline, &group, groups);
+    }
+
+    /// What [`SiluMul::encode`] dispatches for `n_tokens` tokens (the
+    /// timings run it before an unfused mat-vec).
+    pub fn dispatch_for(&self, n_tokens: u32) -> super::tune::Dispatch {
+        let groups = (ceil_div(self.ffn4, 64), n_tokens, 1);
+        (self.pipeline.clone(), self.group.clone(), groups)
     }
 }
 

@@ -118,10 +118,12 @@ impl TuneKey {
 /// A pipeline, its bind group (on scratch buffers) and its workgroup counts.
 pub type Dispatch = (Arc<wgpu::ComputePipeline>, wgpu::BindGroup, (u32, u32, u32));
 
-/// One candidate ready to run (or why it could not be built).
+/// One candidate ready to run (or why it could not be built): its
+/// dispatches, in order, timed together in one pass (an unfused mat-vec
+/// runs the kernel that writes its input first).
 pub struct Candidate {
     pub label: String,
-    pub dispatch: Result<Dispatch>,
+    pub dispatches: Result<Vec<Dispatch>>,
 }
 
 /// The outcome for one key.
@@ -224,6 +226,22 @@ impl Tuner {
         });
     }
 
+    /// Records `choice` for `key` as if timed (tests: to make a product
+    /// take a given candidate).
+    #[cfg(test)]
+    pub fn force(&self, key: TuneKey, labels: Vec<String>, choice: usize) {
+        let n = labels.len();
+        self.done.lock().unwrap().push(Tuned {
+            key,
+            labels,
+            seconds: vec![None; n],
+            errors: vec![None; n],
+            choice,
+            untimed: Some("forced by a test".into()),
+            wall_seconds: 0.0,
+        });
+    }
+
     /// Every timing made so far, oldest first.
     pub fn results(&self) -> Vec<Tuned> {
         self.done.lock().unwrap().clone()
@@ -248,11 +266,11 @@ fn time_all(gpu: &Gpu, key: TuneKey, candidates: &[Candidate]) -> Tuned {
             return tuned;
         }
     };
-    let runs: Vec<Option<&Dispatch>> = candidates
+    let runs: Vec<Option<&[Dispatch]>> = candidates
         .iter()
         .enumerate()
-        .map(|(i, c)| match &c.dispatch {
-            Ok(d) => Some(d),
+        .map(|(i, c)| match &c.dispatches {
+            Ok(d) => Some(&d[..]),
             Err(e) => {
                 tuned.errors[i] = Some(format!("{e:#}"));
                 None
@@ -347,7 +365,7 @@ impl Timer {
     /// waited for, so that the candidate starts on an idle device (a GPU
     /// may overlap independent passes, and the pass's start timestamp
     /// would then fall after the candidate had begun).
-    fn once(&self, gpu: &Gpu, (pipeline, group, groups): &Dispatch) -> Result<f64> {
+    fn once(&self, gpu: &Gpu, run: &[Dispatch]) -> Result<f64> {
         let mut enc = gpu.device.create_command_encoder(&Default::default());
         {
             let mut pass = enc.begin_compute_pass(&Default::default());
@@ -367,7 +385,9 @@ impl Timer {
                     end_of_pass_write_index: Some(1),
                 }),
             });
-            dispatch(&mut pass, pipeline, group, *groups);
+            for (pipeline, group, groups) in run {
+                dispatch(&mut pass, pipeline, group, *groups);
+            }
         }
         enc.resolve_query_set(&self.set, 0..2, &self.resolve, 0);
         enc.copy_buffer_to_buffer(&self.resolve, 0, &self.readback, 0, 16);

@@ -31,5 +31,5 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (id < p.row_begin || id >= p.row_end) {
         return;
     }
-    x[t * p.hidden4 + i] = weight4((id - p.row_begin) * p.hidden4 + i);
+    x[t * p.hidden4 + i] = weight4(w_row(id - p.row_begin, p.hidden4) + i);
 }

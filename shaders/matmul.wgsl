@@ -37,10 +37,10 @@ fn matmul(@builtin(global_invocation_id) gid: vec3<u32>) {
         return;
     }
     // Clamp out-of-range rows and tokens to valid ones; their results are not stored.
-    let w0 = r0 * p.k4;
-    let w1 = min(r0 + 1u, p.rows - 1u) * p.k4;
-    let w2 = min(r0 + 2u, p.rows - 1u) * p.k4;
-    let w3 = min(r0 + 3u, p.rows - 1u) * p.k4;
+    let w0 = w_row(r0, p.k4);
+    let w1 = w_row(min(r0 + 1u, p.rows - 1u), p.k4);
+    let w2 = w_row(min(r0 + 2u, p.rows - 1u), p.k4);
+    let w3 = w_row(min(r0 + 3u, p.rows - 1u), p.k4);
     let t1 = min(t0 + 1u, n - 1u);
     let t2 = min(t0 + 2u, n - 1u);
     let t3 = min(t0 + 3u, n - 1u);
@@ -90,7 +90,7 @@ fn matvec(@builtin(global_invocation_id) gid: vec3<u32>) {
     }
     var wr: array<u32, 8>;
     for (var i = 0u; i < 8u; i++) {
-        wr[i] = min(r0 + i, p.rows - 1u) * p.k4;
+        wr[i] = w_row(min(r0 + i, p.rows - 1u), p.k4);
     }
     var a = array<f32, 8>();
     var xs: array<vec4<f32>, 8>;

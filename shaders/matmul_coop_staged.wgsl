@@ -89,7 +89,7 @@ fn load_slices(k0: u32, lane: u32, row0: u32, tok0: u32, n: u32) -> Slices {
         s.v[i] = vec4<f32>(0.0);
         if (e < 1024u) {
             if (row0 + e / 8u < p.rows) {
-                s.v[i] = weight4((row0 + e / 8u) * p.k4 + k0 + e % 8u);
+                s.v[i] = weight4(w_row(row0 + e / 8u, p.k4) + k0 + e % 8u);
             }
         } else if (tok0 + (e - 1024u) / 8u < n) {
             s.v[i] = x[(tok0 + (e - 1024u) / 8u) * p.k4 + k0 + e % 8u];

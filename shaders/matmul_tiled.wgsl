@@ -81,9 +81,9 @@ fn matmul(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
     // WIDE = 2, lane / 4 + 64), vec4 lane % 4 of the 16 values.
     let load_r = lane / 4u;
     let load_k = lane % 4u;
-    let w_base0 = min(row0 + load_r, p.rows - 1u) * p.k4;
+    let w_base0 = w_row(min(row0 + load_r, p.rows - 1u), p.k4);
     let x_base0 = min(tok0 + load_r, n - 1u) * p.k4;
-    let w_base1 = min(row0 + load_r + 64u, p.rows - 1u) * p.k4;
+    let w_base1 = w_row(min(row0 + load_r + 64u, p.rows - 1u), p.k4);
     let x_base1 = min(tok0 + load_r + 64u, n - 1u) * p.k4;
     var w0 = w_word(w_base0, load_k);
     var x0 = x_word(x_base0, load_k);

@@ -4,7 +4,7 @@
 // `dot32` and `QUANTIZED`).
 //
 // A workgroup of LANES lanes (64, 128 or 256) takes ROWS consecutive rows
-// (1 to 8): two override constants set per weight matrix by the launcher
+// (1 to 16): override constants set per weight matrix by the launcher
 // (128 and 2 by the fixed rule; with `--kernels tuned`, what `auto` picks on
 // a GPU, the fastest pair on that device, timed when the engine is built,
 // see src/kernels/tune.rs). Each load of x serves all ROWS rows, so more
@@ -24,7 +24,7 @@
 override LANES: u32 = 128u;
 override ROWS: u32 = 2u;
 // The largest ROWS: the size of the per-lane accumulators.
-const ROWS_MAX: u32 = 8u;
+const ROWS_MAX: u32 = 16u;
 // Loads per row each lane issues before the sums that use them: 2 or 4
 // packed words (STEPS), or STEPS / 2 quantized blocks (at least one). A
 // third override constant of the launcher: more loads in flight hide more
@@ -36,7 +36,7 @@ const STEPS_MAX: u32 = 4u;
 // The first packed group of row r0 + i, clamped to the part's last row (the
 // sums of rows past it are computed and not stored).
 fn row_start(r0: u32, i: u32) -> u32 {
-    return min(r0 + i, p.rows - 1u) * p.k4;
+    return w_row(min(r0 + i, p.rows - 1u), p.k4);
 }
 
 fn lane_sums(r0: u32, lane: u32, inv: f32) -> array<f32, ROWS_MAX> {

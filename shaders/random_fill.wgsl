@@ -4,14 +4,16 @@
 // or quantized blocks of p.block_words words (format 2): the block's first
 // word holds the f16 pair (scale, offset), its scale (and offset or minimum
 // scale), and every other word random bits (quants, and the K-quants'
-// sub-block scales).
+// sub-block scales); or groups of blocks of p.block_words words (format 3,
+// Q4_0): the group's first p.scale_words words hold two f16 scales each,
+// every other word random bits.
 // Element e's u comes from a hash of (seed, e), so any range of a buffer can be
 // filled independently and the CPU reference reproduces it. Used for synthetic
 // models: weights generated on the GPU, no file and no host copy.
 //
 // Bindings (group 0):
 //   0 p    uniform FillParams  (word0, n_words, format, seed, scale, offset,
-//                               block_words)
+//                               block_words, scale_words)
 //   1 dst  storage rw  [>= word0 + n_words] u32
 // Dispatch: (min(G, 65535), ceil(G / 65535), 1) with G = ceil(n_words / 256).
 struct FillParams {
@@ -22,7 +24,7 @@ struct FillParams {
     scale: f32,
     offset: f32,
     block_words: u32,
-    _p1: u32,
+    scale_words: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: FillParams;
@@ -56,6 +58,12 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     } else if p.format == 2u {
         if w % p.block_words == 0u {
             dst[w] = pack2x16float(vec2<f32>(p.scale, p.offset));
+        } else {
+            dst[w] = hash(w ^ hash(p.seed));
+        }
+    } else if p.format == 3u {
+        if w % p.block_words < p.scale_words {
+            dst[w] = pack2x16float(vec2<f32>(p.scale));
         } else {
             dst[w] = hash(w ^ hash(p.seed));
         }

@@ -38,7 +38,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     }
     var s = 0.0;
     for (var i = lid; i < bounded(p.hidden4); i += 64u) {
-        s += dot(weight4((id - p.row_begin) * p.hidden4 + i), x[t * p.hidden4 + i]);
+        s += dot(weight4(w_row(id - p.row_begin, p.hidden4) + i), x[t * p.hidden4 + i]);
     }
     partial[lid] = s;
     workgroupBarrier();

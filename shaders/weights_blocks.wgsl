@@ -1,6 +1,7 @@
 // weights_blocks.wgsl: helpers the quantized weight preludes share
-// (appended to each of weights_q*.wgsl; see src/shaders.rs). They read `w`,
-// which every quantized prelude declares as array<u32>.
+// (appended to each of weights_q*.wgsl; see src/shaders.rs). They read u32
+// words through `w_u32(i)`, which each quantized prelude defines (or
+// weights_words.wgsl, where the prelude's words are u32).
 
 // A block format: the `gpu` mat-vec gives each lane whole 32-value blocks
 // through `dot32` (matvec_rows.wgsl).
@@ -14,12 +15,12 @@ fn fields4(q: u32, bits: u32) -> vec4<u32> {
 // The K-quants' (Q4_K, Q5_K) 6-bit sub-block scales and mins.
 // Byte i (0..11) of the scales of the super-block at word `base`.
 fn k_scale_byte(base: u32, i: u32) -> u32 {
-    return (w_at(base + 1u + i / 4u) >> ((i % 4u) * 8u)) & 255u;
+    return (w_u32(base + 1u + i / 4u) >> ((i % 4u) * 8u)) & 255u;
 }
 
 // (d * scale, dmin * min) of sub-block j (0..7) of the super-block at `base`.
 fn k_scale_min(base: u32, j: u32) -> vec2<f32> {
-    let dm = unpack2x16float(w_at(base));
+    let dm = unpack2x16float(w_u32(base));
     var sc: u32;
     var m: u32;
     if (j < 4u) {
@@ -55,7 +56,7 @@ fn nibble_block_dot(first: u32, high: u32, xs: array<vec4<f32>, 8>) -> f32 {
     var xv = xs;
     var s = 0.0;
     for (var i = 0u; i < 4u; i++) {
-        s += nibbles_dot(w_at(first + i), high >> (8u * i), xv[2u * i], xv[2u * i + 1u]);
+        s += nibbles_dot(w_u32(first + i), high >> (8u * i), xv[2u * i], xv[2u * i + 1u]);
     }
     return s;
 }

@@ -7,6 +7,9 @@
 // step (matvec_rows.wgsl).
 const QUANTIZED: bool = false;
 
+// Rows start right after each other (weights_rows.wgsl).
+const W_ROW_ALIGN: u32 = 1u;
+
 fn dot32(g: u32, xs: array<vec4<f32>, 8>, sx: vec2<f32>) -> f32 {
     var xv = xs;
     var s = 0.0;

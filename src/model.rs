@@ -286,12 +286,23 @@ impl Model {
 
     /// Bytes of weights read to decode one token: every layer matrix and the LM head.
     pub fn decode_weight_bytes(&self) -> u64 {
-        let layers: u64 = self
-            .layers
+        self.decode_matrices().map(GpuMatrix::bytes).sum()
+    }
+
+    /// The same matrices in llama.cpp's own blocks (what a GGUF reader with
+    /// the file's layout would read; Q4_0 on the GPU takes that much where
+    /// rows are multiples of 256 values, the other block formats a few
+    /// percent more, their blocks padded to whole words).
+    pub fn decode_gguf_weight_bytes(&self) -> u64 {
+        self.decode_matrices().map(GpuMatrix::gguf_bytes).sum()
+    }
+
+    /// The matrices a decode step reads: every layer's, and the LM head.
+    fn decode_matrices(&self) -> impl Iterator<Item = &GpuMatrix> {
+        self.layers
             .iter()
-            .map(|l| l.qkv.bytes() + l.o.bytes() + l.gate_up.bytes() + l.down.bytes())
-            .sum();
-        layers + self.head().bytes()
+            .flat_map(|l| [&l.qkv, &l.o, &l.gate_up, &l.down])
+            .chain([self.head()])
     }
 }
 

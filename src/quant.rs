@@ -5,7 +5,13 @@
 //! A GGUF block is copied into whole 32-bit words, because WGSL reads storage
 //! buffers in words and llama.cpp's 18-, 22- and 210-byte blocks would
 //! straddle them. Each block stays self-contained (a row part can start at
-//! any block), its scales first, then its quants in value order (llama.cpp
+//! any block), its scales first, then its quants in value order, except
+//! Q4_0's: its blocks go in groups of eight, the eight f16 scales in one
+//! 16-byte word and each block's quants in another, so that a lane reads a
+//! block's quants with one 16-byte load and the bytes are llama.cpp's own
+//! (18 per block where five words took 20); rows start at whole groups, the
+//! last group of a row padded with zero blocks (rows of K = 576, 18
+//! blocks, take three groups, 33% more; K a multiple of 256, none) (llama.cpp
 //! interleaves the two halves of a block in the nibbles of one byte; sieve's
 //! layout puts value `8i + n` in nibble `n` of quant word `i`, so that four
 //! consecutive values are one shift away). The WGSL side of each layout is
@@ -20,7 +26,7 @@
 //! | format | values/block | GGUF bytes | GPU words | GPU layout (words) |
 //! |---|---|---|---|---|
 //! | Q8_0 | 32 | 34 | 9 | d; 32 x i8 |
-//! | Q4_0 | 32 | 18 | 5 | d; 32 x u4 (x = d (q - 8)) |
+//! | Q4_0 | 32 | 18 | 36 per 8 blocks | 8 x d; then per block 32 x u4 (x = d (q - 8)) |
 //! | Q4_1 | 32 | 20 | 5 | d, m; 32 x u4 (x = d q + m) |
 //! | Q5_0 | 32 | 22 | 6 | d; 32 high bits; 32 x u4 (x = d (q - 16)) |
 //! | Q4_K | 256 | 144 | 36 | d, dmin; 12 bytes of 6-bit scales/mins; 256 x u4 |
@@ -40,26 +46,30 @@ pub struct Block {
     pub values: usize,
     /// The llama.cpp type the block is repacked from.
     pub ggml: GgmlType,
-    /// 32-bit words per block on the GPU.
+    /// Blocks the GPU layout keeps together (1; Q4_0: 8), rows padded to
+    /// whole groups.
+    pub group: usize,
+    /// 32-bit words per group on the GPU.
     pub words: usize,
 }
 
 impl WeightFormat {
     /// The block of a quantized format; None for f16 and f32.
     pub fn block(self) -> Option<Block> {
-        let (values, ggml, words) = match self {
+        let (values, ggml, group, words) = match self {
             WeightFormat::F16 | WeightFormat::F32 => return None,
-            WeightFormat::Q8_0 => (32, GgmlType::Q8_0, 9),
-            WeightFormat::Q4_0 => (32, GgmlType::Q4_0, 5),
-            WeightFormat::Q4_1 => (32, GgmlType::Q4_1, 5),
-            WeightFormat::Q5_0 => (32, GgmlType::Q5_0, 6),
-            WeightFormat::Q4_K => (256, GgmlType::Q4_K, 36),
-            WeightFormat::Q5_K => (256, GgmlType::Q5_K, 44),
-            WeightFormat::Q6_K => (256, GgmlType::Q6_K, 53),
+            WeightFormat::Q8_0 => (32, GgmlType::Q8_0, 1, 9),
+            WeightFormat::Q4_0 => (32, GgmlType::Q4_0, 8, 36),
+            WeightFormat::Q4_1 => (32, GgmlType::Q4_1, 1, 5),
+            WeightFormat::Q5_0 => (32, GgmlType::Q5_0, 1, 6),
+            WeightFormat::Q4_K => (256, GgmlType::Q4_K, 1, 36),
+            WeightFormat::Q5_K => (256, GgmlType::Q5_K, 1, 44),
+            WeightFormat::Q6_K => (256, GgmlType::Q6_K, 1, 53),
         };
         Some(Block {
             values,
             ggml,
+            group,
             words,
         })
     }
@@ -86,7 +96,16 @@ impl WeightFormat {
     pub fn row_bytes(self, cols: usize) -> u64 {
         match self.block() {
             None => cols as u64 * self.bytes_per_value(),
-            Some(b) => (cols / b.values * b.words * 4) as u64,
+            Some(b) => ((cols / b.values).div_ceil(b.group) * b.words * 4) as u64,
+        }
+    }
+
+    /// Bytes of one row of `cols` values in llama.cpp's own blocks (a GGUF
+    /// file's), beside [`WeightFormat::row_bytes`] on the GPU.
+    pub fn gguf_row_bytes(self, cols: usize) -> u64 {
+        match self.block() {
+            None => self.row_bytes(cols),
+            Some(b) => (cols / b.values) as u64 * b.ggml.block_bytes(),
         }
     }
 
@@ -103,64 +122,83 @@ impl WeightFormat {
     }
 }
 
-/// Appends the GPU words of `data`, whole GGUF blocks of `format`'s type.
-pub fn repack(format: WeightFormat, data: &[u8], out: &mut Vec<u32>) {
+/// Appends the GPU words of `data`, whole rows of `cols` values in GGUF
+/// blocks of `format`'s type.
+pub fn repack(format: WeightFormat, data: &[u8], cols: usize, out: &mut Vec<u32>) {
     let b = format.block().expect("repack takes a quantized format");
     let bytes = b.ggml.block_bytes() as usize;
-    for block in data.chunks_exact(bytes) {
-        let start = out.len();
-        match format {
-            WeightFormat::Q8_0 => {
-                out.push(u16_at(block, 0));
-                out.extend(block[2..34].chunks_exact(4).map(word));
-            }
-            WeightFormat::Q4_0 => {
-                out.push(u16_at(block, 0));
-                push_nibbles(out, 32, |v| split_nibble(&block[2..18], v));
-            }
-            WeightFormat::Q4_1 => {
-                out.push(word(&block[0..4]));
-                push_nibbles(out, 32, |v| split_nibble(&block[4..20], v));
-            }
-            WeightFormat::Q5_0 => {
-                out.push(u16_at(block, 0));
-                out.push(word(&block[2..6]));
-                push_nibbles(out, 32, |v| split_nibble(&block[6..22], v));
-            }
-            WeightFormat::Q4_K => {
-                out.extend(block[0..16].chunks_exact(4).map(word));
-                push_nibbles(out, 256, |v| k_nibble(&block[16..144], v));
-            }
-            WeightFormat::Q5_K => {
-                out.extend(block[0..16].chunks_exact(4).map(word));
-                let qh = &block[16..48];
-                push_bits(out, 1, 256, |v| {
-                    let (pair, within) = (v / 64, v % 64);
-                    let bit = 2 * pair + within / 32;
-                    u32::from(qh[within % 32] >> bit) & 1
-                });
-                push_nibbles(out, 256, |v| k_nibble(&block[48..176], v));
-            }
-            WeightFormat::Q6_K => {
-                out.push(u16_at(block, 208));
-                out.extend(block[192..208].chunks_exact(4).map(word));
-                // Value v = 128 half + 32 k + l (l < 32) takes its low bits
-                // from ql[64 half + l + 32 (k odd)] (low nibble for k < 2) and
-                // its high bits from bits 2k of qh[32 half + l].
-                let (ql, qh) = (&block[0..128], &block[128..192]);
-                let q6 = |v: usize| {
-                    let (half, k, l) = (v / 128, (v % 128) / 32, v % 32);
-                    let low = ql[64 * half + l + 32 * (k % 2)];
-                    let low = if k < 2 { low & 0x0F } else { low >> 4 };
-                    let high = (qh[32 * half + l] >> (2 * k)) & 3;
-                    (u32::from(low), u32::from(high))
-                };
-                push_nibbles(out, 256, |v| q6(v).0);
-                push_bits(out, 2, 256, |v| q6(v).1);
-            }
-            WeightFormat::F16 | WeightFormat::F32 => unreachable!(),
+    let row_bytes = cols / b.values * bytes;
+    for row in data.chunks_exact(row_bytes) {
+        for group in row.chunks(b.group * bytes) {
+            let start = out.len();
+            repack_group(format, group, bytes, out);
+            debug_assert_eq!(out.len() - start, b.words);
         }
-        debug_assert_eq!(out.len() - start, b.words);
+    }
+}
+
+/// One group of blocks (one block, or Q4_0's eight: fewer at a row's end,
+/// padded with zero blocks).
+fn repack_group(format: WeightFormat, group: &[u8], bytes: usize, out: &mut Vec<u32>) {
+    if format == WeightFormat::Q4_0 {
+        let blocks: Vec<&[u8]> = group.chunks_exact(bytes).collect();
+        let scale = |j: usize| blocks.get(j).map_or(0, |b| u16_at(b, 0));
+        out.extend((0..4).map(|i| scale(2 * i) | scale(2 * i + 1) << 16));
+        for j in 0..8 {
+            match blocks.get(j) {
+                Some(block) => push_nibbles(out, 32, |v| split_nibble(&block[2..18], v)),
+                None => out.extend([0; 4]),
+            }
+        }
+        return;
+    }
+    let block = group;
+    match format {
+        WeightFormat::Q8_0 => {
+            out.push(u16_at(block, 0));
+            out.extend(block[2..34].chunks_exact(4).map(word));
+        }
+        WeightFormat::Q4_1 => {
+            out.push(word(&block[0..4]));
+            push_nibbles(out, 32, |v| split_nibble(&block[4..20], v));
+        }
+        WeightFormat::Q5_0 => {
+            out.push(u16_at(block, 0));
+            out.push(word(&block[2..6]));
+            push_nibbles(out, 32, |v| split_nibble(&block[6..22], v));
+        }
+        WeightFormat::Q4_K => {
+            out.extend(block[0..16].chunks_exact(4).map(word));
+            push_nibbles(out, 256, |v| k_nibble(&block[16..144], v));
+        }
+        WeightFormat::Q5_K => {
+            out.extend(block[0..16].chunks_exact(4).map(word));
+            let qh = &block[16..48];
+            push_bits(out, 1, 256, |v| {
+                let (pair, within) = (v / 64, v % 64);
+                let bit = 2 * pair + within / 32;
+                u32::from(qh[within % 32] >> bit) & 1
+            });
+            push_nibbles(out, 256, |v| k_nibble(&block[48..176], v));
+        }
+        WeightFormat::Q6_K => {
+            out.push(u16_at(block, 208));
+            out.extend(block[192..208].chunks_exact(4).map(word));
+            // Value v = 128 half + 32 k + l (l < 32) takes its low bits
+            // from ql[64 half + l + 32 (k odd)] (low nibble for k < 2) and
+            // its high bits from bits 2k of qh[32 half + l].
+            let (ql, qh) = (&block[0..128], &block[128..192]);
+            let q6 = |v: usize| {
+                let (half, k, l) = (v / 128, (v % 128) / 32, v % 32);
+                let low = ql[64 * half + l + 32 * (k % 2)];
+                let low = if k < 2 { low & 0x0F } else { low >> 4 };
+                let high = (qh[32 * half + l] >> (2 * k)) & 3;
+                (u32::from(low), u32::from(high))
+            };
+            push_nibbles(out, 256, |v| q6(v).0);
+            push_bits(out, 2, 256, |v| q6(v).1);
+        }
+        WeightFormat::Q4_0 | WeightFormat::F16 | WeightFormat::F32 => unreachable!(),
     }
 }
 
@@ -253,11 +291,11 @@ pub fn quantize(format: WeightFormat, values: &[f32]) -> Result<Vec<u8>> {
     Ok(out)
 }
 
-/// The GPU words of `values` (whole rows) quantized to `format`.
-pub fn encode(format: WeightFormat, values: &[f32]) -> Result<Vec<u32>> {
+/// The GPU words of `values` (whole rows of `cols`) quantized to `format`.
+pub fn encode(format: WeightFormat, values: &[f32], cols: usize) -> Result<Vec<u32>> {
     let blocks = quantize(format, values)?;
     let mut words = Vec::new();
-    repack(format, &blocks, &mut words);
+    repack(format, &blocks, cols, &mut words);
     Ok(words)
 }
 
@@ -274,11 +312,32 @@ pub(crate) mod tests {
             .collect()
     }
 
-    /// The GPU layout decoded on the CPU the way the WGSL preludes decode it
-    /// (written from the layout table, independently of `repack`).
-    fn decode_gpu(format: WeightFormat, words: &[u32]) -> Vec<f32> {
+    /// The GPU layout of rows of `cols` values decoded on the CPU the way
+    /// the WGSL preludes decode it (written from the layout table,
+    /// independently of `repack`).
+    fn decode_gpu(format: WeightFormat, words: &[u32], cols: usize) -> Vec<f32> {
         let b = format.block().unwrap();
         let h = |w: u32, hi: bool| f16::from_bits((if hi { w >> 16 } else { w }) as u16).to_f32();
+        if format == WeightFormat::Q4_0 {
+            // Groups of 8 blocks: 4 words of scales, then 4 quant words a
+            // block; each row's last group padded.
+            let row_words = (cols / 32).div_ceil(8) * 36;
+            let mut out = Vec::new();
+            for row in words.chunks_exact(row_words) {
+                let mut values = vec![];
+                for g in row.chunks_exact(36) {
+                    for j in 0..8 {
+                        let d = h(g[j / 2], j % 2 == 1);
+                        let q = &g[4 + 4 * j..8 + 4 * j];
+                        values.extend(
+                            (0..32).map(|v| d * (((q[v / 8] >> (4 * (v % 8))) & 15) as f32 - 8.0)),
+                        );
+                    }
+                }
+                out.extend(&values[..cols]);
+            }
+            return out;
+        }
         let field = |ws: &[u32], bits: usize, i: usize| {
             let per = 32 / bits;
             (ws[i / per] >> ((i % per) * bits)) & ((1 << bits) - 1)
@@ -290,7 +349,6 @@ pub(crate) mod tests {
                     WeightFormat::Q8_0 => {
                         h(w[0], false) * f32::from((w[1 + v / 4] >> (8 * (v % 4))) as u8 as i8)
                     }
-                    WeightFormat::Q4_0 => h(w[0], false) * (field(&w[1..], 4, v) as f32 - 8.0),
                     WeightFormat::Q4_1 => {
                         h(w[0], false) * field(&w[1..], 4, v) as f32 + h(w[0], true)
                     }
@@ -362,17 +420,26 @@ pub(crate) mod tests {
         out
     }
 
+    /// Rows of 5 blocks (Q4_0: one group padded with 3 zero blocks) and
+    /// of 19 (Q4_0: three groups, the last with 3 blocks), three rows each.
     #[test]
     fn repacked_blocks_decode_to_llama_cpp_values() {
         for format in quantized() {
             let b = format.block().unwrap();
-            let data = random_blocks(format, 5, b.values as u64);
-            let mut want = vec![0f32; 5 * b.values];
-            dequantize_blocks(b.ggml, &data, &mut want).unwrap();
-            let mut words = vec![];
-            repack(format, &data, &mut words);
-            assert_eq!(words.len(), 5 * b.words, "{format:?}");
-            assert_eq!(decode_gpu(format, &words), want, "{format:?}");
+            for per_row in [5, 19] {
+                let (rows, cols) = (3, per_row * b.values);
+                let data = random_blocks(format, rows * per_row, cols as u64);
+                let mut want = vec![0f32; rows * cols];
+                dequantize_blocks(b.ggml, &data, &mut want).unwrap();
+                let mut words = vec![];
+                repack(format, &data, cols, &mut words);
+                assert_eq!(
+                    words.len() as u64 * 4,
+                    rows as u64 * format.row_bytes(cols),
+                    "{format:?}"
+                );
+                assert_eq!(decode_gpu(format, &words, cols), want, "{format:?}");
+            }
         }
     }
 

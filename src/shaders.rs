@@ -104,11 +104,23 @@ impl WeightFormat {
 }
 
 const COMMON: &str = include_str!("../shaders/common.wgsl");
+/// A block format whose prelude reads u32 words (`w_u32` and the row
+/// alignment from weights_words.wgsl) or, with `own_words`, one that
+/// defines them itself (Q4_0, which reads vec4<u32>).
 macro_rules! quantized {
     ($name:literal) => {
         concat!(
             include_str!(concat!("../shaders/weights_", $name, ".wgsl")),
-            include_str!("../shaders/weights_blocks.wgsl")
+            include_str!("../shaders/weights_words.wgsl"),
+            include_str!("../shaders/weights_blocks.wgsl"),
+            include_str!("../shaders/weights_rows.wgsl")
+        )
+    };
+    ($name:literal, own_words) => {
+        concat!(
+            include_str!(concat!("../shaders/weights_", $name, ".wgsl")),
+            include_str!("../shaders/weights_blocks.wgsl"),
+            include_str!("../shaders/weights_rows.wgsl")
         )
     };
 }
@@ -117,19 +129,20 @@ macro_rules! float {
     ($name:literal) => {
         concat!(
             include_str!(concat!("../shaders/weights_", $name, ".wgsl")),
-            include_str!("../shaders/weights_floats.wgsl")
+            include_str!("../shaders/weights_floats.wgsl"),
+            include_str!("../shaders/weights_rows.wgsl")
         )
     };
 }
 
 /// The weight-format preludes, one per [`WeightFormat`] (same order as `ALL`);
 /// each ends with its family's shared code (`dot32` for the floats, the block
-/// helpers for the quantized ones).
+/// helpers for the quantized ones) and `w_row` (where a row starts).
 const WEIGHTS: [&str; 9] = [
     float!("f16"),
     float!("f32"),
     quantized!("q8_0"),
-    quantized!("q4_0"),
+    quantized!("q4_0", own_words),
     quantized!("q4_1"),
     quantized!("q5_0"),
     quantized!("q4_k"),
@@ -144,6 +157,7 @@ const WEIGHTS_TEXTURE: &str = include_str!("../shaders/weights_texture.wgsl");
 const WEIGHTS_TEXTURE_U32: &str = include_str!("../shaders/weights_texture_u32.wgsl");
 const WEIGHTS_TEXTURE_F16: &str = include_str!("../shaders/weights_texture_f16.wgsl");
 const WEIGHTS_TEXTURE_F32: &str = include_str!("../shaders/weights_texture_f32.wgsl");
+const WEIGHTS_TEXTURE_U32X4: &str = include_str!("../shaders/weights_texture_u32x4.wgsl");
 
 /// Where a weight matrix lives on the device (`src/weights.rs`), and so
 /// which binding the weight-format preludes read it through.
@@ -186,6 +200,7 @@ impl WeightStore {
                 let words = match format {
                     WeightFormat::F16 => WEIGHTS_TEXTURE_F16,
                     WeightFormat::F32 => WEIGHTS_TEXTURE_F32,
+                    WeightFormat::Q4_0 => WEIGHTS_TEXTURE_U32X4,
                     _ => WEIGHTS_TEXTURE_U32,
                 };
                 format!("{WEIGHTS_TEXTURE}\n{words}")

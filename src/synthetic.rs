@@ -226,9 +226,12 @@ mod tests {
     fn smallest_shape_runs() {
         // The matrices' values (the norms are vectors, not generated on the GPU).
         let values = 134_515_008u64 - (2 * 576 * 30 + 576);
+        // Q4_0 rows in groups of 8 blocks (144 bytes): rows of 576 values
+        // (q, k, v, o, gate, up, the embeddings) take 3, of 1,536 (down) 6.
+        let (rows_576, rows_1536) = (30 * (576 + 2 * 192 + 576 + 2 * 1536) + 49152, 30 * 576);
         for (format, bytes) in [
             (WeightFormat::F16, 2 * values),
-            (WeightFormat::Q4_0, values / 32 * 20),
+            (WeightFormat::Q4_0, (rows_576 * 3 + rows_1536 * 6) * 144),
         ] {
             let logits = |seed| {
                 let opts = LoadOptions {

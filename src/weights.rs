@@ -202,11 +202,11 @@ impl WeightSource for TensorStore {
     }
 }
 
-/// Converts f32 values (whole rows) to the bytes of the storage format:
+/// Converts f32 values (whole rows of `cols`) to the bytes of the storage format:
 /// quantized formats are quantized (src/quant.rs). f16 storage rejects
 /// values outside f16's range (bf16 checkpoints can hold them) instead of
 /// silently turning them into infinities.
-pub fn encode(values: &[f32], format: WeightFormat, what: &str) -> Result<Vec<u8>> {
+pub fn encode(values: &[f32], cols: usize, format: WeightFormat, what: &str) -> Result<Vec<u8>> {
     match format {
         WeightFormat::F32 => Ok(bytemuck::cast_slice(values).to_vec()),
         WeightFormat::F16 => {
@@ -222,7 +222,7 @@ pub fn encode(values: &[f32], format: WeightFormat, what: &str) -> Result<Vec<u8
         }
         quantized => {
             let words =
-                crate::quant::encode(quantized, values).with_context(|| what.to_string())?;
+                crate::quant::encode(quantized, values, cols).with_context(|| what.to_string())?;
             Ok(bytemuck::cast_slice(&words).to_vec())
         }
     }
@@ -519,7 +519,12 @@ impl GpuMatrix {
     /// the format of the parts they land in.
     pub fn write_rows(&self, gpu: &Gpu, row0: usize, values: &[f32], what: &str) -> Result<()> {
         self.write_encoded(gpu, row0, values.len(), what, |lo, hi, format| {
-            encode(&values[lo * self.cols..hi * self.cols], format, what)
+            encode(
+                &values[lo * self.cols..hi * self.cols],
+                self.cols,
+                format,
+                what,
+            )
         })
     }
 
@@ -549,7 +554,12 @@ impl GpuMatrix {
                 );
             }
             let mut words = Vec::new();
-            crate::quant::repack(format, &blocks[lo * row_in..hi * row_in], &mut words);
+            crate::quant::repack(
+                format,
+                &blocks[lo * row_in..hi * row_in],
+                self.cols,
+                &mut words,
+            );
             Ok(bytemuck::cast_slice(&words).to_vec())
         })
     }
@@ -592,5 +602,14 @@ impl GpuMatrix {
 
     pub fn bytes(&self) -> u64 {
         self.format_bytes().iter().map(|(_, b)| b).sum()
+    }
+
+    /// The bytes the matrix would take in llama.cpp's blocks (a GGUF
+    /// file's own layout), beside [`GpuMatrix::bytes`].
+    pub fn gguf_bytes(&self) -> u64 {
+        self.parts
+            .iter()
+            .map(|p| p.rows as u64 * p.format.gguf_row_bytes(self.cols))
+            .sum()
     }
 }

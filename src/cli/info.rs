@@ -114,8 +114,9 @@ pub fn main(a: InfoArgs) -> Result<()> {
             m.formats_summary()
         );
         out!(
-            "read per decoded token: {:.1} MB of weights (layer matrices and LM head)",
-            m.decode_weight_bytes() as f64 / 1e6
+            "read per decoded token: {:.1} MB of weights (layer matrices and LM head; {:.1} MB in the GGUF blocks of the same formats)",
+            m.decode_weight_bytes() as f64 / 1e6,
+            m.decode_gguf_weight_bytes() as f64 / 1e6
         );
     }
     Ok(())

@@ -19,13 +19,13 @@ struct Params {
     scale: f32,
     offset: f32,
     block_words: u32,
-    _p: u32,
+    scale_words: u32,
 }
 
 /// How `Params` mirrors `FillParams` (checked against naga in tests/shaders.rs).
 pub(crate) fn uniform_layout() -> super::UniformLayout {
     super::uniform_layout!(Params as "FillParams" in [shaders::RANDOM_FILL] {
-        word0, n_words, format, seed, scale, offset, block_words, _p
+        word0, n_words, format, seed, scale, offset, block_words, scale_words
     })
 }
 
@@ -35,8 +35,8 @@ pub struct RandomFill {
 
 /// Values `offset + scale * u`, u uniform in [-1, 1). For a quantized format,
 /// blocks whose scale is `scale` (and whose offset or minimum scale is
-/// `offset`: Q4_1's m, the K-quants' dmin) and whose other words (quants,
-/// sub-block scales) are random bits.
+/// `offset`: Q4_1's m, the K-quants' dmin; Q4_0 has none) and whose other
+/// words (quants, sub-block scales) are random bits.
 #[derive(Clone, Copy, Debug)]
 pub struct Distribution {
     pub seed: u32,
@@ -69,10 +69,12 @@ impl RandomFill {
         if n_words == 0 {
             return Ok(());
         }
-        let (code, block_words) = match (format, format.block()) {
-            (_, Some(b)) => (2, b.words as u32),
-            (WeightFormat::F32, None) => (0, 0),
-            (_, None) => (1, 0),
+        // Q4_0's groups of 8 blocks start with 4 words of 8 scales.
+        let (code, block_words, scale_words) = match (format, format.block()) {
+            (WeightFormat::Q4_0, Some(b)) => (3, b.words as u32, 4),
+            (_, Some(b)) => (2, b.words as u32, 1),
+            (WeightFormat::F32, None) => (0, 0, 0),
+            (_, None) => (1, 0, 0),
         };
         anyhow::ensure!(
             block_words == 0 || word0.is_multiple_of(block_words as u64),
@@ -89,7 +91,7 @@ impl RandomFill {
                 scale: d.scale,
                 offset: d.offset,
                 block_words,
-                _p: 0,
+                scale_words,
             },
         );
         let group = gpu.bind_group(&self.pipeline, &[&params, buffer]);
@@ -177,21 +179,25 @@ mod tests {
                 }
             }
         }
-        // Quantized blocks: the first word of each the (scale, offset) pair,
-        // the others the hash bits; a fill must start at a block boundary.
+        // Quantized blocks: the scale words of each block or group the scale
+        // pairs, the others the hash bits; a fill must start at a block boundary.
         for format in [WeightFormat::Q4_0, WeightFormat::Q6_K] {
             let bw = format.block().unwrap().words as u64;
             let (word0, n) = (3 * bw, 40 * bw + 1);
             let buf = gpu.storage_from("fill", &vec![0u32; words as usize]);
             fill.fill(&gpu, &buf, word0, n, format, d).unwrap();
             let got: Vec<u32> = gpu.read(&buf, 0, words as usize).unwrap();
-            let pair = half::f16::from_f32(d.scale).to_bits() as u32
-                | (half::f16::from_f32(d.offset).to_bits() as u32) << 16;
+            let half = |v: f32| half::f16::from_f32(v).to_bits() as u32;
+            // Q4_0: four words of two scales; else one (scale, offset).
+            let (pair, scale_words) = match format {
+                WeightFormat::Q4_0 => (half(d.scale) | half(d.scale) << 16, 4),
+                _ => (half(d.scale) | half(d.offset) << 16, 1),
+            };
             for (w, &g) in got.iter().enumerate() {
                 let w = w as u64;
                 let want = if !(word0..word0 + n).contains(&w) {
                     0
-                } else if w.is_multiple_of(bw) {
+                } else if w % bw < scale_words {
                     pair
                 } else {
                     hash(w as u32 ^ hash(d.seed))

@@ -251,15 +251,18 @@ pub fn run(model: &std::sync::Arc<Model>, a: &BenchArgs) -> Result<serde_json::V
     let gpu_bytes = model.weight_bytes + e.buffer_bytes;
     let rss = peak_rss_bytes();
     println!(
-        "GPU buffers: {:.1} MiB ({:.1} MiB weights); peak process memory {}",
+        "GPU buffers: {:.1} MiB ({:.1} MiB weights; {:.1} MB read per decoded token, {:.1} MB in the GGUF blocks of the same formats); peak process memory {}",
         gpu_bytes as f64 / 1048576.0,
         model.weight_bytes as f64 / 1048576.0,
+        model.decode_weight_bytes() as f64 / 1e6,
+        model.decode_gguf_weight_bytes() as f64 / 1e6,
         rss.map_or("n/a".into(), |r| format!("{:.1} MiB", r as f64 / 1048576.0))
     );
     Ok(json!({
         "model": model.dir.display().to_string(),
         "weights": model.formats_summary(),
         "weight_bytes_per_token": model.decode_weight_bytes(),
+        "gguf_weight_bytes_per_token": model.decode_gguf_weight_bytes(),
         "kv_cache": model.kv_format.name(),
         "adapter": gpu.describe(),
         "kernels": gpu.kernels.describe(),

@@ -55,17 +55,27 @@ struct PageGroups {
     group: wgpu::BindGroup,
     /// For the prefill and anti-causal variant's pipelines.
     prefill_group: wgpu::BindGroup,
-    decode_group: wgpu::BindGroup,
+    /// For each decode kernel's pipeline (`Attention::decode`, same order).
+    decode_groups: Vec<wgpu::BindGroup>,
+}
+
+/// The decode kernel for steps of up to `up_to_keys` keys (and more than
+/// the one before it covers).
+struct DecodeKernel {
+    up_to_keys: u32,
+    variant: AttnDecodeVariant,
+    pipeline: Arc<wgpu::ComputePipeline>,
 }
 
 pub struct Attention {
     prefill: Arc<wgpu::ComputePipeline>,
     anticausal: Arc<wgpu::ComputePipeline>,
-    decode: Arc<wgpu::ComputePipeline>,
+    /// By depth, shallowest first; the last covers every depth past the
+    /// one before it (one kernel unless `tuned` timed several depths).
+    decode: Vec<DecodeKernel>,
     merge: Arc<wgpu::ComputePipeline>,
-    pub decode_variant: AttnDecodeVariant,
     pub prefill_variant: AttnPrefillVariant,
-    /// One bind group per cache page (and one for the decode variant's
+    /// One bind group per cache page (and one for each decode kernel's
     /// pipeline), with the slots the page holds.
     pages: Vec<PageGroups>,
     heads: Heads,
@@ -134,9 +144,17 @@ impl Attention {
             lse,
             qslot,
         };
-        let decode_variant = tuned_decode(gpu, heads, &b);
+        let decode = tuned_decode(gpu, heads, &b)
+            .into_iter()
+            .map(|(up_to_keys, variant)| -> Result<DecodeKernel> {
+                Ok(DecodeKernel {
+                    up_to_keys,
+                    variant,
+                    pipeline: decode_pipeline(gpu, variant, heads)?,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
         let prefill_variant = tuned_prefill(gpu, heads, &b);
-        let decode = decode_pipeline(gpu, decode_variant, heads)?;
         let prefill = prefill_pipeline(gpu, prefill_variant, heads, "prefill_partial")?;
         let anticausal = prefill_pipeline(gpu, prefill_variant, heads, "anticausal_partial")?;
         let kv = Some(heads.kv_format);
@@ -148,14 +166,16 @@ impl Attention {
                     slots: k_cache.range(p).start as u32..k_cache.range(p).end as u32,
                     group: gpu.bind_group(&merge, &bufs),
                     prefill_group: gpu.bind_group(&prefill, &bufs),
-                    decode_group: gpu.bind_group(&decode, &bufs),
+                    decode_groups: decode
+                        .iter()
+                        .map(|d| gpu.bind_group(&d.pipeline, &bufs))
+                        .collect(),
                 }
             })
             .collect();
         Ok(Attention {
             prefill,
             anticausal,
-            decode_variant,
             prefill_variant,
             decode,
             merge,
@@ -169,10 +189,17 @@ impl Attention {
     pub fn encode(&self, pass: &mut wgpu::ComputePass, n_tokens: u32, start_slot: u32) {
         debug_assert!(start_slot + n_tokens <= self.max_slots);
         let h = self.heads;
-        for (page, n_chunks) in self.pages_with_keys(start_slot + n_tokens) {
+        let n_keys = start_slot + n_tokens;
+        let d = self.decode_index(n_keys);
+        for (page, n_chunks) in self.pages_with_keys(n_keys) {
             if n_tokens == 1 {
                 let groups = (n_chunks, h.n_kv as u32, 1);
-                dispatch(pass, &self.decode, &page.decode_group, groups);
+                dispatch(
+                    pass,
+                    &self.decode[d].pipeline,
+                    &page.decode_groups[d],
+                    groups,
+                );
             } else {
                 dispatch(
                     pass,
@@ -183,6 +210,29 @@ impl Attention {
             }
         }
         self.encode_merge(pass, n_tokens);
+    }
+
+    /// The decode kernel for a step over `n_keys` keys.
+    fn decode_index(&self, n_keys: u32) -> usize {
+        let last = self.decode.len() - 1;
+        self.decode[..last]
+            .iter()
+            .position(|d| n_keys <= d.up_to_keys)
+            .unwrap_or(last)
+    }
+
+    /// The decode variant a step over `n_keys` keys runs.
+    pub fn decode_variant_at(&self, n_keys: u32) -> AttnDecodeVariant {
+        self.decode[self.decode_index(n_keys)].variant
+    }
+
+    /// The decode variants by depth: (up to how many keys, variant), the
+    /// last for every depth past the one before.
+    pub fn decode_variants(&self) -> Vec<(u32, AttnDecodeVariant)> {
+        self.decode
+            .iter()
+            .map(|d| (d.up_to_keys, d.variant))
+            .collect()
     }
 
     /// The pages holding any of the first `n_keys` slots, with the number of
@@ -342,28 +392,59 @@ fn query_row_bytes(heads: Heads) -> u64 {
     (heads.n_heads * heads.head_dim * 4) as u64
 }
 
-/// Cache depth the decode candidates are timed at (less where the first
-/// cache page holds fewer slots): deep enough that the keys, not the
-/// launch, set the time, and the depth where attention costs a step most
-/// (a generation's attention time grows with the square of its length, so
-/// its deep steps hold most of it; shallow steps spend little in attention
-/// whichever kernel runs; issue #10's deepest decode target).
-const TUNE_KEYS: usize = 16384;
+/// Cache depths the decode candidates are timed at (those the first cache
+/// page holds, and its whole length where that is less): each depth's
+/// choice runs the steps up to it (the last, every deeper step too). What
+/// is fastest differs with depth: at a few thousand keys a 256-key chunk
+/// per workgroup leaves fewer workgroups than a large GPU has cores, and
+/// the loads in flight per workgroup matter more than at 16,384, where the
+/// keys set the time and attention costs a step most (issue #10's deepest
+/// decode target).
+const TUNE_DEPTHS: [usize; 3] = [1024, 4096, 16384];
 /// Queries the prefill candidates are timed at (fewer where the engine's
 /// steps hold fewer), from slot 0: a causal prompt chunk.
 const TUNE_QUERIES: usize = 512;
 
-/// The decode variant: the rule's, or with `tuned` the fastest of the
-/// candidates at a depth of [`TUNE_KEYS`] slots of the first cache page
-/// (all of it, if it holds fewer: the depths that engine reaches first).
-/// Where the engine's buffers cannot hold such a step (a query buffer of no
-/// row), the rule's choice is kept, and the timings say why.
-fn tuned_decode(gpu: &Gpu, heads: Heads, b: &Bindings) -> AttnDecodeVariant {
+/// The decode variants by depth, as (up to how many keys, variant): the
+/// rule's for every depth, or with `tuned` the fastest of the candidates at
+/// each of [`TUNE_DEPTHS`] the first cache page holds (and at its length
+/// where that is less: the depths that engine reaches first), neighbours
+/// with the same choice merged.
+fn tuned_decode(gpu: &Gpu, heads: Heads, b: &Bindings) -> Vec<(u32, AttnDecodeVariant)> {
     let cands = gpu.kernels.attn_decode_candidates();
     if cands.len() == 1 {
-        return cands[0];
+        return vec![(u32::MAX, cands[0])];
     }
-    let keys = b.k_cache.range(0).len().min(TUNE_KEYS);
+    let page = b.k_cache.range(0).len();
+    let mut depths: Vec<usize> = TUNE_DEPTHS.iter().map(|&d| d.min(page)).collect();
+    depths.dedup();
+    let mut out: Vec<(u32, AttnDecodeVariant)> = vec![];
+    for (i, &keys) in depths.iter().enumerate() {
+        let v = tuned_decode_at(gpu, heads, b, &cands, keys);
+        // The last covers every deeper step.
+        let up_to = if i + 1 == depths.len() {
+            u32::MAX
+        } else {
+            keys as u32
+        };
+        match out.last_mut() {
+            Some(last) if last.1 == v => last.0 = up_to,
+            _ => out.push((up_to, v)),
+        }
+    }
+    out
+}
+
+/// The fastest decode candidate at a depth of `keys` slots of the first
+/// cache page. Where the engine's buffers cannot hold such a step (a query
+/// buffer of no row), the rule's choice is kept, and the timings say why.
+fn tuned_decode_at(
+    gpu: &Gpu,
+    heads: Heads,
+    b: &Bindings,
+    cands: &[AttnDecodeVariant],
+    keys: usize,
+) -> AttnDecodeVariant {
     let key = TuneKey::Attention {
         op: "attention decode",
         heads,
@@ -376,11 +457,11 @@ fn tuned_decode(gpu: &Gpu, heads: Heads, b: &Bindings) -> AttnDecodeVariant {
     {
         let why =
             "not timed: the step buffers hold no decode step; the fixed rule's choice is kept";
-        gpu.tuner.keep_rule(key, labels(&cands), why.into());
+        gpu.tuner.keep_rule(key, labels(cands), why.into());
         return cands[0];
     }
     let groups = ((keys as u32).div_ceil(KEY_CHUNK), heads.n_kv as u32, 1);
-    time_on_first_page(gpu, b, key, &cands, (1, keys - 1), groups, |v| {
+    time_on_first_page(gpu, b, key, cands, (1, keys - 1), groups, |v| {
         decode_pipeline(gpu, v, heads)
     })
 }
@@ -781,7 +862,7 @@ mod tests {
         start: usize,
         page: usize,
         format: WeightFormat,
-    ) {
+    ) -> Attention {
         let h = Heads::new(nh, nkv, hd, format);
         let slots = start + n;
         let q = rand_vec(n * nh * hd, 1 + n as u64, 1.0);
@@ -832,6 +913,51 @@ mod tests {
             "{what}: lse err {}",
             max_abs_diff(&got_lse, &want_lse)
         );
+        a
+    }
+
+    /// `--kernels tuned` times decode at each depth the first page holds
+    /// (here 1,024 and its 1,300 slots) and runs each step with its depth's
+    /// choice: forced here to differ (the serial kernel to 1,024 keys, the
+    /// parallel one past), the deep step matches the reference, and the
+    /// choice by depth is the forced one. Equal choices merge.
+    #[test]
+    fn tuned_decode_runs_each_depths_choice() {
+        let gpu = gpu_with(KernelSet::Tuned);
+        let cands = gpu.kernels.attn_decode_candidates();
+        let serial = cands.len() - 1;
+        assert_eq!(cands[serial], AttnDecodeVariant::Serial);
+        let heads = Heads::new(4, 2, 32, WeightFormat::F32);
+        let key = |keys| TuneKey::Attention {
+            op: "attention decode",
+            heads,
+            queries: 1,
+            keys,
+        };
+        gpu.tuner.force(key(1024), labels(&cands), serial);
+        gpu.tuner.force(key(1300), labels(&cands), 0);
+        let a = check_format(&gpu, 4, 2, 32, 1, 1299, 0, WeightFormat::F32);
+        assert_eq!(
+            a.decode_variants(),
+            [(1024, AttnDecodeVariant::Serial), (u32::MAX, cands[0])]
+        );
+        assert_eq!(a.decode_variant_at(1), AttnDecodeVariant::Serial);
+        assert_eq!(a.decode_variant_at(1024), AttnDecodeVariant::Serial);
+        assert_eq!(a.decode_variant_at(1025), cands[0]);
+        assert_eq!(a.decode_variant_at(100_000), cands[0]);
+        // The same choice at both depths: one kernel for all.
+        let heads = Heads::new(4, 2, 16, WeightFormat::F32);
+        for keys in [1024, 1300] {
+            let key = TuneKey::Attention {
+                op: "attention decode",
+                heads,
+                queries: 1,
+                keys,
+            };
+            gpu.tuner.force(key, labels(&cands), serial);
+        }
+        let a = check_format(&gpu, 4, 2, 16, 1, 1299, 0, WeightFormat::F32);
+        assert_eq!(a.decode_variants(), [(u32::MAX, AttnDecodeVariant::Serial)]);
     }
 
     /// Both prefill variants (`cpu`: attention.wgsl, `gpu`: attention_prefill.wgsl).

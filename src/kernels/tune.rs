@@ -346,10 +346,16 @@ impl Timer {
             mapped_at_creation: false,
         });
         // Larger than the caches of today's GPUs (tens of MiB of L2, up to
-        // 256 MiB of AMD's Infinity Cache) and of most CPUs (a CPU
-        // implementation's "GPU memory" is host memory), as far as one
-        // binding allows.
-        let flush_bytes = gpu.max_binding.min(256 << 20) / 16 * 16;
+        // 256 MiB of AMD's Infinity Cache), as far as one binding allows;
+        // on a CPU implementation, whose "GPU memory" is host memory,
+        // larger than most CPUs' last-level cache (64 MiB), which keeps
+        // its timings, slow there, short.
+        let cache = if gpu.profile.cpu_implementation {
+            64 << 20
+        } else {
+            256 << 20
+        };
+        let flush_bytes = gpu.max_binding.min(cache) / 16 * 16;
         let flush_src = gpu.storage("tune-flush", flush_bytes);
         Ok(Timer {
             set,

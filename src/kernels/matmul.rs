@@ -817,9 +817,9 @@ mod tests {
     use crate::kernels::Step;
     use crate::shaders::{Shader, WeightFormat, WeightStore};
 
-    /// Every mat-vec variant this device can run: the `gpu` ones with 1, 2,
-    /// 3 (not a power of two) and 16 rows per workgroup of 128 lanes, and
-    /// of 64 and 256 lanes with a few row counts (13: odd, past 8), two loads per row in
+    /// Every mat-vec variant this device can run: the `gpu` ones with 1, 2
+    /// and 16 rows per workgroup of 128 lanes, and of 64 and 256 lanes with
+    /// a few row counts (13: odd, past 8), two loads per row in
     /// flight, and four with a few shapes; the subgroup one where the
     /// device has subgroups.
     fn matvecs(gpu: &Gpu) -> Vec<MatvecVariant> {
@@ -827,13 +827,11 @@ mod tests {
         let shapes = [
             (128, 1, 2),
             (128, 2, 2),
-            (128, 3, 2),
             (128, 16, 2),
             (64, 1, 2),
             (64, 13, 2),
             (256, 2, 2),
             (256, 8, 2),
-            (128, 1, 4),
             (128, 3, 4),
             (256, 4, 4),
         ];

@@ -62,8 +62,10 @@ override PREFETCH: bool = false;
 // TOKENS_FAST, neighbours in launch order share their weight rows).
 override TOKENS_FAST: bool = false;
 // The most vec4 loads one lane makes per step: (1,024 + 512 * WIDE) / lanes,
-// with at least 8 lanes per subgroup (32 lanes a workgroup).
-const SLICE_LOADS_MAX: u32 = 64u;
+// with at least 4 lanes per subgroup (16 lanes a workgroup; lavapipe's
+// narrowest, which the emulated tests run; matrix units come in subgroups
+// of 16 and more, where the unrolled loops use 24 or fewer).
+const SLICE_LOADS_MAX: u32 = 128u;
 
 // A slice: row r's K_STEP values at r * K_STRIDE (row-major).
 var<workgroup> w_slice: array<f16, 128u * K_STRIDE>;

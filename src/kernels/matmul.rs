@@ -1462,6 +1462,8 @@ mod tests {
         // lane stages 96 vec4 a step: 512 here).
         // The wide staged kernel: tokens past one 128-token tile, a partial
         // row tile, and fewer tokens than one tile.
+        let prefetch = MatmulVariant::CoopStagedPrefetch;
+        let tokens_fast = MatmulVariant::CoopStagedTokensFast;
         let cases = [
             (direct, MatmulVariant::Coop, F16, 128, 192, 40),
             (direct, MatmulVariant::Coop, F16, 64, 640, 3),
@@ -1480,26 +1482,12 @@ mod tests {
             (staged, MatmulVariant::CoopStagedPadded, Q4_0, 200, 576, 70),
             (staged, MatmulVariant::CoopStagedPadded, F16, 72, 96, 9),
             // Prefetching: K of one step (nothing to prefetch), and many.
-            (
-                staged,
-                MatmulVariant::CoopStagedPrefetch,
-                Q4_0,
-                200,
-                576,
-                70,
-            ),
-            (staged, MatmulVariant::CoopStagedPrefetch, Q8_0, 16, 32, 1),
+            (staged, prefetch, Q4_0, 200, 576, 70),
+            (staged, prefetch, Q8_0, 16, 32, 1),
             // Tokens on the grid's fast axis: more row tiles than token
             // tiles (3 x 2), and fewer (2 x 3).
             (direct, MatmulVariant::CoopTokensFast, F16, 192, 192, 40),
-            (
-                staged,
-                MatmulVariant::CoopStagedTokensFast,
-                Q4_0,
-                200,
-                576,
-                150,
-            ),
+            (staged, tokens_fast, Q4_0, 200, 576, 150),
         ];
         for ((shader, init), variant, format, rows, cols, n) in cases {
             let leak = |s: String| -> &'static str { Box::leak(s.into_boxed_str()) };

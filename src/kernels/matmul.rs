@@ -618,11 +618,18 @@ impl TunedPart<'_> {
         }
         let rows = self.part.rows as u32;
         let i = gpu.tuner.choose(gpu, self.key("mat-vec", input, 1), || {
-            let fused = self.scratch(gpu, 1, self.flags | fused_flag);
             let plain = self.scratch(gpu, 1, self.flags);
-            let input_kernel = match (&fused, &plain) {
-                (Ok(fused), Ok(plain)) => fused.input_kernel(gpu, plain, fused_flag, self.cols),
-                (Err(e), _) | (_, Err(e)) => Err(anyhow::anyhow!("{e:#}")),
+            // The fused candidates' inputs and the kernel the unfused ones
+            // run first, where there is an input to fold in.
+            let (fused, input_kernel) = if fused_flag == 0 {
+                (Err(anyhow::anyhow!("no input to fold in")), Ok(None))
+            } else {
+                let fused = self.scratch(gpu, 1, self.flags | fused_flag);
+                let kernel = match (&fused, &plain) {
+                    (Ok(f), Ok(p)) => f.input_kernel(gpu, p, fused_flag, self.cols).map(Some),
+                    (Err(e), _) | (_, Err(e)) => Err(anyhow::anyhow!("{e:#}")),
+                };
+                (fused, kernel)
             };
             choices
                 .iter()
@@ -630,9 +637,9 @@ impl TunedPart<'_> {
                     let unfused = fused_flag != 0 && !fold;
                     let scratch = if fold { &fused } else { &plain };
                     let before = match (&input_kernel, unfused) {
-                        (_, false) => Ok(vec![]),
-                        (Ok(d), true) => Ok(vec![d.clone()]),
+                        (Ok(Some(d)), true) => Ok(vec![d.clone()]),
                         (Err(e), true) => Err(anyhow::anyhow!("the unfused input kernel: {e:#}")),
+                        _ => Ok(vec![]),
                     };
                     Candidate {
                         label: if unfused {

@@ -8,17 +8,23 @@
 // The `cpu` variant suits llvmpipe: 64 lanes, each scoring four keys, then
 // a softmax and a value sum that run serially over the chunk's 256 keys on
 // a few lanes. On a GPU those serial loops leave most lanes idle. Here a
-// workgroup of 256 lanes does every phase in parallel; it scores with one
+// workgroup of one lane per key does every phase in parallel; it scores with one
 // key per lane: lane j scores key j of the chunk against all heads of the
 // group (each key row is loaded once per group, but the lanes of a load
 // read rows n_kv * head_dim values apart; attention_decode_lanes.wgsl reads
 // them coalesced, with subgroup operations).
 //
+// A workgroup has CHUNK lanes (attention_io.wgsl): 256 (`Parallel`,
+// `ParallelBatched`), or 64 (`ParallelShort`: four times the workgroups at
+// a given depth, each with a quarter of the work; its partials and merge
+// count chunks of 64).
+//
 // Bindings (group 0): as attention_io.wgsl.
-// Dispatch: (n_chunks of the page, n_kv, 1), as decode_partial.
+// Dispatch: (n_chunks of the page, n_kv, 1), as decode_partial, with
+// n_chunks counted in chunks of CHUNK.
 // Workgroup memory: 16,384 bytes (attention_decode_io.wgsl).
 
-@compute @workgroup_size(256)
+@compute @workgroup_size(CHUNK)
 fn decode_partial(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let ch = decode_chunk(wid);
     load_group_queries(ch.kvh, lid);

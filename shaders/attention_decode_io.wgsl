@@ -2,14 +2,15 @@
 // share (attention_decode.wgsl, attention_decode_lanes.wgsl; included after
 // attention_io.wgsl, src/shaders.rs): their workgroup memory, the query load,
 // and every phase after the scores. They differ only in how they score the
-// chunk's keys. One workgroup of 256 lanes per (key chunk, KV head), as the
+// chunk's keys. One workgroup of CHUNK lanes (256, or 64 for the
+// short-chunk kernel; attention_io.wgsl) per (key chunk, KV head), as the
 // merge in attention.wgsl expects:
 //   softmax  lane = (head g, segment of 8 keys): per-head max and sum by
-//            tree reductions over the 32 segments in workgroup memory;
-//   values   lane = (4-value column d, key slice s of 8): each lane sums 32
-//            keys for all heads (the 32 columns of a value row are read by
-//            adjacent lanes), VALUE_BATCH rows loaded at a time, then the
-//            8 slices are added per head.
+//            tree reductions over the CHUNK / 8 segments in workgroup memory;
+//   values   lane = (4-value column d, key slice s of CHUNK / 32): each lane
+//            sums 32 keys for all heads (the 32 columns of a value row are
+//            read by adjacent lanes), VALUE_BATCH rows loaded at a time,
+//            then the slices are added per head.
 // Workgroup memory: 16,384 bytes (16 KiB: what WebGPU and Vulkan promise).
 
 // Value rows each lane loads at once in the value phase (1 to
@@ -17,6 +18,8 @@
 // `Parallel` and `LanesPerKey`, 8 for `ParallelBatched`.
 override VALUE_BATCH: u32 = 1u;
 const VALUE_BATCH_MAX: u32 = 8u;
+// Key slices of the value phase: lanes / columns.
+override SLICES: u32 = CHUNK / HD4_MAX;
 
 var<workgroup> qs: array<vec4<f32>, 256>;  // GMAX * HD4_MAX, scaled queries
 var<workgroup> sc: array<f32, 2048>;       // GMAX * CHUNK scores, then weights
@@ -43,8 +46,8 @@ fn kv_word(slot: u32, kvh: u32, d: u32) -> u32 {
 // The scaled queries of KV head kvh's GROUP heads into qs.
 fn load_group_queries(kvh: u32, lid: u32) {
     let n = GROUP * p.hd4;
-    if (lid < n) {
-        qs[lid] = q[kvh * n + lid] * p.scale;
+    for (var i = lid; i < n; i += CHUNK) { // loop bound: n <= 256
+        qs[i] = q[kvh * n + i] * p.scale;
     }
     workgroupBarrier();
 }
@@ -59,7 +62,8 @@ fn finish_chunk(ch: DecodeChunk, lid: u32) {
     let kvh = ch.kvh;
     let k0 = c * CHUNK;
 
-    // Softmax statistics: lane = head g (lid % 8) x segment (lid / 8) of 8 keys.
+    // Softmax statistics: lane = head g (lid % 8) x segment (lid / 8) of 8
+    // keys, CHUNK / 8 segments.
     let g = lid % GMAX;
     let seg = lid / GMAX;
     let in_group = g < g_n;
@@ -71,7 +75,7 @@ fn finish_chunk(ch: DecodeChunk, lid: u32) {
     }
     red[lid].x = m_part;
     workgroupBarrier();
-    for (var span = 16u; span > 0u; span /= 2u) {
+    for (var span = CHUNK / 16u; span > 0u; span /= 2u) {
         if (seg < span) {
             red[lid].x = max(red[lid].x, red[lid + span * GMAX].x);
         }
@@ -91,7 +95,7 @@ fn finish_chunk(ch: DecodeChunk, lid: u32) {
     }
     red[lid].x = l_part;
     workgroupBarrier();
-    for (var span = 16u; span > 0u; span /= 2u) {
+    for (var span = CHUNK / 16u; span > 0u; span /= 2u) {
         if (seg < span) {
             red[lid].x += red[lid + span * GMAX].x;
         }
@@ -105,7 +109,8 @@ fn finish_chunk(ch: DecodeChunk, lid: u32) {
     }
     workgroupBarrier();
 
-    // Values: lane = column d (lid % 32) x key slice s (lid / 32).
+    // Values: lane = column d (lid % 32) x key slice s (lid / 32) of the
+    // CHUNK / 32 slices (SLICES); slice s takes keys s, s + SLICES, ...
     let d = lid % HD4_MAX;
     let s = lid / HD4_MAX;
     let n_valid = min(CHUNK, ch.n_keys - k0);
@@ -118,18 +123,18 @@ fn finish_chunk(ch: DecodeChunk, lid: u32) {
         // together, before the sums that use them (one row at a time, each
         // lane waits for memory once per key).
         var j = s;
-        for (; j + 8u * (VALUE_BATCH - 1u) < n_valid; j += 8u * VALUE_BATCH) { // loop bound: n_valid <= CHUNK
+        for (; j + SLICES * (VALUE_BATCH - 1u) < n_valid; j += SLICES * VALUE_BATCH) { // loop bound: n_valid <= CHUNK
             var vs: array<vec4<f32>, VALUE_BATCH_MAX>;
             for (var u = 0u; u < VALUE_BATCH; u++) {
-                vs[u] = unpack_kv(vc[kv_word(k0 + j + 8u * u, kvh, d)]);
+                vs[u] = unpack_kv(vc[kv_word(k0 + j + SLICES * u, kvh, d)]);
             }
             for (var u = 0u; u < VALUE_BATCH; u++) {
                 for (var h = 0u; h < g_n; h++) {
-                    acc[h] += sc[h * CHUNK + j + 8u * u] * vs[u];
+                    acc[h] += sc[h * CHUNK + j + SLICES * u] * vs[u];
                 }
             }
         }
-        for (; j < n_valid; j += 8u) { // loop bound: n_valid <= CHUNK
+        for (; j < n_valid; j += SLICES) { // loop bound: n_valid <= CHUNK
             let v = unpack_kv(vc[kv_word(k0 + j, kvh, d)]);
             for (var h = 0u; h < g_n; h++) {
                 acc[h] += sc[h * CHUNK + j] * v;
@@ -141,7 +146,7 @@ fn finish_chunk(ch: DecodeChunk, lid: u32) {
         workgroupBarrier();
         if (s == 0u && d < hd4) {
             var total = red[d];
-            for (var k = 1u; k < 8u; k++) {
+            for (var k = 1u; k < SLICES; k++) {
                 total += red[k * HD4_MAX + d];
             }
             part[part_base(0u, kvh * g_n + h, c) + d] = total;

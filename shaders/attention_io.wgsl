@@ -36,7 +36,14 @@ struct AttnParams {
 @group(0) @binding(8) var<storage, read> qslot: array<u32>;
 @group(0) @binding(9) var<uniform> page: Page;
 
-const CHUNK: u32 = 256u;
+// Cache slots per key chunk: 256 for every kernel (and the layout of the
+// partials), but for the short-chunk decode kernel (`ParallelShort`,
+// attention_decode.wgsl), whose partials and merge the launcher builds with
+// CHUNK = 64: at a few thousand keys, 256-key chunks leave fewer
+// workgroups than a large GPU has cores. An override constant, not a
+// const, for that one pair; pages hold whole chunks of 256, so of 64 too.
+// At most 256 (the decode kernels' workgroup arrays), a multiple of 32.
+override CHUNK: u32 = 256u;
 const BK: u32 = 16u;
 const HD4_MAX: u32 = 32u;
 const GMAX: u32 = 8u;

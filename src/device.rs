@@ -348,6 +348,25 @@ pub enum AttnDecodeVariant {
     /// value phase read an H200's cache at a tenth of the bandwidth); a
     /// `tuned` candidate.
     ParallelBatched,
+    /// `attention_decode.wgsl` with CHUNK = 64 and VALUE_BATCH = 8: as
+    /// `ParallelBatched` over key chunks of 64 (workgroups of 64 lanes),
+    /// with partials and a merge of its own chunk size: four times the
+    /// workgroups at a given depth, where 256-key chunks leave fewer
+    /// workgroups than a large GPU has cores (128 at depth 4,096 for 8 KV
+    /// heads, against an H200's 132 SMs), against a merge over four times
+    /// the partials; a `tuned` candidate, timed with its merge.
+    ParallelShort,
+}
+
+impl AttnDecodeVariant {
+    /// Cache slots per key chunk: the partials' layout, the workgroups a
+    /// step dispatches and the merge's chunk count.
+    pub fn key_chunk(self) -> u32 {
+        match self {
+            AttnDecodeVariant::ParallelShort => 64,
+            _ => 256,
+        }
+    }
 }
 
 /// Attention partials for many queries (prefill, counter-causal pass).
@@ -645,12 +664,14 @@ impl KernelVariants {
 
     /// The decode attention variants worth timing (`tuned`), the fixed
     /// rule's first: the one-key-per-lane kernel with one and with eight
-    /// value rows loaded at a time, the eight-lanes-per-key kernel, and the
+    /// value rows loaded at a time, the latter also over chunks of 64 keys,
+    /// the eight-lanes-per-key kernel, and the
     /// `cpu` set's serial one; one for the other sets.
     pub fn attn_decode_candidates(&self) -> Vec<AttnDecodeVariant> {
         let mut out = vec![self.attn_decode];
         if self.tuned() {
             out.push(AttnDecodeVariant::ParallelBatched);
+            out.push(AttnDecodeVariant::ParallelShort);
             if self.attn_decode_lanes {
                 out.push(AttnDecodeVariant::LanesPerKey);
             }
@@ -1030,7 +1051,13 @@ mod tests {
         let v = KernelVariants::select(&subgroups, KernelSet::Tuned);
         assert_eq!(
             v.attn_decode_candidates(),
-            [Parallel, ParallelBatched, LanesPerKey, Serial]
+            [
+                Parallel,
+                ParallelBatched,
+                ParallelShort,
+                LanesPerKey,
+                Serial
+            ]
         );
         assert_eq!(v.attn_prefill_candidates(128, F16), [Tiled, RowPerLane]);
         // With cooperative matrices, the matrix-unit prefill where the
@@ -1058,13 +1085,13 @@ mod tests {
         let v = KernelVariants::select(&small, KernelSet::Tuned);
         assert_eq!(
             v.attn_decode_candidates(),
-            [Parallel, ParallelBatched, Serial]
+            [Parallel, ParallelBatched, ParallelShort, Serial]
         );
         let none = DeviceProfile::for_tests(false, false, false);
         let v = KernelVariants::select(&none, KernelSet::Tuned);
         assert_eq!(
             v.attn_decode_candidates(),
-            [Parallel, ParallelBatched, Serial]
+            [Parallel, ParallelBatched, ParallelShort, Serial]
         );
         let v = KernelVariants::select(&subgroups, KernelSet::Gpu);
         assert_eq!(v.attn_decode_candidates(), [Parallel]);

@@ -19,8 +19,13 @@ use crate::device::{AttnDecodeVariant, AttnPrefillVariant};
 use crate::gpu::Gpu;
 use crate::shaders::{self, WeightFormat};
 
-/// Cache slots per key chunk (CHUNK in attention.wgsl).
+/// Cache slots per key chunk (CHUNK in attention_io.wgsl) of every kernel
+/// but the short-chunk decode ([`AttnDecodeVariant::key_chunk`]); cache
+/// pages hold whole chunks of it (and so of the shorter ones).
 pub const KEY_CHUNK: u32 = 256;
+/// The shortest key chunk of any decode variant: the partials buffer holds
+/// a decode step's chunks of this size.
+const SHORTEST_KEY_CHUNK: u32 = 64;
 
 #[repr(C)]
 #[derive(Clone, Copy, Pod, Zeroable)]
@@ -57,14 +62,17 @@ struct PageGroups {
     prefill_group: wgpu::BindGroup,
     /// For each decode kernel's pipeline (`Attention::decode`, same order).
     decode_groups: Vec<wgpu::BindGroup>,
+    /// For each decode kernel's merge (the same order).
+    decode_merge_groups: Vec<wgpu::BindGroup>,
 }
 
 /// The decode kernel for steps of up to `up_to_keys` keys (and more than
-/// the one before it covers).
+/// the one before it covers), with the merge of its key chunk.
 struct DecodeKernel {
     up_to_keys: u32,
     variant: AttnDecodeVariant,
     pipeline: Arc<wgpu::ComputePipeline>,
+    merge: Arc<wgpu::ComputePipeline>,
 }
 
 pub struct Attention {
@@ -89,10 +97,18 @@ pub const MAX_HEADS_PER_KV: usize = 8;
 pub const MAX_HEAD_DIM: usize = 128;
 
 impl Attention {
-    /// Bytes of the partials buffer for up to `max_tokens` queries over `max_slots` slots.
+    /// Bytes of the partials buffer for up to `max_tokens` queries over
+    /// `max_slots` slots: chunks of [`KEY_CHUNK`] for each query, and at
+    /// least a decode step's chunks of the shortest decode chunk.
     pub fn partials_bytes(heads: Heads, max_tokens: usize, max_slots: usize) -> u64 {
-        let max_chunks = (max_slots as u32).div_ceil(KEY_CHUNK) as u64;
-        max_tokens as u64 * heads.n_heads as u64 * max_chunks * (heads.head_dim as u64 / 4 + 1) * 16
+        let chunks = |chunk: u32| (max_slots as u32).div_ceil(chunk) as u64;
+        let decode = if max_tokens > 0 {
+            chunks(SHORTEST_KEY_CHUNK)
+        } else {
+            0
+        };
+        let rows = (max_tokens as u64 * chunks(KEY_CHUNK)).max(decode);
+        rows * heads.n_heads as u64 * (heads.head_dim as u64 / 4 + 1) * 16
     }
 
     /// `q`/`out` `[n, n_heads * head_dim]`, caches `[max_slots, n_kv * head_dim]`
@@ -151,14 +167,14 @@ impl Attention {
                     up_to_keys,
                     variant,
                     pipeline: decode_pipeline(gpu, variant, heads)?,
+                    merge: merge_pipeline(gpu, heads, variant.key_chunk())?,
                 })
             })
             .collect::<Result<Vec<_>>>()?;
         let prefill_variant = tuned_prefill(gpu, heads, &b);
         let prefill = prefill_pipeline(gpu, prefill_variant, heads, "prefill_partial")?;
         let anticausal = prefill_pipeline(gpu, prefill_variant, heads, "anticausal_partial")?;
-        let kv = Some(heads.kv_format);
-        let merge = gpu.pipeline(&shaders::ATTENTION, kv, "merge", &[])?;
+        let merge = merge_pipeline(gpu, heads, KEY_CHUNK)?;
         let pages = (0..k_cache.n_pages())
             .map(|p| {
                 let bufs = b.page(step, p);
@@ -169,6 +185,10 @@ impl Attention {
                     decode_groups: decode
                         .iter()
                         .map(|d| gpu.bind_group(&d.pipeline, &bufs))
+                        .collect(),
+                    decode_merge_groups: decode
+                        .iter()
+                        .map(|d| gpu.bind_group(&d.merge, &bufs))
                         .collect(),
                 }
             })
@@ -190,26 +210,26 @@ impl Attention {
         debug_assert!(start_slot + n_tokens <= self.max_slots);
         let h = self.heads;
         let n_keys = start_slot + n_tokens;
-        let d = self.decode_index(n_keys);
-        for (page, n_chunks) in self.pages_with_keys(n_keys) {
-            if n_tokens == 1 {
+        if n_tokens == 1 {
+            let d = self.decode_index(n_keys);
+            let kernel = &self.decode[d];
+            for (page, n_chunks) in self.pages_with_keys(n_keys, kernel.variant.key_chunk()) {
                 let groups = (n_chunks, h.n_kv as u32, 1);
-                dispatch(
-                    pass,
-                    &self.decode[d].pipeline,
-                    &page.decode_groups[d],
-                    groups,
-                );
-            } else {
-                dispatch(
-                    pass,
-                    &self.prefill,
-                    &page.prefill_group,
-                    (ceil_div(n_tokens, 64), h.n_heads as u32, n_chunks),
-                );
+                dispatch(pass, &kernel.pipeline, &page.decode_groups[d], groups);
             }
+            let merge_group = &self.pages[0].decode_merge_groups[d];
+            self.encode_merge(pass, &kernel.merge, merge_group, n_tokens);
+            return;
         }
-        self.encode_merge(pass, n_tokens);
+        for (page, n_chunks) in self.pages_with_keys(n_keys, KEY_CHUNK) {
+            dispatch(
+                pass,
+                &self.prefill,
+                &page.prefill_group,
+                (ceil_div(n_tokens, 64), h.n_heads as u32, n_chunks),
+            );
+        }
+        self.encode_merge(pass, &self.merge, &self.pages[0].group, n_tokens);
     }
 
     /// The decode kernel for a step over `n_keys` keys.
@@ -236,25 +256,26 @@ impl Attention {
     }
 
     /// The pages holding any of the first `n_keys` slots, with the number of
-    /// key chunks of each that hold some.
-    fn pages_with_keys(&self, n_keys: u32) -> impl Iterator<Item = (&PageGroups, u32)> {
+    /// key chunks of `chunk` slots of each that hold some.
+    fn pages_with_keys(&self, n_keys: u32, chunk: u32) -> impl Iterator<Item = (&PageGroups, u32)> {
         self.pages
             .iter()
             .filter(move |pg| pg.slots.start < n_keys)
             .map(move |pg| {
                 let r = &pg.slots;
-                (pg, (r.end.min(n_keys) - r.start).div_ceil(KEY_CHUNK))
+                (pg, (r.end.min(n_keys) - r.start).div_ceil(chunk))
             })
     }
 
-    fn encode_merge(&self, pass: &mut wgpu::ComputePass, n_tokens: u32) {
-        let group = &self.pages[0].group;
-        dispatch(
-            pass,
-            &self.merge,
-            group,
-            (n_tokens, self.heads.n_heads as u32, 1),
-        );
+    fn encode_merge(
+        &self,
+        pass: &mut wgpu::ComputePass,
+        merge: &wgpu::ComputePipeline,
+        group: &wgpu::BindGroup,
+        n_tokens: u32,
+    ) {
+        let groups = (n_tokens, self.heads.n_heads as u32, 1);
+        dispatch(pass, merge, group, groups);
     }
 }
 
@@ -265,7 +286,7 @@ impl Attention {
     /// `start_slot = n_present - n_tokens`.
     pub fn encode_anticausal(&self, pass: &mut wgpu::ComputePass, n_tokens: u32, n_present: u32) {
         let h = self.heads;
-        for (page, n_chunks) in self.pages_with_keys(n_present) {
+        for (page, n_chunks) in self.pages_with_keys(n_present, KEY_CHUNK) {
             dispatch(
                 pass,
                 &self.anticausal,
@@ -273,7 +294,7 @@ impl Attention {
                 (ceil_div(n_tokens, 64), h.n_heads as u32, n_chunks),
             );
         }
-        self.encode_merge(pass, n_tokens);
+        self.encode_merge(pass, &self.merge, &self.pages[0].group, n_tokens);
     }
 }
 
@@ -333,18 +354,32 @@ fn decode_pipeline(
     let (shader, value_batch) = match variant {
         AttnDecodeVariant::Serial => (&shaders::ATTENTION, None),
         AttnDecodeVariant::Parallel => (&shaders::ATTENTION_DECODE, None),
-        AttnDecodeVariant::ParallelBatched => (&shaders::ATTENTION_DECODE, Some(8.0)),
+        AttnDecodeVariant::ParallelBatched | AttnDecodeVariant::ParallelShort => {
+            (&shaders::ATTENTION_DECODE, Some(8.0))
+        }
         AttnDecodeVariant::LanesPerKey => (&shaders::ATTENTION_DECODE_LANES, None),
     };
-    match value_batch {
-        Some(b) => gpu.pipeline(
-            shader,
-            kv,
-            "decode_partial",
-            &[group, hd4, ("VALUE_BATCH", b)],
-        ),
-        None => gpu.pipeline(shader, kv, "decode_partial", &[group, hd4]),
-    }
+    let mut constants = vec![group, hd4];
+    constants.extend(value_batch.map(|b| ("VALUE_BATCH", b)));
+    constants.extend(chunk_constant(variant.key_chunk()));
+    gpu.pipeline(shader, kv, "decode_partial", &constants)
+}
+
+/// CHUNK (attention_io.wgsl) where it is not the default [`KEY_CHUNK`]:
+/// a pipeline of the default keeps the cache key it always had.
+fn chunk_constant(chunk: u32) -> Option<(&'static str, f64)> {
+    (chunk != KEY_CHUNK).then_some(("CHUNK", chunk as f64))
+}
+
+/// The merge (attention.wgsl) of partials over key chunks of `chunk` slots.
+fn merge_pipeline(gpu: &Gpu, heads: Heads, chunk: u32) -> Result<Arc<wgpu::ComputePipeline>> {
+    let constants: Vec<_> = chunk_constant(chunk).into_iter().collect();
+    gpu.pipeline(
+        &shaders::ATTENTION,
+        Some(heads.kv_format),
+        "merge",
+        &constants,
+    )
 }
 
 /// The prefill (or counter-causal, `entry`) partial pipeline of `variant`
@@ -460,9 +495,18 @@ fn tuned_decode_at(
         gpu.tuner.keep_rule(key, labels(cands), why.into());
         return cands[0];
     }
-    let groups = ((keys as u32).div_ceil(KEY_CHUNK), heads.n_kv as u32, 1);
-    time_on_first_page(gpu, b, key, cands, (1, keys - 1), groups, |v| {
-        decode_pipeline(gpu, v, heads)
+    // Each candidate with its merge: a shorter chunk leaves the merge more
+    // partials to combine.
+    let merge_groups = (1, heads.n_heads as u32, 1);
+    time_on_first_page(gpu, b, key, cands, (1, keys - 1), |v| {
+        let chunks = (keys as u32).div_ceil(v.key_chunk());
+        Ok(vec![
+            (
+                decode_pipeline(gpu, v, heads)?,
+                (chunks, heads.n_kv as u32, 1),
+            ),
+            (merge_pipeline(gpu, heads, v.key_chunk())?, merge_groups),
+        ])
     })
 }
 
@@ -497,22 +541,25 @@ fn tuned_prefill(gpu: &Gpu, heads: Heads, b: &Bindings) -> AttnPrefillVariant {
     }
     let n = queries as u32;
     let groups = (ceil_div(n, 64), heads.n_heads as u32, n.div_ceil(KEY_CHUNK));
-    time_on_first_page(gpu, b, key, &cands, (queries, 0), groups, |v| {
-        prefill_pipeline(gpu, v, heads, "prefill_partial")
+    time_on_first_page(gpu, b, key, &cands, (queries, 0), |v| {
+        Ok(vec![(
+            prefill_pipeline(gpu, v, heads, "prefill_partial")?,
+            groups,
+        )])
     })
 }
 
 /// The fastest of `cands` for `key` (timed once per device), each run on
 /// the engine's first cache page with a step uniform of the timings' own:
-/// `n_tokens` queries from `start_slot`.
+/// `n_tokens` queries from `start_slot`; a candidate is the pipelines
+/// `dispatches` gives, each on its workgroups, in turn.
 fn time_on_first_page<V: Copy + std::fmt::Debug>(
     gpu: &Gpu,
     b: &Bindings,
     key: TuneKey,
     cands: &[V],
     (n_tokens, start_slot): (usize, usize),
-    groups: (u32, u32, u32),
-    pipeline: impl Fn(V) -> Result<Arc<wgpu::ComputePipeline>>,
+    dispatches: impl Fn(V) -> Result<Vec<(Arc<wgpu::ComputePipeline>, (u32, u32, u32))>>,
 ) -> V {
     let i = gpu.tuner.choose(gpu, key, || {
         let step = tune_step(gpu, n_tokens, start_slot);
@@ -522,8 +569,14 @@ fn time_on_first_page<V: Copy + std::fmt::Debug>(
             .zip(labels(cands))
             .map(|(&v, label)| Candidate {
                 label,
-                dispatches: pipeline(v)
-                    .map(|p| vec![(p.clone(), gpu.bind_group(&p, &bufs), groups)]),
+                dispatches: dispatches(v).map(|run| {
+                    run.into_iter()
+                        .map(|(p, groups)| {
+                            let group = gpu.bind_group(&p, &bufs);
+                            (p, group, groups)
+                        })
+                        .collect()
+                }),
             })
             .collect()
     });
@@ -545,10 +598,15 @@ pub fn check_decode_variant(gpu: &Gpu, variant: AttnDecodeVariant) -> Result<()>
         n_tokens: 1,
         qslots: None,
     };
-    let groups = (600u32.div_ceil(KEY_CHUNK), heads.n_kv as u32, 1);
-    run.check(gpu, &format!("{variant:?}"), 1e-4, groups, || {
-        decode_pipeline(gpu, variant, heads)
-    })
+    let groups = (600u32.div_ceil(variant.key_chunk()), heads.n_kv as u32, 1);
+    run.check(
+        gpu,
+        &format!("{variant:?}"),
+        1e-4,
+        groups,
+        variant.key_chunk(),
+        || decode_pipeline(gpu, variant, heads),
+    )
 }
 
 /// Runs prefill `variant` once, with the merge, against [`reference`]: 70
@@ -575,9 +633,14 @@ pub fn check_prefill_variant(gpu: &Gpu, variant: AttnPrefillVariant) -> Result<(
             qslots,
         };
         let groups = (ceil_div(n as u32, 64), heads.n_heads as u32, chunks);
-        run.check(gpu, &format!("{variant:?} {entry}"), 5e-3, groups, || {
-            prefill_pipeline(gpu, variant, heads, entry)
-        })?;
+        run.check(
+            gpu,
+            &format!("{variant:?} {entry}"),
+            5e-3,
+            groups,
+            KEY_CHUNK,
+            || prefill_pipeline(gpu, variant, heads, entry),
+        )?;
     }
     Ok(())
 }
@@ -604,10 +667,12 @@ impl WaveRun<'_> {
         what: &str,
         tol: f32,
         groups: (u32, u32, u32),
+        chunk: u32,
         pipeline: impl FnOnce() -> Result<Arc<wgpu::ComputePipeline>>,
     ) -> Result<()> {
-        let (ran, e) =
-            gpu.catch_errors(|| pipeline().map(|p| self.partials_and_merge(gpu, &p, &[], groups)));
+        let (ran, e) = gpu.catch_errors(|| {
+            pipeline().map(|p| self.partials_and_merge(gpu, &p, &[], groups, chunk))
+        });
         if let Some(e) = e {
             anyhow::bail!("{what}: {e}");
         }
@@ -626,6 +691,7 @@ impl WaveRun<'_> {
         partials: &wgpu::ComputePipeline,
         extra: &[&wgpu::Buffer],
         groups: (u32, u32, u32),
+        chunk: u32,
     ) -> (Result<Vec<f32>>, Vec<f32>) {
         let (heads, slots, n) = (self.heads, self.slots, self.n_tokens);
         let wave = |len: usize, f: f32, scale: f32| -> Vec<f32> {
@@ -676,7 +742,7 @@ impl WaveRun<'_> {
             lse: &gpu.storage("check-lse", (n * heads.n_heads * 4) as u64),
             qslot: &qslot,
         };
-        let merge = gpu.pipeline(&shaders::ATTENTION, Some(heads.kv_format), "merge", &[]);
+        let merge = merge_pipeline(gpu, heads, chunk);
         let bufs = b.page(&step, 0);
         let with_extra: Vec<&wgpu::Buffer> =
             bufs.iter().copied().chain(extra.iter().copied()).collect();
@@ -990,7 +1056,7 @@ mod tests {
 
     /// Devices with each decode variant: `cpu` (attention.wgsl), `gpu`
     /// (attention_decode.wgsl, with one and with eight value rows loaded at
-    /// a time) and, where the device's subgroups take it
+    /// a time, and over chunks of 64 keys) and, where the device's subgroups take it
     /// (lavapipe's 8 lanes do; with `LP_NATIVE_VECTOR_WIDTH=128` its 4 do
     /// not), the `gpu` set with the eight-lanes-per-key kernel
     /// (attention_decode_lanes.wgsl).
@@ -1000,6 +1066,9 @@ mod tests {
             gpu_with(KernelSet::Gpu),
             gpu_with_variants(KernelSet::Gpu, |v| {
                 v.attn_decode = AttnDecodeVariant::ParallelBatched;
+            }),
+            gpu_with_variants(KernelSet::Gpu, |v| {
+                v.attn_decode = AttnDecodeVariant::ParallelShort;
             }),
         ];
         if lanes_per_key_runs_here(&out[1]) {
@@ -1086,9 +1155,15 @@ mod tests {
             }
         );
         let labels: &[&str] = if lanes_per_key_runs_here(&gpu) {
-            &["Parallel", "ParallelBatched", "LanesPerKey", "Serial"]
+            &[
+                "Parallel",
+                "ParallelBatched",
+                "ParallelShort",
+                "LanesPerKey",
+                "Serial",
+            ]
         } else {
-            &["Parallel", "ParallelBatched", "Serial"]
+            &["Parallel", "ParallelBatched", "ParallelShort", "Serial"]
         };
         assert_eq!(decode.labels, labels);
         // The prefill is timed at as many queries as the step's buffers hold.
@@ -1139,6 +1214,7 @@ mod tests {
             AttnDecodeVariant::Serial,
             AttnDecodeVariant::Parallel,
             AttnDecodeVariant::ParallelBatched,
+            AttnDecodeVariant::ParallelShort,
         ];
         if lanes_per_key_runs_here(&gpu) {
             variants.push(AttnDecodeVariant::LanesPerKey);
@@ -1207,7 +1283,8 @@ mod tests {
                 n_tokens: n,
                 qslots,
             };
-            let (got, want) = run.partials_and_merge(&gpu, &pipeline, &[&scratch], groups);
+            let (got, want) =
+                run.partials_and_merge(&gpu, &pipeline, &[&scratch], groups, KEY_CHUNK);
             let err = max_abs_diff(&got.unwrap(), &want);
             // f16 rounding of the inputs gave at most 4.5e-4 here.
             assert!(

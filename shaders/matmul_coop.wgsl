@@ -14,18 +14,24 @@
 // x (32 tokens x 64 values) to f16 in workgroup memory (tokens past n are
 // zeros), then for each 16-value step load the four A tiles straight from
 // memory and multiply them with the two B tiles (X_STRIDE, below, pads the
-// staged rows for `CoopPadded` and `CoopTokensFast`). The epilogue goes through
-// workgroup memory one accumulator at a time, so bias, residual and the
-// token bound are applied per element by `store`.
+// staged rows for `CoopPadded` and `CoopTokensFast`). With X_F16 (below,
+// `CoopX16`) x comes in f16 already (x_f16.wgsl, once per product) and the
+// B tiles load straight from it too: no staging, no barrier in the K loop.
+// The epilogue goes through workgroup memory one accumulator at a time, so
+// bias, residual and the token bound are applied per element by `store`.
 //
 // Bindings (group 0): as matmul_io.wgsl, with
 //   2 w     storage read  [rows, k] f16
+//   7 x16   storage read  [ceil(n / 32) * 32, k] f16: x in f16 (X_F16 only;
+//           a dummy otherwise). Its rows past n are read (into products
+//           whose tokens `store` drops), so it holds whole 32-token tiles.
 // Dispatch: (rows / 64, ceil(n / 32), 1), or with TOKENS_FAST (below,
-// `CoopTokensFast`) (ceil(n / 32), rows / 64, 1).
+// `CoopTokensFast`, `CoopX16`) (ceil(n / 32), rows / 64, 1).
 enable f16;
 enable wgpu_cooperative_matrix;
 
 @group(0) @binding(2) var<storage, read> w: array<f16>;
+@group(0) @binding(7) var<storage, read> x16: array<f16>;
 
 override SUBGROUP_SIZE: u32 = 32u;
 
@@ -41,6 +47,10 @@ override X_STRIDE: u32 = 64u;
 // share their tokens, and each weight tile comes again for each token tile
 // after all rows have passed (the whole matrix, far larger than L2).
 override TOKENS_FAST: bool = false;
+
+// Whether x is read from x16, already in f16 (`CoopX16`), rather than
+// from x in f32, rounded and staged by each workgroup.
+override X_F16: bool = false;
 
 // B slice: token t's 64 values at t * X_STRIDE (column-major).
 var<workgroup> x_slice: array<f16, 32u * X_STRIDE>;
@@ -77,6 +87,28 @@ fn matmul(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
     var c30 = coop_mat16x16<f32, C>();
     var c31 = coop_mat16x16<f32, C>();
     for (var k0 = 0u; k0 < k_len; k0 += 64u) { // loop bound: k_len = bounded(..)
+        if (X_F16) {
+            // Token t's values at t * k_len of x16: B column-major, stride K.
+            for (var kk = 0u; kk < 64u; kk += 16u) {
+                let b_at = tok0 * k_len + k0 + kk;
+                let b0 = coopLoad<coop_mat16x16<f16, B>>(&x16[b_at], k_len);
+                let b1 = coopLoad<coop_mat16x16<f16, B>>(&x16[b_at + 16u * k_len], k_len);
+                let a_at = row0 * k_len + k0 + kk;
+                let a0 = coopLoadT<coop_mat16x16<f16, A>>(&w[a_at], k_len);
+                let a1 = coopLoadT<coop_mat16x16<f16, A>>(&w[a_at + 16u * k_len], k_len);
+                let a2 = coopLoadT<coop_mat16x16<f16, A>>(&w[a_at + 32u * k_len], k_len);
+                let a3 = coopLoadT<coop_mat16x16<f16, A>>(&w[a_at + 48u * k_len], k_len);
+                c00 = coopMultiplyAdd(a0, b0, c00);
+                c01 = coopMultiplyAdd(a0, b1, c01);
+                c10 = coopMultiplyAdd(a1, b0, c10);
+                c11 = coopMultiplyAdd(a1, b1, c11);
+                c20 = coopMultiplyAdd(a2, b0, c20);
+                c21 = coopMultiplyAdd(a2, b1, c21);
+                c30 = coopMultiplyAdd(a3, b0, c30);
+                c31 = coopMultiplyAdd(a3, b1, c31);
+            }
+            continue;
+        }
         // 32 tokens x 16 vec4 of x.
         for (var e = lane; e < 512u; e += SUBGROUP_SIZE) {
             let t = e / 16u;

@@ -268,6 +268,12 @@ pub enum MatmulVariant {
     /// axis (the same reason). A timed candidate wherever
     /// `CoopStagedPrefetch` is one; takes what it takes.
     CoopStagedTokensFast,
+    /// `matmul_coop.wgsl` with X_F16 and TOKENS_FAST: `CoopTokensFast`
+    /// reading x in f16, copied once per product by `x_f16.wgsl`, its B
+    /// tiles loaded straight from that copy (no per-workgroup rounding and
+    /// staging of x, no barrier in the K loop). A timed candidate wherever
+    /// `CoopTokensFast` is one (timed with its copy); takes what it takes.
+    CoopX16,
 }
 
 impl MatmulVariant {
@@ -287,14 +293,17 @@ impl MatmulVariant {
         use crate::shaders::WeightFormat;
         match (self, format) {
             (
-                MatmulVariant::Coop | MatmulVariant::CoopPadded | MatmulVariant::CoopTokensFast,
+                MatmulVariant::Coop
+                | MatmulVariant::CoopPadded
+                | MatmulVariant::CoopTokensFast
+                | MatmulVariant::CoopX16,
                 WeightFormat::F16,
             ) if cols.is_multiple_of(64) && rows.is_multiple_of(64) => self,
             (MatmulVariant::Coop, f) if f.block().is_some() => MatmulVariant::CoopStaged,
             (MatmulVariant::CoopPadded, f) if f.block().is_some() => {
                 MatmulVariant::CoopStagedPadded
             }
-            (MatmulVariant::CoopTokensFast, f) if f.block().is_some() => {
+            (MatmulVariant::CoopTokensFast | MatmulVariant::CoopX16, f) if f.block().is_some() => {
                 MatmulVariant::CoopStagedTokensFast
             }
             // Asked for by name (the timings, tests): block formats and f16
@@ -325,7 +334,14 @@ impl MatmulVariant {
                 | MatmulVariant::CoopStagedPrefetch
                 | MatmulVariant::CoopTokensFast
                 | MatmulVariant::CoopStagedTokensFast
+                | MatmulVariant::CoopX16
         )
+    }
+
+    /// Whether the variant reads x in f16 (a copy `x_f16.wgsl` makes once
+    /// per product) instead of x itself.
+    pub fn reads_x16(self) -> bool {
+        self == MatmulVariant::CoopX16
     }
 }
 
@@ -403,7 +419,7 @@ pub struct KernelVariants {
     /// is one (`tuned` only; cleared when it fails its start-up check).
     pub coop_staged_wide: bool,
     /// Whether the refined cooperative kernels (`CoopPadded`,
-    /// `CoopTokensFast`, `CoopStagedPadded`, `CoopStagedPrefetch`,
+    /// `CoopTokensFast`, `CoopX16`, `CoopStagedPadded`, `CoopStagedPrefetch`,
     /// `CoopStagedTokensFast`) are timed candidates wherever `Coop` and
     /// `CoopStaged` are (`tuned` only; cleared when one fails its start-up
     /// check).
@@ -568,7 +584,10 @@ impl KernelVariants {
             }
             // The direct kernel binds f16 weights as a buffer of its own:
             // with weights in textures the tiled kernel takes its place.
-            MatmulVariant::Coop | MatmulVariant::CoopPadded | MatmulVariant::CoopTokensFast
+            MatmulVariant::Coop
+            | MatmulVariant::CoopPadded
+            | MatmulVariant::CoopTokensFast
+            | MatmulVariant::CoopX16
                 if self.weight_store == WeightStore::Texture =>
             {
                 MatmulVariant::Tiled
@@ -645,6 +664,7 @@ impl KernelVariants {
             direct.then_some(MatmulVariant::Coop),
             (direct && self.coop_refined).then_some(MatmulVariant::CoopPadded),
             (direct && self.coop_refined).then_some(MatmulVariant::CoopTokensFast),
+            (direct && self.coop_refined).then_some(MatmulVariant::CoopX16),
             staged.then_some(MatmulVariant::CoopStaged),
             (staged && self.coop_refined).then_some(MatmulVariant::CoopStagedPadded),
             (staged && self.coop_refined).then_some(MatmulVariant::CoopStagedPrefetch),
@@ -725,7 +745,7 @@ impl KernelVariants {
             v => format!("{v:?}"),
         };
         let timed = if self.tuned() && self.matmul == MatmulVariant::Coop {
-            ", each part's fastest of Coop, CoopPadded, CoopTokensFast, CoopStaged, CoopStagedPadded, CoopStagedPrefetch, CoopStagedTokensFast, CoopStagedWide, Tiled, TiledWide timed"
+            ", each part's fastest of Coop, CoopPadded, CoopTokensFast, CoopX16, CoopStaged, CoopStagedPadded, CoopStagedPrefetch, CoopStagedTokensFast, CoopStagedWide, Tiled, TiledWide timed"
         } else if self.tuned() {
             ", each part's fastest of Tiled, TiledWide timed"
         } else {
@@ -955,6 +975,7 @@ mod tests {
                 Coop,
                 CoopPadded,
                 CoopTokensFast,
+                CoopX16,
                 CoopStaged,
                 CoopStagedPadded,
                 CoopStagedPrefetch,

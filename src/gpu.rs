@@ -62,6 +62,9 @@ pub struct Gpu {
     pipelines: Mutex<HashMap<String, Arc<wgpu::ComputePipeline>>>,
     /// The `cpu` products' input textures by (k/4, tokens) (`x_texture`).
     x_textures: Mutex<HashMap<(u32, u32), wgpu::Texture>>,
+    /// The f16 copies of x that `CoopX16` products read, by (k/4, tokens)
+    /// (`x16_buffer`).
+    x16_buffers: Mutex<HashMap<(u32, u32), wgpu::Buffer>>,
 }
 
 fn parse_backend(name: &str) -> Result<wgpu::Backends> {
@@ -247,6 +250,7 @@ impl Gpu {
             tuner: Default::default(),
             pipelines: Mutex::new(HashMap::new()),
             x_textures: Mutex::new(HashMap::new()),
+            x16_buffers: Mutex::new(HashMap::new()),
         };
         // The cooperative GEMMs rest on an experimental wgpu feature: before
         // the engine relies on them, one small product each (f16 weights, and
@@ -328,6 +332,7 @@ impl Gpu {
                 ),
                 (true, MatmulVariant::CoopPadded, WeightFormat::F16),
                 (true, MatmulVariant::CoopTokensFast, WeightFormat::F16),
+                (true, MatmulVariant::CoopX16, WeightFormat::F16),
             ];
             for (kept, variant, format) in refined {
                 if !kept || !gpu.kernels.coop_refined {
@@ -789,21 +794,44 @@ impl Gpu {
 
     /// Bind group for group 0 of a weight-reading kernel: bindings 0 and 1
     /// are `head`, binding 2 the weight part (a buffer or a texture),
-    /// bindings 3, 4, ... `rest`, then `texture` if given (the `cpu`
-    /// products' input, matmul.wgsl).
+    /// bindings 3, 4, ... `rest`, then `extra` if given (the products'
+    /// copy of their input: the `cpu` ones' texture, matmul.wgsl, or the
+    /// f16 buffer of matmul_coop.wgsl).
     pub fn bind_group_with_weights(
         &self,
         pipeline: &wgpu::ComputePipeline,
         head: [&wgpu::Buffer; 2],
         w: &crate::weights::MatrixPart,
         rest: &[&wgpu::Buffer],
-        texture: Option<&wgpu::TextureView>,
+        extra: Option<wgpu::BindingResource>,
     ) -> wgpu::BindGroup {
         let mut resources: Vec<_> = head.iter().map(|b| b.as_entire_binding()).collect();
         resources.push(w.binding(self));
         resources.extend(rest.iter().map(|b| b.as_entire_binding()));
-        resources.extend(texture.map(wgpu::BindingResource::TextureView));
+        resources.extend(extra);
         self.bind_group_of(pipeline, &resources)
+    }
+
+    /// The buffer `CoopX16` products copy their input x into in f16
+    /// (x_f16.wgsl): `tokens` rows (rounded up to whole 32-token tiles,
+    /// which the product reads) of `k4` groups of four values. One per
+    /// shape and device, shared by every product of that shape, as
+    /// [`Gpu::x_texture`] is.
+    pub fn x16_buffer(&self, k4: u32, tokens: u32) -> Result<wgpu::Buffer> {
+        let bytes = tokens.next_multiple_of(32) as u64 * k4 as u64 * 8;
+        let limit = self.limits.max_storage_buffer_binding_size;
+        if bytes > limit {
+            bail!(
+                "the f16 copy of a product's input ({} values by {tokens} tokens) needs {bytes} bytes; \
+                 this device binds at most {limit}",
+                k4 * 4
+            );
+        }
+        let mut cache = self.x16_buffers.lock().unwrap();
+        let buffer = cache
+            .entry((k4, tokens.next_multiple_of(32)))
+            .or_insert_with(|| self.storage("x-f16", bytes));
+        Ok(buffer.clone())
     }
 
     /// The texture the `cpu` products copy their input x into

@@ -278,6 +278,7 @@ shader!(EPIKV_DELTA, "epikv_delta", None);
 shader!(READ_BANDWIDTH, "read_bandwidth", None);
 shader!(READ_BANDWIDTH_TEXTURE, "read_bandwidth_texture", None);
 shader!(X_TEXTURE, "x_texture", None);
+shader!(X_F16, "x_f16", None);
 shader!(RANDOM_FILL, "random_fill", None);
 
 /// Every kernel, for validation tests.
@@ -306,6 +307,7 @@ pub fn all() -> Vec<&'static Shader> {
         &READ_BANDWIDTH,
         &READ_BANDWIDTH_TEXTURE,
         &X_TEXTURE,
+        &X_F16,
         &RANDOM_FILL,
     ]
 }

@@ -36,7 +36,7 @@ pub(crate) fn uniform_layout() -> super::UniformLayout {
 }
 
 pub(crate) fn x_copy_layout() -> super::UniformLayout {
-    super::uniform_layout!(XCopyParams as "XCopyParams" in [shaders::X_TEXTURE] {
+    super::uniform_layout!(XCopyParams as "XCopyParams" in [shaders::X_TEXTURE, shaders::X_F16] {
         k4, count_sel, _p0, _p1
     })
 }
@@ -97,16 +97,18 @@ pub struct Matmul {
     /// The copy of x into a texture that the `cpu` kernels (matmul.wgsl)
     /// read it from, where a part runs one of them.
     x_copy: Option<XCopy>,
+    /// The copy of x into f16 that `CoopX16` reads, where a part runs it.
+    x16_copy: Option<XCopy>,
 }
 
-/// x_texture.wgsl bound to one product's x.
+/// x_texture.wgsl or x_f16.wgsl bound to one product's x.
 struct XCopy {
     pipeline: Arc<wgpu::ComputePipeline>,
     group: wgpu::BindGroup,
     k4: u32,
 }
 
-/// `XCopyParams` of x_texture.wgsl.
+/// `XCopyParams` of x_texture.wgsl and x_f16.wgsl.
 #[repr(C)]
 #[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
 struct XCopyParams {
@@ -114,6 +116,56 @@ struct XCopyParams {
     count_sel: u32,
     _p0: u32,
     _p1: u32,
+}
+
+impl XCopy {
+    /// `shader` (x_texture.wgsl or x_f16.wgsl) copying `x` (of `k4` groups
+    /// of four values a token) into `out` for the step's `rows`.
+    fn new(
+        gpu: &Gpu,
+        shader: &'static Shader,
+        [step, x]: [&wgpu::Buffer; 2],
+        out: wgpu::BindingResource,
+        k4: u32,
+        rows: Rows,
+    ) -> Result<Self> {
+        let pipeline = gpu.pipeline(shader, None, "main", &[])?;
+        let params = XCopyParams {
+            k4,
+            count_sel: rows as u32,
+            _p0: 0,
+            _p1: 0,
+        };
+        let params = gpu.uniform("x-copy-params", &params);
+        let group = gpu.bind_group_of(
+            &pipeline,
+            &[
+                step.as_entire_binding(),
+                params.as_entire_binding(),
+                x.as_entire_binding(),
+                out,
+            ],
+        );
+        Ok(XCopy {
+            pipeline,
+            group,
+            k4,
+        })
+    }
+
+    fn groups(&self, n: u32) -> (u32, u32, u32) {
+        (ceil_div(self.k4, 64), n, 1)
+    }
+
+    fn encode(&self, pass: &mut wgpu::ComputePass, n: u32) {
+        dispatch(pass, &self.pipeline, &self.group, self.groups(n));
+    }
+}
+
+/// Whether a variant's kernel is matmul_coop.wgsl, whose binding 7 is the
+/// f16 copy of x (read by `CoopX16` alone; a dummy for the others).
+fn binds_x16(v: MatmulVariant) -> bool {
+    matmul_kernel(v).0.name == shaders::MATMUL_COOP.name
 }
 
 /// Whether a variant pair's kernel is matmul.wgsl, which reads x from a
@@ -134,9 +186,10 @@ fn matmul_kernel(v: MatmulVariant) -> (&'static Shader, &'static str) {
     match v {
         MatmulVariant::Blocked4x4 => (&shaders::MATMUL, "matmul"),
         MatmulVariant::Tiled | MatmulVariant::TiledWide => (&shaders::MATMUL_TILED, "matmul"),
-        MatmulVariant::Coop | MatmulVariant::CoopPadded | MatmulVariant::CoopTokensFast => {
-            (&shaders::MATMUL_COOP, "matmul")
-        }
+        MatmulVariant::Coop
+        | MatmulVariant::CoopPadded
+        | MatmulVariant::CoopTokensFast
+        | MatmulVariant::CoopX16 => (&shaders::MATMUL_COOP, "matmul"),
         MatmulVariant::CoopStaged
         | MatmulVariant::CoopStagedWide
         | MatmulVariant::CoopStagedPadded
@@ -210,6 +263,7 @@ fn matmul_constants(gpu: &Gpu, v: MatmulVariant) -> Vec<(&'static str, f64)> {
         Coop => vec![subgroup],
         CoopPadded => vec![subgroup, ("X_STRIDE", 72.0)],
         CoopTokensFast => vec![subgroup, ("X_STRIDE", 72.0), ("TOKENS_FAST", on)],
+        CoopX16 => vec![subgroup, ("TOKENS_FAST", on), ("X_F16", on)],
         CoopStaged => staged.to_vec(),
         CoopStagedWide => vec![subgroup, ("WIDE", 2.0)],
         CoopStagedPadded => padded_staged.to_vec(),
@@ -334,37 +388,31 @@ impl Matmul {
         let k4 = (w.cols / 4) as u32;
         let x_copy = if reads_x_texture((matvec_variant, matmul_variant)) {
             let view = gpu.x_texture(k4, max_tokens as u32)?;
-            let pipeline = gpu.pipeline(&shaders::X_TEXTURE, None, "main", &[])?;
-            let params = gpu.uniform(
-                "x-copy-params",
-                &XCopyParams {
-                    k4,
-                    count_sel: opts.rows as u32,
-                    _p0: 0,
-                    _p1: 0,
-                },
-            );
-            let group = gpu.bind_group_of(
-                &pipeline,
-                &[
-                    step.as_entire_binding(),
-                    params.as_entire_binding(),
-                    x.as_entire_binding(),
-                    wgpu::BindingResource::TextureView(&view),
-                ],
-            );
-            Some((
-                view,
-                XCopy {
-                    pipeline,
-                    group,
-                    k4,
-                },
-            ))
+            let copy = XCopy::new(
+                gpu,
+                &shaders::X_TEXTURE,
+                [step, x],
+                wgpu::BindingResource::TextureView(&view),
+                k4,
+                opts.rows,
+            )?;
+            Some((view, copy))
         } else {
             None
         };
         let x_view = x_copy.as_ref().map(|(view, _)| view);
+        // Binding 7 of the direct cooperative kernels: the f16 copy of x
+        // where the variant reads it, a dummy otherwise.
+        let no_x16 = gpu.storage("no-x16", 16);
+        let x16_for = |v: MatmulVariant| -> Result<Option<wgpu::Buffer>> {
+            Ok(if v.reads_x16() {
+                Some(gpu.x16_buffer(k4, max_tokens as u32)?)
+            } else if binds_x16(v) {
+                Some(no_x16.clone())
+            } else {
+                None
+            })
+        };
         let parts: Vec<Part> = w
             .parts
             .iter()
@@ -416,12 +464,17 @@ impl Matmul {
                     }
                     None => {
                         let xt = x_view.filter(|_| matvec_v == MatvecVariant::Rows8);
+                        let xt = xt.map(wgpu::BindingResource::TextureView);
                         gpu.bind_group_with_weights(&matvec, [step, &plain], part, &rest, xt)
                     }
                 };
                 let xt = x_view.filter(|_| matmul_v == MatmulVariant::Blocked4x4);
+                let x16 = x16_for(matmul_v)?;
+                let extra = xt
+                    .map(wgpu::BindingResource::TextureView)
+                    .or(x16.as_ref().map(|b| b.as_entire_binding()));
                 let matmul_group =
-                    gpu.bind_group_with_weights(&matmul, [step, &plain], part, &rest, xt);
+                    gpu.bind_group_with_weights(&matmul, [step, &plain], part, &rest, extra);
                 Ok(Part {
                     rows: part.rows as u32,
                     matvec: (matvec, matvec_group),
@@ -432,11 +485,26 @@ impl Matmul {
                 })
             })
             .collect::<Result<_>>()?;
+        let x16_copy = if parts.iter().any(|p| p.matmul_variant.reads_x16()) {
+            let x16 = gpu.x16_buffer(k4, max_tokens as u32)?;
+            let out = x16.as_entire_binding();
+            Some(XCopy::new(
+                gpu,
+                &shaders::X_F16,
+                [step, x],
+                out,
+                k4,
+                opts.rows,
+            )?)
+        } else {
+            None
+        };
         Ok(Matmul {
             matvec_variant,
             fuses_input: fused.is_some() && parts.iter().all(|p| p.matvec_fused),
             parts,
             x_copy: x_copy.map(|(_, copy)| copy),
+            x16_copy,
         })
     }
 
@@ -461,12 +529,12 @@ impl Matmul {
                 _ => p.matmul_variant == MatmulVariant::Blocked4x4,
             });
             if needed {
-                dispatch(
-                    pass,
-                    &copy.pipeline,
-                    &copy.group,
-                    (ceil_div(copy.k4, 64), n, 1),
-                );
+                copy.encode(pass, n);
+            }
+        }
+        if let Some(copy) = &self.x16_copy {
+            if n > 1 {
+                copy.encode(pass, n);
             }
         }
         for part in &self.parts {
@@ -499,17 +567,52 @@ struct TunedPart<'a> {
 /// are timed (one set shared by all of them).
 struct Scratch {
     buffers: [wgpu::Buffer; 6],
+    /// x in f16 (`CoopX16`), as many tokens as x (a dummy for one token).
+    x16: wgpu::Buffer,
+    tokens: u32,
 }
 
 impl Scratch {
+    /// The bind group of a mat-vec (`None`) or of mat-mul `v`'s pipeline.
     fn bind(
         &self,
         gpu: &Gpu,
         pipeline: &wgpu::ComputePipeline,
         weights: &MatrixPart,
+        v: Option<MatmulVariant>,
     ) -> wgpu::BindGroup {
         let [step, params, bias, x, y, norm] = &self.buffers;
-        gpu.bind_group_with_weights(pipeline, [step, params], weights, &[bias, x, y, norm], None)
+        let rest = [bias, x, y, norm];
+        let x16 = v
+            .filter(|&v| binds_x16(v))
+            .map(|_| self.x16.as_entire_binding());
+        gpu.bind_group_with_weights(pipeline, [step, params], weights, &rest, x16)
+    }
+
+    /// The dispatches of mat-mul `v` on these inputs: the copy of x into
+    /// f16 first where `v` reads it, then the product.
+    fn matmul_dispatches(
+        &self,
+        gpu: &Gpu,
+        v: MatmulVariant,
+        part: &MatrixPart,
+        k4: u32,
+    ) -> Result<Vec<Dispatch>> {
+        let pipeline = matmul_pipeline(gpu, v, part.format)?;
+        let group = self.bind(gpu, &pipeline, part, Some(v));
+        let product = (
+            pipeline,
+            group,
+            matmul_groups(v, part.rows as u32, self.tokens),
+        );
+        if !v.reads_x16() {
+            return Ok(vec![product]);
+        }
+        let [step, _, _, x, _, _] = &self.buffers;
+        let out = self.x16.as_entire_binding();
+        let copy = XCopy::new(gpu, &shaders::X_F16, [step, x], out, k4, Rows::Tokens)?;
+        let groups = copy.groups(self.tokens);
+        Ok(vec![(copy.pipeline, copy.group, groups), product])
     }
 
     /// The kernel a fused mat-vec folds in (`fused_flag`), run on the
@@ -572,7 +675,14 @@ impl TunedPart<'_> {
         };
         fill.fill(gpu, &x, 0, x.size() / 4, WeightFormat::F32, random(1, 0.0))?;
         fill.fill(gpu, &norm, 0, cols, WeightFormat::F32, random(2, 1.0))?;
+        let x16 = if tokens > 1 {
+            gpu.storage("tune-x16", tokens.next_multiple_of(32) as u64 * cols * 2)
+        } else {
+            gpu.storage("tune-no-x16", 16)
+        };
         Ok(Scratch {
+            x16,
+            tokens: tokens as u32,
             buffers: [
                 step,
                 params,
@@ -650,7 +760,7 @@ impl TunedPart<'_> {
                         dispatches: scratch_or_error(scratch).and_then(|scratch| {
                             let mut run = before?;
                             let p = matvec_pipeline(gpu, v, self.part.format)?;
-                            let group = scratch.bind(gpu, &p, self.part);
+                            let group = scratch.bind(gpu, &p, self.part, None);
                             run.push((p, group, matvec_groups(v, rows)));
                             Ok(run)
                         }),
@@ -676,10 +786,7 @@ impl TunedPart<'_> {
                 .map(|&v| Candidate {
                     label: format!("{v:?}"),
                     dispatches: scratch_or_error(&scratch).and_then(|scratch| {
-                        matmul_pipeline(gpu, v, format).map(|p| {
-                            let group = scratch.bind(gpu, &p, self.part);
-                            vec![(p, group, matmul_groups(v, rows as u32, tokens as u32))]
-                        })
+                        scratch.matmul_dispatches(gpu, v, self.part, (self.cols / 4) as u32)
                     }),
                 })
                 .collect()
@@ -706,7 +813,7 @@ fn matmul_groups(variant: MatmulVariant, rows: u32, n: u32) -> (u32, u32, u32) {
         MatmulVariant::CoopStaged
         | MatmulVariant::CoopStagedPadded
         | MatmulVariant::CoopStagedPrefetch => (ceil_div(rows, 128), ceil_div(n, 64), 1),
-        MatmulVariant::CoopTokensFast => (ceil_div(n, 32), rows / 64, 1),
+        MatmulVariant::CoopTokensFast | MatmulVariant::CoopX16 => (ceil_div(n, 32), rows / 64, 1),
         MatmulVariant::CoopStagedTokensFast => (ceil_div(n, 64), ceil_div(rows, 128), 1),
         MatmulVariant::CoopStagedWide => (ceil_div(rows, 128), ceil_div(n, 128), 1),
     }
@@ -1455,6 +1562,8 @@ mod tests {
         }
         use WeightFormat::{F16, Q4_0, Q4_K, Q8_0};
         // (kernel, the entry point's first statement, variant, format, rows, K, tokens)
+        // The direct kernel's binding 7 is x in f16 (`CoopX16`): the
+        // emulation's memory goes after it.
         let direct = (
             &shaders::MATMUL_COOP,
             "emu_init(wg.x + wg.y * 64u, 0u, lane);",
@@ -1495,10 +1604,16 @@ mod tests {
             // tiles (3 x 2), and fewer (2 x 3).
             (direct, MatmulVariant::CoopTokensFast, F16, 192, 192, 40),
             (staged, tokens_fast, Q4_0, 200, 576, 150),
+            // x read in f16 from its copy: more row tiles than token tiles,
+            // a partial token tile, K of three steps (one case: each
+            // emulated kernel costs about 25 s of llvmpipe compilation in a
+            // cold shader cache, and CI runs these tests four times).
+            (direct, MatmulVariant::CoopX16, F16, 192, 192, 40),
         ];
         for ((shader, init), variant, format, rows, cols, n) in cases {
             let leak = |s: String| -> &'static str { Box::leak(s.into_boxed_str()) };
-            let (body, slots) = emulate_coop(shader.body, init, 7);
+            let binds_x16 = binds_x16(variant);
+            let (body, slots) = emulate_coop(shader.body, init, 7 + binds_x16 as u32);
             let emulated = Shader {
                 name: leak(format!("{}-emulated", shader.name)),
                 body: leak(body),
@@ -1547,7 +1662,7 @@ mod tests {
                 gpu.storage_from("y", &y0),
             );
             let no_norm = gpu.storage("no-norm", 16);
-            let bufs = [
+            let mut bufs = vec![
                 &step,
                 &pb,
                 m.parts[0].buffer().unwrap(),
@@ -1555,10 +1670,30 @@ mod tests {
                 &xb,
                 &yb,
                 &no_norm,
-                &scratch,
             ];
+            // x in f16, copied for every variant of the direct kernel (the
+            // others do not read it).
+            let x16 = gpu.x16_buffer((cols / 4) as u32, n as u32).unwrap();
+            let copy = XCopy::new(
+                &gpu,
+                &shaders::X_F16,
+                [&step, &xb],
+                x16.as_entire_binding(),
+                (cols / 4) as u32,
+                Rows::Tokens,
+            )
+            .unwrap();
+            if binds_x16 {
+                bufs.push(&x16);
+            }
+            bufs.push(&scratch);
             let group = gpu.bind_group(&pipeline, &bufs);
-            run_pass(&gpu, |pass| dispatch(pass, &pipeline, &group, groups));
+            run_pass(&gpu, |pass| {
+                if binds_x16 {
+                    copy.encode(pass, n as u32);
+                }
+                dispatch(pass, &pipeline, &group, groups)
+            });
             let got: Vec<f32> = gpu.read(&yb, 0, n * rows).unwrap();
             let err = max_abs_diff(&got, &want);
             let tol = w_max * 4e-3 * (cols as f32).sqrt();
@@ -1591,6 +1726,7 @@ mod tests {
             (MatmulVariant::CoopStagedPrefetch, WeightFormat::Q4_0),
             (MatmulVariant::CoopTokensFast, WeightFormat::F16),
             (MatmulVariant::CoopStagedTokensFast, WeightFormat::Q4_0),
+            (MatmulVariant::CoopX16, WeightFormat::F16),
         ] {
             let coop = check_variant(&gpu, variant, format);
             if has_coop {

@@ -14,7 +14,7 @@ use anyhow::{bail, Context, Result};
 use serde::Serialize;
 
 use crate::engine::{Engine, EngineOptions, StepOutput};
-use crate::eviction::{Policy, RefreshContext, Scorer, Slot};
+use crate::eviction::{Policy, PolicyParams, RefreshContext, Scorer, Slot};
 use crate::kernels::sample::SamplingParams;
 
 /// Settings of a bounded cache (`--budget`, `--chunk`, `--sinks`, `--recent`, `--policy`).
@@ -54,6 +54,17 @@ impl CacheOptions {
             epikv_bands: false,
             epikv_layers: None,
             materialize: false,
+        }
+    }
+
+    /// What the policy's scorer takes of these options.
+    pub fn policy_params(&self) -> PolicyParams {
+        PolicyParams {
+            seed: self.seed,
+            epikv_window: self.epikv_window,
+            epikv_bands: self.epikv_bands,
+            epikv_layers: self.epikv_layers,
+            sinks: self.sinks,
         }
     }
 
@@ -178,7 +189,7 @@ impl BoundedCache {
             None
         } else {
             opts.validate()?;
-            Some(opts.policy.scorer(&opts, num_layers)?)
+            Some(opts.policy.scorer(&opts.policy_params(), num_layers)?)
         };
         Ok(BoundedCache {
             opts,
@@ -250,7 +261,7 @@ impl BoundedCache {
         self.refreshes = 0;
         if let (Some(layers), Some(_)) = (self.num_layers, &self.scorer) {
             // It was built from these options in `new`, so it builds again.
-            if let Ok(fresh) = self.opts.policy.scorer(&self.opts, layers) {
+            if let Ok(fresh) = self.opts.policy.scorer(&self.opts.policy_params(), layers) {
                 self.scorer = Some(fresh);
             }
         }

@@ -722,20 +722,6 @@ impl Gpu {
         Ok(())
     }
 
-    /// The most bytes one row part of a weight matrix may hold: a storage
-    /// binding, or for weights in textures also the largest texture of
-    /// `WEIGHT_TEXTURE_WIDTH` texels per row.
-    pub fn max_weight_part(&self) -> u64 {
-        match self.kernels.weight_store {
-            WeightStore::Buffer => self.max_binding,
-            WeightStore::Texture => self.max_binding.min(
-                crate::weights::WEIGHT_TEXTURE_WIDTH as u64
-                    * self.limits.max_texture_dimension_2d as u64
-                    * 16,
-            ),
-        }
-    }
-
     /// A zero-initialised storage buffer (at least 16 bytes, so that empty tensors bind).
     pub fn storage(&self, label: &str, bytes: u64) -> wgpu::Buffer {
         self.device.create_buffer(&wgpu::BufferDescriptor {
@@ -793,20 +779,20 @@ impl Gpu {
     }
 
     /// Bind group for group 0 of a weight-reading kernel: bindings 0 and 1
-    /// are `head`, binding 2 the weight part (a buffer or a texture),
-    /// bindings 3, 4, ... `rest`, then `extra` if given (the products'
-    /// copy of their input: the `cpu` ones' texture, matmul.wgsl, or the
-    /// f16 buffer of matmul_coop.wgsl).
+    /// are `head`, binding 2 the weight part `w` (a buffer or a texture:
+    /// `MatrixPart::binding`), bindings 3, 4, ... `rest`, then `extra` if
+    /// given (the products' copy of their input: the `cpu` ones' texture,
+    /// matmul.wgsl, or the f16 buffer of matmul_coop.wgsl).
     pub fn bind_group_with_weights(
         &self,
         pipeline: &wgpu::ComputePipeline,
         head: [&wgpu::Buffer; 2],
-        w: &crate::weights::MatrixPart,
+        w: wgpu::BindingResource,
         rest: &[&wgpu::Buffer],
         extra: Option<wgpu::BindingResource>,
     ) -> wgpu::BindGroup {
         let mut resources: Vec<_> = head.iter().map(|b| b.as_entire_binding()).collect();
-        resources.push(w.binding(self));
+        resources.push(w);
         resources.extend(rest.iter().map(|b| b.as_entire_binding()));
         resources.extend(extra);
         self.bind_group_of(pipeline, &resources)

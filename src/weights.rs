@@ -228,6 +228,18 @@ pub fn encode(values: &[f32], cols: usize, format: WeightFormat, what: &str) -> 
     }
 }
 
+/// The most bytes one row part of a weight matrix may hold on `gpu`: a
+/// storage binding, or for weights in textures also the largest texture of
+/// [`WEIGHT_TEXTURE_WIDTH`] texels per row.
+pub fn max_weight_part(gpu: &Gpu) -> u64 {
+    match gpu.kernels.weight_store {
+        WeightStore::Buffer => gpu.max_binding,
+        WeightStore::Texture => gpu
+            .max_binding
+            .min(WEIGHT_TEXTURE_WIDTH as u64 * gpu.limits.max_texture_dimension_2d as u64 * 16),
+    }
+}
+
 /// Texels per row of a weights texture (`W_TEXTURE_SHIFT` in
 /// shaders/weights_texture.wgsl is its log2): a power of two, so that the
 /// kernels find a texel with a shift and a mask, and small, so that the
@@ -451,11 +463,11 @@ impl GpuMatrix {
             let row_bytes = format.row_bytes(cols);
             // Parts hold a multiple of 4 rows: the matmul kernel works in
             // 4-row blocks.
-            let rows_per_part = ((gpu.max_weight_part() / row_bytes) as usize / 4) * 4;
+            let rows_per_part = ((max_weight_part(gpu) / row_bytes) as usize / 4) * 4;
             if rows_per_part == 0 {
                 bail!(
                     "{label}: one row of {row_bytes} bytes exceeds the device's {} bytes per weight part (its largest {})",
-                    gpu.max_weight_part(),
+                    max_weight_part(gpu),
                     match gpu.kernels.weight_store {
                         WeightStore::Buffer => "storage binding",
                         WeightStore::Texture => "texture",

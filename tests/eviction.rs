@@ -661,7 +661,7 @@ fn window_sinks_matches_a_cpu_reference() {
         eprintln!("{name}: ratio {ratio:.3}, sinks at the first refresh {sinks:?}");
         let guard = SinkGuard::new(
             Policy::Window
-                .scorer(&opts, model.config.num_layers)
+                .scorer(&opts.policy_params(), model.config.num_layers)
                 .unwrap(),
             layer,
             ratio,

@@ -14,9 +14,26 @@ mod window;
 
 use anyhow::{bail, Result};
 
-use crate::cache::CacheOptions;
 use crate::engine::{CcsMode, Engine};
 use crate::kernels::attn_weights::WeightMode;
+
+/// The policies' own parameters (`--seed`, `--epikv-window`,
+/// `--epikv-bands`, `--epikv-layers`), and the cache's sinks, which EpiKV's
+/// robust statistics and the sink guards leave out of their windows. The
+/// cache options carry them (`CacheOptions::policy_params`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PolicyParams {
+    /// Seed of the `random` policy.
+    pub seed: u64,
+    /// EpiKV rolling z-score window W.
+    pub epikv_window: usize,
+    /// EpiKV: average z over whole layer bands instead of two representative layers.
+    pub epikv_bands: bool,
+    /// EpiKV: explicit (A, B) layers, 1-based.
+    pub epikv_layers: Option<(usize, usize)>,
+    /// Entries at positions 0..sinks, which the cache always keeps.
+    pub sinks: usize,
+}
 
 /// One cache entry as the host tracks it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -155,7 +172,7 @@ impl Policy {
     }
 
     /// The scorer of this policy for a model of `num_layers` layers.
-    pub fn scorer(self, opts: &CacheOptions, num_layers: usize) -> Result<Box<dyn Scorer>> {
+    pub fn scorer(self, opts: &PolicyParams, num_layers: usize) -> Result<Box<dyn Scorer>> {
         Ok(match self {
             Policy::CcsContext => Box::new(ccs::CounterCausalSurprise(CcsMode::FastContext)),
             Policy::EpikvRecency => Box::new(hybrid::RankMean(vec![
@@ -208,7 +225,7 @@ impl Policy {
 }
 
 /// EpiKV's tracked layers (bands A and B) from the options, checked.
-fn epikv_layers(opts: &CacheOptions, num_layers: usize) -> Result<(Vec<usize>, Vec<usize>)> {
+fn epikv_layers(opts: &PolicyParams, num_layers: usize) -> Result<(Vec<usize>, Vec<usize>)> {
     if let Some((a, b)) = opts.epikv_layers {
         for l in [a, b] {
             if l == 0 || l > num_layers {

@@ -455,17 +455,35 @@ impl Matmul {
                     }) => {
                         let fused = gpu.uniform("matvec-params", &params(flags | fused_flag, eps));
                         let rest = [bias_buf, residual, y, weights];
-                        gpu.bind_group_with_weights(&matvec, [step, &fused], part, &rest, None)
+                        gpu.bind_group_with_weights(
+                            &matvec,
+                            [step, &fused],
+                            part.binding(gpu),
+                            &rest,
+                            None,
+                        )
                     }
                     Some(FusedInput::SwiGlu { gate_up }) => {
                         let fused = gpu.uniform("matvec-params", &params(flags | fused_flag, 0.0));
                         let rest = [bias_buf, gate_up, y, &no_norm];
-                        gpu.bind_group_with_weights(&matvec, [step, &fused], part, &rest, None)
+                        gpu.bind_group_with_weights(
+                            &matvec,
+                            [step, &fused],
+                            part.binding(gpu),
+                            &rest,
+                            None,
+                        )
                     }
                     None => {
                         let xt = x_view.filter(|_| matvec_v == MatvecVariant::Rows8);
                         let xt = xt.map(wgpu::BindingResource::TextureView);
-                        gpu.bind_group_with_weights(&matvec, [step, &plain], part, &rest, xt)
+                        gpu.bind_group_with_weights(
+                            &matvec,
+                            [step, &plain],
+                            part.binding(gpu),
+                            &rest,
+                            xt,
+                        )
                     }
                 };
                 let xt = x_view.filter(|_| matmul_v == MatmulVariant::Blocked4x4);
@@ -473,8 +491,13 @@ impl Matmul {
                 let extra = xt
                     .map(wgpu::BindingResource::TextureView)
                     .or(x16.as_ref().map(|b| b.as_entire_binding()));
-                let matmul_group =
-                    gpu.bind_group_with_weights(&matmul, [step, &plain], part, &rest, extra);
+                let matmul_group = gpu.bind_group_with_weights(
+                    &matmul,
+                    [step, &plain],
+                    part.binding(gpu),
+                    &rest,
+                    extra,
+                );
                 Ok(Part {
                     rows: part.rows as u32,
                     matvec: (matvec, matvec_group),
@@ -586,7 +609,7 @@ impl Scratch {
         let x16 = v
             .filter(|&v| binds_x16(v))
             .map(|_| self.x16.as_entire_binding());
-        gpu.bind_group_with_weights(pipeline, [step, params], weights, &rest, x16)
+        gpu.bind_group_with_weights(pipeline, [step, params], weights.binding(gpu), &rest, x16)
     }
 
     /// The dispatches of mat-mul `v` on these inputs: the copy of x into

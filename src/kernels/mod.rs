@@ -168,7 +168,7 @@ pub(crate) fn table_part_groups(
                     _p: 0,
                 },
             );
-            gpu.bind_group_with_weights(pipeline, [step, &params], part, rest, None)
+            gpu.bind_group_with_weights(pipeline, [step, &params], part.binding(gpu), rest, None)
         })
         .collect()
 }

@@ -7,6 +7,7 @@ use sieve::kernels::attention::{Attention, KEY_CHUNK};
 use sieve::kernels::matmul::{Matmul, MatmulOptions};
 use sieve::kernels::paging::SlotPages;
 use sieve::kernels::rope_kv::Heads;
+use sieve::kernels::runtime::Runtime;
 use sieve::kernels::{Rows, Step};
 use sieve::shaders::WeightFormat;
 use sieve::weights::GpuMatrix;
@@ -34,7 +35,7 @@ fn time(gpu: &Gpu, mut f: impl FnMut(&mut wgpu::ComputePass)) -> f64 {
 }
 
 fn main() {
-    let gpu = Gpu::new(&GpuOptions::default()).unwrap();
+    let gpu = Runtime::open(&GpuOptions::default()).unwrap();
     println!("adapter: {}", gpu.describe());
     println!("| kernel | shape | ms | GB/s of weights |");
     println!("|---|---|---|---|");

@@ -1,4 +1,7 @@
-//! GPU runtime: adapter and device selection, pipeline cache, buffer helpers.
+//! The device layer: adapter and device selection, pipeline cache, buffer
+//! helpers. It knows shaders as sources to compile, not what they compute:
+//! which kernel runs where, the timings and the start-up checks are the
+//! kernels' runtime's, a layer above (`kernels::runtime`).
 //!
 //! One [`Gpu`] owns the wgpu device and queue. Pipelines are compiled once per
 //! (shader, entry point, constants) key and cached. Limits are requested from the
@@ -10,14 +13,13 @@ use anyhow::{anyhow, bail, Context, Result};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use crate::device::{
-    has_coop_f16_16x16, DeviceProfile, KernelSet, KernelVariants, MatmulVariant, SpirvPath,
-};
-use crate::shaders::{self, WeightStore};
+use crate::device::{has_coop_f16_16x16, CompileOptions, DeviceProfile, KernelSet, Settings};
+use crate::shaders;
 
-/// How to choose the adapter. Both fields can also come from the environment:
-/// `SIEVE_BACKEND` (vulkan, metal, dx12, gl) and `SIEVE_ADAPTER` (a substring of
-/// the adapter name).
+/// How to choose the adapter. The backend, the adapter and the kernel set
+/// can also come from the environment (`SIEVE_BACKEND`: vulkan, metal,
+/// dx12, gl; `SIEVE_ADAPTER`: a substring of the adapter name;
+/// `SIEVE_KERNELS`: [`Settings`]); what is given here wins.
 #[derive(Clone, Debug, Default)]
 pub struct GpuOptions {
     pub backend: Option<String>,
@@ -27,21 +29,6 @@ pub struct GpuOptions {
     pub max_binding_override: Option<u64>,
     /// Kernel set (`--kernels`); None: `SIEVE_KERNELS`, else auto.
     pub kernels: Option<KernelSet>,
-}
-
-impl GpuOptions {
-    pub fn from_env() -> Self {
-        GpuOptions {
-            backend: std::env::var("SIEVE_BACKEND")
-                .ok()
-                .filter(|s| !s.is_empty()),
-            adapter: std::env::var("SIEVE_ADAPTER")
-                .ok()
-                .filter(|s| !s.is_empty()),
-            max_binding_override: None,
-            kernels: None,
-        }
-    }
 }
 
 pub struct Gpu {
@@ -54,17 +41,13 @@ pub struct Gpu {
     pub max_binding: u64,
     /// What the kernels know about this device.
     pub profile: DeviceProfile,
-    /// The kernel variant of every op, chosen once from the profile.
-    pub kernels: KernelVariants,
-    /// The kernel timings made on this device (`--kernels tuned`), kept per
-    /// weight shape for every engine built on it.
-    pub tuner: crate::kernels::tune::Tuner,
+    /// The kernel set asked for (`auto` resolved: `cpu`, `gpu` or `tuned`).
+    pub set: KernelSet,
+    /// How sieve's kernels are compiled here.
+    pub compile: CompileOptions,
+    /// The `SIEVE_*` environment the device was opened with (read once).
+    pub settings: Settings,
     pipelines: Mutex<HashMap<String, Arc<wgpu::ComputePipeline>>>,
-    /// The `cpu` products' input textures by (k/4, tokens) (`x_texture`).
-    x_textures: Mutex<HashMap<(u32, u32), wgpu::Texture>>,
-    /// The f16 copies of x that `CoopX16` products read, by (k/4, tokens)
-    /// (`x16_buffer`).
-    x16_buffers: Mutex<HashMap<(u32, u32), wgpu::Buffer>>,
 }
 
 fn parse_backend(name: &str) -> Result<wgpu::Backends> {
@@ -107,9 +90,9 @@ impl Gpu {
     }
 
     fn open(opts: &GpuOptions) -> Result<Arc<Self>> {
-        let env = GpuOptions::from_env();
-        let backend = opts.backend.clone().or(env.backend);
-        let wanted_name = opts.adapter.clone().or(env.adapter);
+        let settings = Settings::from_env()?;
+        let backend = opts.backend.clone().or(settings.backend.clone());
+        let wanted_name = opts.adapter.clone().or(settings.adapter.clone());
         let backends = match &backend {
             Some(b) => parse_backend(b)?,
             None => wgpu::Backends::all(),
@@ -150,14 +133,14 @@ impl Gpu {
         });
         let adapter = adapters.remove(0);
         let info = adapter.get_info();
-        let kernel_set = match opts.kernels {
-            Some(k) => k,
-            None => KernelSet::from_env()?.unwrap_or_default(),
-        };
+        let kernel_set = opts.kernels.or(settings.kernels).unwrap_or_default();
         let (device, queue) =
             pollster::block_on(adapter.request_device(&device_descriptor(&adapter)))
                 .with_context(|| format!("opening a device on adapter '{}'", info.name))?;
-        Self::assemble(info, device, queue, opts.max_binding_override, kernel_set)
+        let binding = opts.max_binding_override;
+        Ok(Self::assemble(
+            info, device, queue, binding, kernel_set, settings,
+        ))
     }
 
     /// Runs sieve on a device the application already has (egui, iced,
@@ -180,24 +163,25 @@ impl Gpu {
             let info = adapter.get_info();
             check_limits(&device.limits())
                 .with_context(|| format!("the application's device on '{}'", info.name))?;
-            let kernel_set = match kernels {
-                Some(k) => k,
-                None => KernelSet::from_env()?.unwrap_or_default(),
-            };
-            Self::assemble(info, device, queue, None, kernel_set)
+            let settings = Settings::from_env()?;
+            let kernel_set = kernels.or(settings.kernels).unwrap_or_default();
+            Ok(Self::assemble(
+                info, device, queue, None, kernel_set, settings,
+            ))
         })()
         .tag(ErrorKind::Gpu)
     }
 
-    /// A `Gpu` around an open device: the profile, the kernel variants, and
-    /// the start-up check of the cooperative GEMM.
+    /// A `Gpu` around an open device: its profile, the kernel set and how
+    /// kernels compile there.
     fn assemble(
         info: wgpu::AdapterInfo,
         device: wgpu::Device,
         queue: wgpu::Queue,
         max_binding_override: Option<u64>,
         kernel_set: KernelSet,
-    ) -> Result<Arc<Self>> {
+        settings: Settings,
+    ) -> Arc<Self> {
         let features = device.features();
         let limits = device.limits();
         let real_max_binding = limits
@@ -208,37 +192,14 @@ impl Gpu {
             None => real_max_binding,
         };
         let mut profile = DeviceProfile::new(&info, features, &limits);
-        // `SIEVE_MATRIX_UNITS=0`: the kernels as on a device without
-        // cooperative matrices (the tiled GEMMs, the tiled prefill
-        // attention), to measure what the matrix units buy.
-        if std::env::var("SIEVE_MATRIX_UNITS").is_ok_and(|v| v == "0") {
+        if settings.no_matrix_units {
             profile.coop_f16_16x16 = false;
         }
-        let mut kernels = KernelVariants::select(&profile, kernel_set);
-        // wgpu's shader loop counters cost an H200 a fifth of its decode
-        // speed (BENCHMARKS.md, "GPU figures"); sieve's own kernels drop
-        // them unless `SIEVE_LOOP_BOUNDING=1` (every loop of theirs ends).
-        kernels.bounded_loops = std::env::var("SIEVE_LOOP_BOUNDING").is_ok_and(|v| v == "1");
-        if let Some(store) = WeightStore::from_env()? {
-            kernels.weight_store = store;
-        }
-        // The direct cooperative GEMM loads f16 weights from a buffer; with
-        // weights in textures (`SIEVE_WEIGHTS=texture` on such a device) the
-        // tiled kernel takes its place, as where the device has no
-        // cooperative matrices.
-        if kernels.weight_store == WeightStore::Texture && kernels.matmul == MatmulVariant::Coop {
-            kernels.matmul = MatmulVariant::Tiled;
-            kernels.coop_staged = false;
-            kernels.coop_staged_f16 = false;
-            kernels.coop_staged_wide = false;
-            kernels.coop_refined = false;
-        }
-        // sieve writes SPIR-V itself only where the driver takes it as it is.
-        let spirv = SpirvPath::from_env()?;
+        let set = kernel_set.resolve(&profile);
         let passthrough = features.contains(wgpu::Features::PASSTHROUGH_SHADERS)
             && info.backend == wgpu::Backend::Vulkan;
-        kernels.spirv = if passthrough { spirv } else { SpirvPath::Wgpu };
-        let mut gpu = Gpu {
+        let compile = CompileOptions::new(set, passthrough, &settings);
+        Arc::new(Gpu {
             device,
             queue,
             info,
@@ -246,146 +207,11 @@ impl Gpu {
             limits,
             max_binding,
             profile,
-            kernels,
-            tuner: Default::default(),
+            set,
+            compile,
+            settings,
             pipelines: Mutex::new(HashMap::new()),
-            x_textures: Mutex::new(HashMap::new()),
-            x16_buffers: Mutex::new(HashMap::new()),
-        };
-        // The cooperative GEMMs rest on an experimental wgpu feature: before
-        // the engine relies on them, one small product each (f16 weights, and
-        // Q4_0 for the staged kernel that block formats use) is checked
-        // against the CPU reference; a wrong or failing result falls back to
-        // the tiled kernel (the fallback always works) with a warning, for
-        // the weights that kernel serves.
-        if gpu.kernels.matmul == MatmulVariant::Coop {
-            use crate::kernels::matmul::check_variant;
-            use crate::shaders::WeightFormat;
-            let warn = |variant: MatmulVariant,
-                        format: WeightFormat,
-                        e: anyhow::Error,
-                        then: &str| {
-                eprintln!(
-                    "warning: the cooperative-matrix mat-mul ({variant:?}) failed its check with {} weights on {} ({e:#}); {then}",
-                    format.name(),
-                    gpu.info.name
-                );
-            };
-            if let Err(e) = check_variant(&gpu, MatmulVariant::CoopStaged, WeightFormat::Q4_0) {
-                let then = "weights in block formats use the tiled kernel";
-                warn(MatmulVariant::CoopStaged, WeightFormat::Q4_0, e, then);
-                gpu.kernels.coop_staged = false;
-            }
-            // With timings the staged kernel is also a candidate for f16
-            // weights, checked with them on its own.
-            if gpu.kernels.coop_staged_f16 {
-                if let Err(e) = check_variant(&gpu, MatmulVariant::CoopStaged, WeightFormat::F16) {
-                    let then = "it is not timed for f16 weights";
-                    warn(MatmulVariant::CoopStaged, WeightFormat::F16, e, then);
-                    gpu.kernels.coop_staged_f16 = false;
-                }
-            }
-            // Its 128-token tiles too (the same kernel with WIDE = 2, a
-            // candidate wherever the staged one is), with the weights the
-            // staged kernel kept.
-            let formats = [
-                (gpu.kernels.coop_staged, WeightFormat::Q4_0),
-                (gpu.kernels.coop_staged_f16, WeightFormat::F16),
-            ];
-            for (kept, format) in formats {
-                if !kept || !gpu.kernels.coop_staged_wide {
-                    continue;
-                }
-                let wide = MatmulVariant::CoopStagedWide;
-                if let Err(e) = check_variant(&gpu, wide, format) {
-                    warn(wide, format, e, "it is not timed");
-                    gpu.kernels.coop_staged_wide = false;
-                }
-            }
-            // The refined kernels (candidates beside the two above), with the
-            // weights their plain kernels kept.
-            let refined = [
-                (
-                    gpu.kernels.coop_staged,
-                    MatmulVariant::CoopStagedPadded,
-                    WeightFormat::Q4_0,
-                ),
-                (
-                    gpu.kernels.coop_staged_f16,
-                    MatmulVariant::CoopStagedPadded,
-                    WeightFormat::F16,
-                ),
-                (
-                    gpu.kernels.coop_staged,
-                    MatmulVariant::CoopStagedPrefetch,
-                    WeightFormat::Q4_0,
-                ),
-                (
-                    gpu.kernels.coop_staged_f16,
-                    MatmulVariant::CoopStagedPrefetch,
-                    WeightFormat::F16,
-                ),
-                (
-                    gpu.kernels.coop_staged,
-                    MatmulVariant::CoopStagedTokensFast,
-                    WeightFormat::Q4_0,
-                ),
-                (true, MatmulVariant::CoopPadded, WeightFormat::F16),
-                (true, MatmulVariant::CoopTokensFast, WeightFormat::F16),
-                (true, MatmulVariant::CoopX16, WeightFormat::F16),
-            ];
-            for (kept, variant, format) in refined {
-                if !kept || !gpu.kernels.coop_refined {
-                    continue;
-                }
-                if let Err(e) = check_variant(&gpu, variant, format) {
-                    warn(
-                        variant,
-                        format,
-                        e,
-                        "the refined cooperative kernels are not timed",
-                    );
-                    gpu.kernels.coop_refined = false;
-                }
-            }
-            if let Err(e) = check_variant(&gpu, MatmulVariant::Coop, WeightFormat::F16) {
-                let then = "every weight format uses the tiled kernel";
-                warn(MatmulVariant::Coop, WeightFormat::F16, e, then);
-                gpu.kernels.matmul = MatmulVariant::Tiled;
-                gpu.kernels.coop_staged = false;
-                gpu.kernels.coop_staged_f16 = false;
-                gpu.kernels.coop_staged_wide = false;
-                gpu.kernels.coop_refined = false;
-            }
-        }
-        // The matrix-unit prefill attention rests on the same experimental
-        // feature: where `tuned` would time it, it runs once against the CPU
-        // reference first, and is dropped on a failure.
-        if gpu.kernels.attn_prefill_coop {
-            use crate::device::AttnPrefillVariant::Coop;
-            if let Err(e) = crate::kernels::attention::check_prefill_variant(&gpu, Coop) {
-                eprintln!(
-                    "warning: the cooperative-matrix prefill attention failed its check on {} ({e:#}); it is not timed",
-                    gpu.info.name
-                );
-                gpu.kernels.attn_prefill_coop = false;
-            }
-        }
-        // The eight-lanes-per-key decode attention numbers its lanes by
-        // subgroup, counting on subgroups of one size in a workgroup, which
-        // Vulkan does not promise: where `tuned` would time it, it runs once
-        // against the CPU reference first, and is dropped on a failure.
-        if gpu.kernels.tuned() && gpu.kernels.attn_decode_lanes {
-            use crate::device::AttnDecodeVariant::LanesPerKey;
-            if let Err(e) = crate::kernels::attention::check_decode_variant(&gpu, LanesPerKey) {
-                eprintln!(
-                    "warning: the eight-lanes-per-key decode attention failed its check on {} ({e:#}); it is not timed",
-                    gpu.info.name
-                );
-                gpu.kernels.attn_decode_lanes = false;
-            }
-        }
-        Ok(Arc::new(gpu))
+        })
     }
 
     /// One line naming the adapter, for logs and `sieve info`.
@@ -426,7 +252,7 @@ impl Gpu {
         // launchers use, and others of the same name, are cached apart (the
         // former may be compiled without loop counters).
         let builtin = shaders::is_builtin(shader) && self.constants_in_range(constants);
-        let store = self.kernels.weight_store;
+        let store = self.compile.weight_store;
         let key = format!(
             "{}:{builtin}:{:?}:{store:?}:{}:{:?}",
             shader.name, weights, entry, constants
@@ -479,8 +305,8 @@ impl Gpu {
         constants: &[(&str, f64)],
         builtin: bool,
     ) -> Result<wgpu::ComputePipeline> {
-        let loop_counters = self.kernels.bounded_loops || !builtin;
-        if self.kernels.spirv.writes(shader) {
+        let loop_counters = self.compile.bounded_loops || !builtin;
+        if self.compile.spirv.writes(shader) {
             let module = self.passthrough_module(shader, src, entry, constants, loop_counters)?;
             // The override constants are applied already, by naga.
             return self.compute_pipeline(&module, src, shader.file, key, entry, &[]);
@@ -798,63 +624,6 @@ impl Gpu {
         self.bind_group_of(pipeline, &resources)
     }
 
-    /// The buffer `CoopX16` products copy their input x into in f16
-    /// (x_f16.wgsl): `tokens` rows (rounded up to whole 32-token tiles,
-    /// which the product reads) of `k4` groups of four values. One per
-    /// shape and device, shared by every product of that shape, as
-    /// [`Gpu::x_texture`] is.
-    pub fn x16_buffer(&self, k4: u32, tokens: u32) -> Result<wgpu::Buffer> {
-        let bytes = tokens.next_multiple_of(32) as u64 * k4 as u64 * 8;
-        let limit = self.limits.max_storage_buffer_binding_size;
-        if bytes > limit {
-            bail!(
-                "the f16 copy of a product's input ({} values by {tokens} tokens) needs {bytes} bytes; \
-                 this device binds at most {limit}",
-                k4 * 4
-            );
-        }
-        let mut cache = self.x16_buffers.lock().unwrap();
-        let buffer = cache
-            .entry((k4, tokens.next_multiple_of(32)))
-            .or_insert_with(|| self.storage("x-f16", bytes));
-        Ok(buffer.clone())
-    }
-
-    /// The texture the `cpu` products copy their input x into
-    /// (x_texture.wgsl), `k4` texels wide and `tokens` high: one per shape
-    /// and device, shared by every product of that shape, since each copies
-    /// its x in right before it reads it (within one pass, and queue
-    /// submissions run in order).
-    pub fn x_texture(&self, k4: u32, tokens: u32) -> Result<wgpu::TextureView> {
-        let side = self.limits.max_texture_dimension_2d;
-        if k4 > side || tokens > side {
-            bail!(
-                "the `cpu` kernels take an input of at most {side} x 4 values by {side} tokens \
-                 (this device's largest texture side); this product has {} by {tokens} \
-                 (use --kernels gpu)",
-                k4 * 4
-            );
-        }
-        let mut cache = self.x_textures.lock().unwrap();
-        let texture = cache.entry((k4.max(1), tokens.max(1))).or_insert_with(|| {
-            self.device.create_texture(&wgpu::TextureDescriptor {
-                label: Some("x-texture"),
-                size: wgpu::Extent3d {
-                    width: k4.max(1),
-                    height: tokens.max(1),
-                    depth_or_array_layers: 1,
-                },
-                mip_level_count: 1,
-                sample_count: 1,
-                dimension: wgpu::TextureDimension::D2,
-                format: wgpu::TextureFormat::Rgba32Uint,
-                usage: wgpu::TextureUsages::TEXTURE_BINDING | wgpu::TextureUsages::STORAGE_BINDING,
-                view_formats: &[],
-            })
-        });
-        Ok(texture.create_view(&Default::default()))
-    }
-
     /// Bind group for group 0 of `pipeline`: binding i is `resources[i]`.
     pub(crate) fn bind_group_of(
         &self,
@@ -1022,7 +791,7 @@ pub fn check_limits(limits: &wgpu::Limits) -> Result<()> {
         let format =
             (shader.prelude != shaders::Prelude::None).then_some(shaders::WeightFormat::F16);
         // Weights in a buffer: the most storage bindings.
-        let src = shaders::source(shader, format, WeightStore::Buffer);
+        let src = shaders::source(shader, format, shaders::WeightStore::Buffer);
         let module = naga::front::wgsl::parse_str(&src)
             .map_err(|e| anyhow!("{}: {}", shader.file, e.emit_to_string(&src)))?;
         let count = |f: fn(&naga::AddressSpace) -> bool| {
@@ -1078,12 +847,19 @@ pub fn check_limits(limits: &wgpu::Limits) -> Result<()> {
 
 #[cfg(test)]
 mod tests {
+    use super::{Gpu, GpuOptions};
+    use std::sync::Arc;
+
+    fn gpu() -> Arc<Gpu> {
+        Gpu::new(&GpuOptions::default()).expect("a GPU adapter (lavapipe on CI)")
+    }
+
     /// Only override constants in the ranges sieve's launchers use may be
     /// compiled without loop counters: some are loop steps, and wgpu checks
     /// a workgroup size set by an override against zero only.
     #[test]
     fn override_constants_outside_the_launchers_ranges_keep_the_counters() {
-        let gpu = crate::kernels::testutil::gpu();
+        let gpu = gpu();
         let max = gpu.limits.max_compute_invocations_per_workgroup as f64;
         assert!(gpu.constants_in_range(&[]));
         assert!(gpu.constants_in_range(&[("LANES", 256.0), ("ROWS", 8.0), ("HD4", 1.0)]));
@@ -1096,28 +872,6 @@ mod tests {
         }
     }
 
-    /// The `cpu` products' input texture: past the device's largest side a
-    /// clear error naming the limit and the way out, not a wgpu validation
-    /// failure; within it one texture per shape, shared.
-    #[test]
-    fn x_texture_past_the_largest_side_is_a_clear_error() {
-        // A device of its own: the shared one's textures are other tests'
-        // too, made while this one runs.
-        let gpu = crate::kernels::testutil::gpu_storing(crate::shaders::WeightStore::Texture, None);
-        let side = gpu.limits.max_texture_dimension_2d;
-        for (k4, tokens) in [(side + 1, 1), (1, side + 1)] {
-            let err = gpu.x_texture(k4, tokens).unwrap_err().to_string();
-            assert!(
-                err.contains(&format!("at most {side} x 4 values by {side} tokens"))
-                    && err.contains("--kernels gpu"),
-                "{k4} x {tokens}: {err}"
-            );
-        }
-        gpu.x_texture(side, 3).unwrap();
-        gpu.x_texture(side, 3).unwrap();
-        assert_eq!(gpu.x_textures.lock().unwrap().len(), 1);
-    }
-
     /// On Vulkan, wgpu offers passthrough on every device, so sieve's own
     /// SPIR-V path is the one `SIEVE_SPIRV` asks for (`coop` unset; CI runs
     /// the kernel tests again with `all`, so this fails there if those runs
@@ -1125,12 +879,13 @@ mod tests {
     #[test]
     fn sieve_writes_spirv_where_the_driver_takes_it() {
         use crate::device::SpirvPath;
-        let gpu = crate::kernels::testutil::gpu();
+        let gpu = gpu();
         if gpu.info.backend == wgpu::Backend::Vulkan {
             assert!(gpu.features.contains(wgpu::Features::PASSTHROUGH_SHADERS));
-            assert_eq!(gpu.kernels.spirv, SpirvPath::from_env().unwrap());
+            let asked = crate::device::Settings::from_env().unwrap().spirv;
+            assert_eq!(gpu.compile.spirv, asked);
         } else {
-            assert_eq!(gpu.kernels.spirv, SpirvPath::Wgpu);
+            assert_eq!(gpu.compile.spirv, SpirvPath::Wgpu);
         }
     }
 
@@ -1139,7 +894,7 @@ mod tests {
     /// limit it is built.
     #[test]
     fn pipelines_past_the_workgroup_memory_limit_are_refused() {
-        let gpu = crate::kernels::testutil::gpu();
+        let gpu = gpu();
         let limit = gpu.limits.max_compute_workgroup_storage_size;
         let kernel = |words: u32| {
             let body = format!(
@@ -1177,7 +932,7 @@ fn main(@builtin(local_invocation_index) i: u32) {{
     /// only for the modules it writes); within them it is built.
     #[test]
     fn sieve_spirv_checks_the_workgroup_size() {
-        let gpu = crate::kernels::testutil::gpu();
+        let gpu = gpu();
         if !gpu.features.contains(wgpu::Features::PASSTHROUGH_SHADERS)
             || gpu.info.backend != wgpu::Backend::Vulkan
         {

@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use crate::config::ModelConfig;
 use crate::gpu::{Gpu, GpuOptions};
+use crate::kernels::runtime::Runtime;
 use crate::progress::Progress;
 use crate::shaders::WeightFormat;
 use crate::weights::{GpuMatrix, TensorStore, WeightSource};
@@ -37,7 +38,8 @@ pub(crate) struct LayerWeights {
 }
 
 pub struct Model {
-    pub gpu: Arc<Gpu>,
+    /// The device with the kernels chosen for it.
+    pub gpu: Arc<Runtime>,
     pub config: ModelConfig,
     /// The model folder or GGUF file it was loaded from.
     pub dir: PathBuf,
@@ -69,7 +71,7 @@ impl Model {
     pub fn load(path: &Path, opts: &LoadOptions) -> Result<Arc<Model>> {
         // The files are checked before a device is opened.
         let (config, store) = Self::open_files(path)?;
-        let gpu = Gpu::new(&opts.gpu)?;
+        let gpu = Runtime::open(&opts.gpu)?;
         Self::upload(gpu, config, store.as_ref(), path, opts)
     }
 
@@ -78,7 +80,7 @@ impl Model {
     /// several models); `opts.gpu` is not used.
     pub fn load_on(gpu: Arc<Gpu>, path: &Path, opts: &LoadOptions) -> Result<Arc<Model>> {
         let (config, store) = Self::open_files(path)?;
-        Self::upload(gpu, config, store.as_ref(), path, opts)
+        Self::upload(Runtime::new(gpu), config, store.as_ref(), path, opts)
     }
 
     /// The config and the weights of a model folder or GGUF file, checked
@@ -110,7 +112,7 @@ impl Model {
     /// Builds the model on `gpu` with weights from `store` (safetensors files,
     /// or random values for a synthetic model).
     pub fn upload(
-        gpu: Arc<Gpu>,
+        gpu: Arc<Runtime>,
         config: ModelConfig,
         store: &dyn WeightSource,
         dir: &Path,

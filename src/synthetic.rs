@@ -171,7 +171,7 @@ impl WeightSource for RandomWeights {
 /// weights from `seed`, on the adapter `opts.gpu` chooses.
 pub fn synthetic_model(spec: &str, opts: &LoadOptions, seed: u64) -> Result<Arc<Model>> {
     let config = shape_config(spec)?;
-    let gpu = Gpu::new(&opts.gpu)?;
+    let gpu = crate::kernels::runtime::Runtime::open(&opts.gpu)?;
     let source = RandomWeights {
         fill: RandomFill::new(&gpu)?,
         seed,

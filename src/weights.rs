@@ -232,7 +232,7 @@ pub fn encode(values: &[f32], cols: usize, format: WeightFormat, what: &str) -> 
 /// storage binding, or for weights in textures also the largest texture of
 /// [`WEIGHT_TEXTURE_WIDTH`] texels per row.
 pub fn max_weight_part(gpu: &Gpu) -> u64 {
-    match gpu.kernels.weight_store {
+    match gpu.compile.weight_store {
         WeightStore::Buffer => gpu.max_binding,
         WeightStore::Texture => gpu
             .max_binding
@@ -278,7 +278,7 @@ impl MatrixPart {
         format: WeightFormat,
         bytes: u64,
     ) -> Self {
-        let store = match gpu.kernels.weight_store {
+        let store = match gpu.compile.weight_store {
             WeightStore::Buffer => PartStore::Buffer(gpu.storage(label, bytes)),
             WeightStore::Texture => {
                 let texture = texel_texture(
@@ -468,7 +468,7 @@ impl GpuMatrix {
                 bail!(
                     "{label}: one row of {row_bytes} bytes exceeds the device's {} bytes per weight part (its largest {})",
                     max_weight_part(gpu),
-                    match gpu.kernels.weight_store {
+                    match gpu.compile.weight_store {
                         WeightStore::Buffer => "storage binding",
                         WeightStore::Texture => "texture",
                     }

@@ -164,7 +164,7 @@ fn overflowing_model(name: &str) -> std::sync::Arc<Model> {
     let config = sieve::config::ModelConfig::from_file(&dir.join("config.json")).unwrap();
     let store = Overflowing(TensorStore::open(&dir).unwrap());
     let opts = LoadOptions::default();
-    let gpu = Gpu::new(&opts.gpu).unwrap();
+    let gpu = sieve::kernels::runtime::Runtime::open(&opts.gpu).unwrap();
     Model::upload(gpu, config, &store, &dir, &opts).unwrap()
 }
 

@@ -5,7 +5,8 @@ use anyhow::Result;
 use clap::Args;
 use std::path::PathBuf;
 
-use sieve::gpu::{Gpu, GpuOptions};
+use sieve::gpu::GpuOptions;
+use sieve::kernels::runtime::Runtime;
 use sieve::model::{LoadOptions, Model};
 use sieve::shaders::WeightFormat;
 
@@ -57,7 +58,7 @@ pub fn main(a: InfoArgs) -> Result<()> {
     };
     let gpu = match &model {
         Some(m) => m.gpu.clone(),
-        None => Gpu::new(&gpu_options)?,
+        None => Runtime::open(&gpu_options)?,
     };
     let i = &gpu.info;
     out!("adapter:      {}", i.name);
@@ -71,7 +72,7 @@ pub fn main(a: InfoArgs) -> Result<()> {
         i.subgroup_max_size
     );
     out!("features used: {:?}", gpu.features);
-    out!("kernels:      {}", gpu.kernels.describe());
+    out!("kernels:      {}", gpu.describe_kernels());
     let l = &gpu.limits;
     out!(
         "max storage binding:     {} bytes",

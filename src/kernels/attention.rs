@@ -13,10 +13,10 @@ use std::sync::Arc;
 
 use super::paging::SlotPages;
 use super::rope_kv::Heads;
+use super::runtime::Runtime;
 use super::tune::{Candidate, TuneKey};
+use super::variants::{AttnDecodeVariant, AttnPrefillVariant};
 use super::{ceil_div, dispatch};
-use crate::device::{AttnDecodeVariant, AttnPrefillVariant};
-use crate::gpu::Gpu;
 use crate::shaders::{self, WeightFormat};
 
 /// Cache slots per key chunk (CHUNK in attention_io.wgsl) of every kernel
@@ -118,7 +118,7 @@ impl Attention {
     /// the anti-causal pass (any buffer otherwise).
     #[allow(clippy::too_many_arguments)]
     pub fn new(
-        gpu: &Gpu,
+        gpu: &Runtime,
         step: &wgpu::Buffer,
         heads: Heads,
         max_slots: usize,
@@ -344,7 +344,7 @@ fn head_dim_constant(heads: Heads) -> [(&'static str, f64); 1] {
 
 /// The decode partial pipeline of `variant` for `heads`.
 fn decode_pipeline(
-    gpu: &Gpu,
+    gpu: &Runtime,
     variant: AttnDecodeVariant,
     heads: Heads,
 ) -> Result<Arc<wgpu::ComputePipeline>> {
@@ -372,7 +372,7 @@ fn chunk_constant(chunk: u32) -> Option<(&'static str, f64)> {
 }
 
 /// The merge (attention.wgsl) of partials over key chunks of `chunk` slots.
-fn merge_pipeline(gpu: &Gpu, heads: Heads, chunk: u32) -> Result<Arc<wgpu::ComputePipeline>> {
+fn merge_pipeline(gpu: &Runtime, heads: Heads, chunk: u32) -> Result<Arc<wgpu::ComputePipeline>> {
     let constants: Vec<_> = chunk_constant(chunk).into_iter().collect();
     gpu.pipeline(
         &shaders::ATTENTION,
@@ -385,7 +385,7 @@ fn merge_pipeline(gpu: &Gpu, heads: Heads, chunk: u32) -> Result<Arc<wgpu::Compu
 /// The prefill (or counter-causal, `entry`) partial pipeline of `variant`
 /// for `heads`.
 fn prefill_pipeline(
-    gpu: &Gpu,
+    gpu: &Runtime,
     variant: AttnPrefillVariant,
     heads: Heads,
     entry: &str,
@@ -411,7 +411,7 @@ fn prefill_pipeline(
 /// matrix-unit kernel's workgroup of four subgroups of the device's one
 /// subgroup size.
 fn prefill_constants(
-    gpu: &Gpu,
+    gpu: &Runtime,
     variant: AttnPrefillVariant,
     heads: Heads,
 ) -> Vec<(&'static str, f64)> {
@@ -445,7 +445,7 @@ const TUNE_QUERIES: usize = 512;
 /// each of [`TUNE_DEPTHS`] the first cache page holds (and at its length
 /// where that is less: the depths that engine reaches first), neighbours
 /// with the same choice merged.
-fn tuned_decode(gpu: &Gpu, heads: Heads, b: &Bindings) -> Vec<(u32, AttnDecodeVariant)> {
+fn tuned_decode(gpu: &Runtime, heads: Heads, b: &Bindings) -> Vec<(u32, AttnDecodeVariant)> {
     let cands = gpu.kernels.attn_decode_candidates();
     if cands.len() == 1 {
         return vec![(u32::MAX, cands[0])];
@@ -474,7 +474,7 @@ fn tuned_decode(gpu: &Gpu, heads: Heads, b: &Bindings) -> Vec<(u32, AttnDecodeVa
 /// cache page. Where the engine's buffers cannot hold such a step (a query
 /// buffer of no row), the rule's choice is kept, and the timings say why.
 fn tuned_decode_at(
-    gpu: &Gpu,
+    gpu: &Runtime,
     heads: Heads,
     b: &Bindings,
     cands: &[AttnDecodeVariant],
@@ -515,7 +515,7 @@ fn tuned_decode_at(
 /// [`TUNE_QUERIES`] queries from slot 0, as many as the engine's buffers
 /// and first cache page hold (where that is under 2, the rule's choice is
 /// kept, and the timings say why).
-fn tuned_prefill(gpu: &Gpu, heads: Heads, b: &Bindings) -> AttnPrefillVariant {
+fn tuned_prefill(gpu: &Runtime, heads: Heads, b: &Bindings) -> AttnPrefillVariant {
     let cands = gpu
         .kernels
         .attn_prefill_candidates(heads.head_dim, heads.kv_format);
@@ -554,7 +554,7 @@ fn tuned_prefill(gpu: &Gpu, heads: Heads, b: &Bindings) -> AttnPrefillVariant {
 /// `n_tokens` queries from `start_slot`; a candidate is the pipelines
 /// `dispatches` gives, each on its workgroups, in turn.
 fn time_on_first_page<V: Copy + std::fmt::Debug>(
-    gpu: &Gpu,
+    gpu: &Runtime,
     b: &Bindings,
     key: TuneKey,
     cands: &[V],
@@ -590,7 +590,7 @@ fn time_on_first_page<V: Copy + std::fmt::Debug>(
 /// A device whose `tuned` set would time the eight-lanes-per-key kernel
 /// runs this first (`Gpu::new`): that kernel counts on the subgroup layout
 /// Vulkan does not promise.
-pub fn check_decode_variant(gpu: &Gpu, variant: AttnDecodeVariant) -> Result<()> {
+pub fn check_decode_variant(gpu: &Runtime, variant: AttnDecodeVariant) -> Result<()> {
     let heads = Heads::new(8, 2, 80, crate::shaders::WeightFormat::F32);
     let run = WaveRun {
         heads,
@@ -617,7 +617,7 @@ pub fn check_decode_variant(gpu: &Gpu, variant: AttnDecodeVariant) -> Result<()>
 /// rounding of the matrix-unit kernel's inputs explains. A device whose
 /// `tuned` set would time the matrix-unit prefill runs this first
 /// (`Gpu::new`): it rests on an experimental wgpu feature.
-pub fn check_prefill_variant(gpu: &Gpu, variant: AttnPrefillVariant) -> Result<()> {
+pub fn check_prefill_variant(gpu: &Runtime, variant: AttnPrefillVariant) -> Result<()> {
     let heads = Heads::new(8, 2, 128, crate::shaders::WeightFormat::F16);
     let slots = 300;
     let chunks = (slots as u32).div_ceil(KEY_CHUNK);
@@ -663,7 +663,7 @@ impl WaveRun<'_> {
     /// validation errors included), or is off by `tol` or more.
     fn check(
         &self,
-        gpu: &Gpu,
+        gpu: &Runtime,
         what: &str,
         tol: f32,
         groups: (u32, u32, u32),
@@ -687,7 +687,7 @@ impl WaveRun<'_> {
     /// output (an error if it cannot be read back) and the CPU reference's.
     pub(crate) fn partials_and_merge(
         &self,
-        gpu: &Gpu,
+        gpu: &Runtime,
         partials: &wgpu::ComputePipeline,
         extra: &[&wgpu::Buffer],
         groups: (u32, u32, u32),
@@ -777,7 +777,7 @@ fn labels<T: std::fmt::Debug>(cands: &[T]) -> Vec<String> {
 }
 
 /// A step uniform of the timings' own: `n_tokens` queries from `start_slot`.
-fn tune_step(gpu: &Gpu, n_tokens: usize, start_slot: usize) -> wgpu::Buffer {
+fn tune_step(gpu: &Runtime, n_tokens: usize, start_slot: usize) -> wgpu::Buffer {
     gpu.uniform(
         "tune-attn-step",
         &super::Step {
@@ -912,7 +912,7 @@ mod tests {
 
     /// Attention of `n` queries from slot `start` against a cache in pages of
     /// `page` slots (0: one page), stored in f32 and in f16.
-    fn check(gpu: &Gpu, nh: usize, nkv: usize, hd: usize, n: usize, start: usize, page: usize) {
+    fn check(gpu: &Runtime, nh: usize, nkv: usize, hd: usize, n: usize, start: usize, page: usize) {
         for format in [WeightFormat::F32, WeightFormat::F16] {
             check_format(gpu, nh, nkv, hd, n, start, page, format);
         }
@@ -920,7 +920,7 @@ mod tests {
 
     #[allow(clippy::too_many_arguments)]
     fn check_format(
-        gpu: &Gpu,
+        gpu: &Runtime,
         nh: usize,
         nkv: usize,
         hd: usize,
@@ -1060,7 +1060,7 @@ mod tests {
     /// (lavapipe's 8 lanes do; with `LP_NATIVE_VECTOR_WIDTH=128` its 4 do
     /// not), the `gpu` set with the eight-lanes-per-key kernel
     /// (attention_decode_lanes.wgsl).
-    fn decode_devices() -> Vec<Arc<Gpu>> {
+    fn decode_devices() -> Vec<Arc<Runtime>> {
         let mut out = vec![
             gpu_with(KernelSet::Cpu),
             gpu_with(KernelSet::Gpu),
@@ -1085,7 +1085,7 @@ mod tests {
     /// driver happens to return). A device with subgroups of 8 lanes or
     /// more (lavapipe's by default) must take it: there the rule or the
     /// start-up check dropping it is a failure, not a reason to skip.
-    fn lanes_per_key_runs_here(gpu: &Gpu) -> bool {
+    fn lanes_per_key_runs_here(gpu: &Runtime) -> bool {
         let p = &gpu.profile;
         let subgroups_take_it = p.subgroups && p.subgroup_min >= 8;
         assert_eq!(
@@ -1322,7 +1322,7 @@ mod tests {
         }
     }
 
-    fn anticausal_cases(gpu: &Gpu) {
+    fn anticausal_cases(gpu: &Runtime) {
         // The last case holds the cache in pages of 256 slots.
         use WeightFormat::{F16, F32};
         for &(nh, nkv, hd, n_present, ref qslots, page, format) in &[

@@ -8,10 +8,10 @@ use anyhow::{bail, Result};
 use bytemuck::{Pod, Zeroable};
 use std::sync::Arc;
 
+use super::runtime::Runtime;
 use super::tune::{Candidate, Dispatch, TuneKey};
+use super::variants::{MatmulVariant, MatvecVariant, MATVEC_LANES, MATVEC_ROWS_MAX, MATVEC_STEPS};
 use super::{ceil_div, dispatch, Rows};
-use crate::device::{MatmulVariant, MatvecVariant, MATVEC_LANES, MATVEC_ROWS_MAX, MATVEC_STEPS};
-use crate::gpu::Gpu;
 use crate::shaders::{self, Shader, WeightFormat};
 use crate::weights::{GpuMatrix, MatrixPart};
 
@@ -122,7 +122,7 @@ impl XCopy {
     /// `shader` (x_texture.wgsl or x_f16.wgsl) copying `x` (of `k4` groups
     /// of four values a token) into `out` for the step's `rows`.
     fn new(
-        gpu: &Gpu,
+        gpu: &Runtime,
         shader: &'static Shader,
         [step, x]: [&wgpu::Buffer; 2],
         out: wgpu::BindingResource,
@@ -201,7 +201,7 @@ fn matmul_kernel(v: MatmulVariant) -> (&'static Shader, &'static str) {
 /// The mat-vec pipeline of a variant for weights in `format` (the `gpu`
 /// ones with their rows per workgroup as the override constant ROWS).
 fn matvec_pipeline(
-    gpu: &Gpu,
+    gpu: &Runtime,
     v: MatvecVariant,
     format: WeightFormat,
 ) -> Result<Arc<wgpu::ComputePipeline>> {
@@ -231,7 +231,7 @@ fn matvec_pipeline(
 
 /// The mat-mul pipeline of a variant for weights in `format`.
 fn matmul_pipeline(
-    gpu: &Gpu,
+    gpu: &Runtime,
     v: MatmulVariant,
     format: WeightFormat,
 ) -> Result<Arc<wgpu::ComputePipeline>> {
@@ -250,7 +250,7 @@ fn matmul_pipeline(
 /// take their tile width, and each refined cooperative kernel adds its
 /// refinements to those of the one it refines (padded rows, then prefetch,
 /// then the grid's fast axis on the tokens).
-fn matmul_constants(gpu: &Gpu, v: MatmulVariant) -> Vec<(&'static str, f64)> {
+fn matmul_constants(gpu: &Runtime, v: MatmulVariant) -> Vec<(&'static str, f64)> {
     use MatmulVariant::*;
     let subgroup = ("SUBGROUP_SIZE", gpu.profile.subgroup_max as f64);
     let on = 1.0;
@@ -308,7 +308,7 @@ impl Matmul {
     /// `x` is `[n, w.cols]` f32, `y` is `[n, w.rows]` f32, `bias` is `[w.rows]`
     /// f32. The variants are the device's (`Gpu::kernels`).
     pub fn new(
-        gpu: &Gpu,
+        gpu: &Runtime,
         step: &wgpu::Buffer,
         w: &GpuMatrix,
         bias: Option<&wgpu::Buffer>,
@@ -325,7 +325,7 @@ impl Matmul {
     /// (once per shape and device: src/kernels/tune.rs).
     #[allow(clippy::too_many_arguments)]
     pub fn normed(
-        gpu: &Gpu,
+        gpu: &Runtime,
         step: &wgpu::Buffer,
         w: &GpuMatrix,
         bias: Option<&wgpu::Buffer>,
@@ -344,7 +344,7 @@ impl Matmul {
     /// per part as [`KernelVariants::part_variant`] says).
     #[allow(clippy::too_many_arguments)]
     pub fn with_variants(
-        gpu: &Gpu,
+        gpu: &Runtime,
         step: &wgpu::Buffer,
         w: &GpuMatrix,
         bias: Option<&wgpu::Buffer>,
@@ -359,7 +359,7 @@ impl Matmul {
 
     #[allow(clippy::too_many_arguments)]
     fn build(
-        gpu: &Gpu,
+        gpu: &Runtime,
         step: &wgpu::Buffer,
         w: &GpuMatrix,
         bias: Option<&wgpu::Buffer>,
@@ -438,9 +438,13 @@ impl Matmul {
                         shape.matmul(gpu, max_tokens.min(TUNE_TOKENS)),
                     )
                 } else {
-                    let m =
-                        gpu.kernels
-                            .part_variant(matmul_variant, part.format, part.rows, w.cols);
+                    let m = gpu.kernels.part_variant(
+                        matmul_variant,
+                        gpu.compile.weight_store,
+                        part.format,
+                        part.rows,
+                        w.cols,
+                    );
                     ((matvec_variant, fused.is_some()), m)
                 };
                 let matvec = matvec_pipeline(gpu, matvec_v, part.format)?;
@@ -599,7 +603,7 @@ impl Scratch {
     /// The bind group of a mat-vec (`None`) or of mat-mul `v`'s pipeline.
     fn bind(
         &self,
-        gpu: &Gpu,
+        gpu: &Runtime,
         pipeline: &wgpu::ComputePipeline,
         weights: &MatrixPart,
         v: Option<MatmulVariant>,
@@ -616,7 +620,7 @@ impl Scratch {
     /// f16 first where `v` reads it, then the product.
     fn matmul_dispatches(
         &self,
-        gpu: &Gpu,
+        gpu: &Runtime,
         v: MatmulVariant,
         part: &MatrixPart,
         k4: u32,
@@ -643,7 +647,7 @@ impl Scratch {
     /// of `plain` (the unfused ones'), as the engine runs it for one token.
     fn input_kernel(
         &self,
-        gpu: &Gpu,
+        gpu: &Runtime,
         plain: &Scratch,
         fused_flag: u32,
         cols: usize,
@@ -665,7 +669,7 @@ impl TunedPart<'_> {
     /// twice as wide with a fused SwiGLU (gate then up). x and the norm
     /// weights hold random values, not zeros: matrix units (and some
     /// multipliers) run faster on zeros, which would favour them.
-    fn scratch(&self, gpu: &Gpu, tokens: usize, flags: u32) -> Result<Scratch> {
+    fn scratch(&self, gpu: &Runtime, tokens: usize, flags: u32) -> Result<Scratch> {
         let (rows, cols) = (self.part.rows as u64, self.cols as u64);
         let x_width = if flags & FUSED_SWIGLU != 0 { 2 } else { 1 };
         let step = gpu.uniform(
@@ -735,7 +739,7 @@ impl TunedPart<'_> {
     /// with it): folded in, the norm's sum of squares or every SiLU is
     /// computed again in each workgroup, which can cost more than the
     /// dispatch it saves.
-    fn matvec(&self, gpu: &Gpu, fused_flag: u32, input: &'static str) -> (MatvecVariant, bool) {
+    fn matvec(&self, gpu: &Runtime, fused_flag: u32, input: &'static str) -> (MatvecVariant, bool) {
         let cands = gpu.kernels.matvec_candidates();
         let fused_first: &[bool] = if fused_flag != 0 {
             &[true, false]
@@ -796,9 +800,12 @@ impl TunedPart<'_> {
 
     /// The fastest mat-mul of the device's candidates for this part at
     /// `tokens` tokens (the rule's when a product never has two).
-    fn matmul(&self, gpu: &Gpu, tokens: usize) -> MatmulVariant {
+    fn matmul(&self, gpu: &Runtime, tokens: usize) -> MatmulVariant {
         let (format, rows) = (self.part.format, self.part.rows);
-        let cands = gpu.kernels.matmul_candidates(format, rows, self.cols);
+        let store = gpu.compile.weight_store;
+        let cands = gpu
+            .kernels
+            .matmul_candidates(store, format, rows, self.cols);
         if cands.len() == 1 || tokens < 2 {
             return cands[0];
         }
@@ -850,7 +857,7 @@ fn matmul_groups(variant: MatmulVariant, rows: u32, n: u32) -> (u32, u32, u32) {
 /// than f16 rounding of the input explains. `format` is f16 or Q4_0 (the
 /// two the cooperative kernels are checked with).
 pub fn check_variant(
-    gpu: &Gpu,
+    gpu: &Runtime,
     variant: MatmulVariant,
     format: crate::shaders::WeightFormat,
 ) -> Result<()> {
@@ -953,19 +960,31 @@ pub fn reference(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::device::{KernelSet, KernelVariants};
+    use crate::device::KernelSet;
+    use crate::gpu::Gpu;
     use crate::gpu::GpuOptions;
     use crate::kernels::rmsnorm::RmsNorm;
     use crate::kernels::testutil::*;
+    use crate::kernels::variants::KernelVariants;
     use crate::kernels::Step;
     use crate::shaders::{Shader, WeightFormat, WeightStore};
+
+    /// The mat-mul the `gpu` set's rule picks on this device (with its
+    /// weights in buffers): `Coop` where it has cooperative matrices.
+    fn gpu_set_matmul(gpu: &Gpu) -> MatmulVariant {
+        let compile = crate::device::CompileOptions {
+            weight_store: WeightStore::Buffer,
+            ..gpu.compile
+        };
+        KernelVariants::select(&gpu.profile, KernelSet::Gpu, &compile).matmul
+    }
 
     /// Every mat-vec variant this device can run: the `gpu` ones with 1, 2
     /// and 16 rows per workgroup of 128 lanes, and of 64 and 256 lanes with
     /// a few row counts (13: odd, past 8), two loads per row in
     /// flight, and four with a few shapes; the subgroup one where the
     /// device has subgroups.
-    fn matvecs(gpu: &Gpu) -> Vec<MatvecVariant> {
+    fn matvecs(gpu: &Runtime) -> Vec<MatvecVariant> {
         let mut out = vec![MatvecVariant::Rows8];
         let shapes = [
             (128, 1, 2),
@@ -990,7 +1009,7 @@ mod tests {
     /// The variant pairs this device can run for `n` tokens: every mat-vec
     /// (n = 1) or every mat-mul variant (n > 1: the cooperative ones where
     /// the device has the features and the shape is one they take).
-    fn variants(gpu: &Gpu, m: &GpuMatrix, n: usize) -> Vec<(MatvecVariant, MatmulVariant)> {
+    fn variants(gpu: &Runtime, m: &GpuMatrix, n: usize) -> Vec<(MatvecVariant, MatmulVariant)> {
         if n == 1 {
             return matvecs(gpu)
                 .into_iter()
@@ -1009,7 +1028,7 @@ mod tests {
                 .iter()
                 .all(|p| v.for_part(p.format, p.rows, m.cols).cooperative())
         };
-        let coop_device = KernelVariants::select(&gpu.profile, KernelSet::Gpu).matmul;
+        let coop_device = gpu_set_matmul(gpu);
         if coop_device == MatmulVariant::Coop {
             for v in [MatmulVariant::Coop, MatmulVariant::CoopStagedWide] {
                 if takes(v) {
@@ -1025,7 +1044,7 @@ mod tests {
 
     /// Checks every variant on one shape; returns the mat-mul variants run.
     fn check(
-        gpu: &Gpu,
+        gpu: &Runtime,
         rows: usize,
         cols: usize,
         n: usize,
@@ -1038,7 +1057,7 @@ mod tests {
 
     /// As `check`, for a stack of row blocks `(rows, format)`.
     fn check_stack(
-        gpu: &Gpu,
+        gpu: &Runtime,
         blocks: &[(usize, WeightFormat)],
         cols: usize,
         n: usize,
@@ -1135,7 +1154,7 @@ mod tests {
         }
     }
 
-    fn matches_reference_on_awkward_shapes_in(gpu: &Gpu) {
+    fn matches_reference_on_awkward_shapes_in(gpu: &Runtime) {
         for &(rows, cols, n) in &[
             (1, 4, 1),
             (7, 12, 1),
@@ -1268,7 +1287,7 @@ mod tests {
             staged |= ran.contains(&MatmulVariant::CoopStaged);
             wide |= ran.contains(&MatmulVariant::CoopStagedWide);
         }
-        if KernelVariants::select(&gpu.profile, KernelSet::Gpu).matmul != MatmulVariant::Coop {
+        if gpu_set_matmul(&gpu) != MatmulVariant::Coop {
             eprintln!("note: {} has no 16x16 f16 cooperative matrices with subgroups; matmul_coop.wgsl and matmul_coop_staged.wgsl are only validated and translated (tests/shaders.rs)", gpu.info.name);
         } else {
             assert!(coop, "the cooperative variant did not run");
@@ -1396,7 +1415,10 @@ mod tests {
             "{:?}",
             mm_timed[0].key
         );
-        let mm_cands = gpu.kernels.matmul_candidates(WeightFormat::F16, rows, cols);
+        let store = gpu.compile.weight_store;
+        let mm_cands = gpu
+            .kernels
+            .matmul_candidates(store, WeightFormat::F16, rows, cols);
         assert_eq!(mm_timed[0].labels.len(), mm_cands.len());
         assert_eq!(mm.matmul_variants()[0], mm_cands[mm_timed[0].choice]);
         let x = crate::kernels::rmsnorm::reference(&residual[..cols], &g, eps as f32);
@@ -1428,7 +1450,7 @@ mod tests {
     /// `m`'s product with the device's variants and the RMSNorm of
     /// `(residual, weights, eps)` as its input, writing y.
     fn normed_product(
-        gpu: &Gpu,
+        gpu: &Runtime,
         step: &wgpu::Buffer,
         m: &GpuMatrix,
         (residual, weights, eps): (&wgpu::Buffer, &wgpu::Buffer, f64),
@@ -1513,7 +1535,7 @@ mod tests {
     /// see as `x`: the `gpu` ones take it and match the reference product of
     /// `x` (bias and residual on), the `cpu` one declines it.
     fn check_fused_input(
-        gpu: &Gpu,
+        gpu: &Runtime,
         rows: usize,
         cols: usize,
         format: WeightFormat,
@@ -1738,8 +1760,7 @@ mod tests {
             check_variant(&gpu, MatmulVariant::Tiled, format).unwrap();
             check_variant(&gpu, MatmulVariant::TiledWide, format).unwrap();
         }
-        let has_coop =
-            KernelVariants::select(&gpu.profile, KernelSet::Gpu).matmul == MatmulVariant::Coop;
+        let has_coop = gpu_set_matmul(&gpu) == MatmulVariant::Coop;
         for (variant, format) in [
             (MatmulVariant::Coop, WeightFormat::F16),
             (MatmulVariant::CoopStaged, WeightFormat::Q4_0),
@@ -1766,11 +1787,13 @@ mod tests {
     #[test]
     fn matrices_split_across_bindings() {
         // A 1 KiB binding limit forces 8-row parts for 32 f32 columns.
-        let gpu = Gpu::new(&GpuOptions {
-            max_binding_override: Some(1024),
-            ..Default::default()
-        })
-        .unwrap();
+        let gpu = Runtime::new(
+            Gpu::new(&GpuOptions {
+                max_binding_override: Some(1024),
+                ..Default::default()
+            })
+            .unwrap(),
+        );
         for n in [1, 6] {
             check(&gpu, 45, 32, n, WeightFormat::F32, true, false);
         }

@@ -13,10 +13,12 @@ pub mod random_fill;
 pub mod read_bandwidth;
 pub mod rmsnorm;
 pub mod rope_kv;
+pub mod runtime;
 pub mod sample;
 pub mod silu_mul;
 pub mod token_logit;
 pub mod tune;
+pub mod variants;
 
 use bytemuck::{Pod, Zeroable};
 
@@ -207,51 +209,58 @@ pub(crate) fn max_error(got: &[f32], want: &[f32]) -> f32 {
 #[cfg(test)]
 pub(crate) mod testutil {
     use super::paging::SlotPages;
+    use super::runtime::Runtime;
     use super::Step;
+    use crate::device::KernelSet;
     use crate::gpu::{Gpu, GpuOptions};
     use crate::shaders::WeightFormat;
     use std::sync::Arc;
 
-    pub fn gpu() -> Arc<Gpu> {
-        Gpu::new(&GpuOptions::default()).expect("a GPU adapter (lavapipe on CI)")
+    fn open(opts: GpuOptions) -> Arc<Gpu> {
+        Gpu::new(&opts).expect("a GPU adapter (lavapipe on CI)")
+    }
+
+    pub fn gpu() -> Arc<Runtime> {
+        Runtime::new(open(GpuOptions::default()))
     }
 
     /// A device whose kernels are the given set.
-    pub fn gpu_with(set: crate::device::KernelSet) -> Arc<Gpu> {
-        Gpu::new(&GpuOptions {
+    pub fn gpu_with(set: KernelSet) -> Arc<Runtime> {
+        Runtime::new(open(GpuOptions {
             kernels: Some(set),
             ..Default::default()
-        })
-        .expect("a GPU adapter (lavapipe on CI)")
+        }))
     }
 
     /// A device whose kernels are the given set, changed by `f` (to force
     /// a variant no fixed rule picks).
     pub fn gpu_with_variants(
-        set: crate::device::KernelSet,
-        f: impl FnOnce(&mut crate::device::KernelVariants),
-    ) -> Arc<Gpu> {
-        let mut gpu = gpu_with(set);
-        f(&mut Arc::get_mut(&mut gpu)
+        set: KernelSet,
+        f: impl FnOnce(&mut super::variants::KernelVariants),
+    ) -> Arc<Runtime> {
+        let mut rt = gpu_with(set);
+        f(&mut Arc::get_mut(&mut rt)
             .expect("a device no one else holds")
             .kernels);
-        gpu
+        rt
     }
 
     /// A device with the default kernel set whose weight matrices live in
     /// `store`, its storage bindings capped at `max_binding` bytes if given
     /// (to split small matrices into parts).
-    pub fn gpu_storing(store: crate::shaders::WeightStore, max_binding: Option<u64>) -> Arc<Gpu> {
-        let mut gpu = Gpu::new(&GpuOptions {
+    pub fn gpu_storing(
+        store: crate::shaders::WeightStore,
+        max_binding: Option<u64>,
+    ) -> Arc<Runtime> {
+        let mut gpu = open(GpuOptions {
             max_binding_override: max_binding,
             ..Default::default()
-        })
-        .expect("a GPU adapter (lavapipe on CI)");
+        });
         Arc::get_mut(&mut gpu)
             .expect("a device no one else holds")
-            .kernels
+            .compile
             .weight_store = store;
-        gpu
+        Runtime::new(gpu)
     }
 
     pub fn step_buffer(gpu: &Gpu, step: Step) -> wgpu::Buffer {

@@ -125,7 +125,7 @@ pub fn run(model: &std::sync::Arc<Model>, a: &BenchArgs) -> Result<serde_json::V
         model.kv_format.name(),
         gpu.describe()
     );
-    println!("kernels: {}", gpu.kernels.describe());
+    println!("kernels: {}", gpu.describe_kernels());
     // With `--kernels tuned` the engine timed each weight shape's
     // candidates when it was built ('*': chosen; microseconds of GPU time).
     let timings = gpu.tuner.results();
@@ -265,7 +265,7 @@ pub fn run(model: &std::sync::Arc<Model>, a: &BenchArgs) -> Result<serde_json::V
         "gguf_weight_bytes_per_token": model.decode_gguf_weight_bytes(),
         "kv_cache": model.kv_format.name(),
         "adapter": gpu.describe(),
-        "kernels": gpu.kernels.describe(),
+        "kernels": gpu.describe_kernels(),
         "kernel_timings": timings.iter().map(timing_json).collect::<Vec<_>>(),
         "read_bandwidth_bytes_per_second": bw,
         "read_bandwidth_path": best.path.name(),

@@ -10,7 +10,7 @@
 //! their tokens, and the largest ratio below it.
 
 use anyhow::Result;
-use sieve::engine::{Engine, EngineOptions, StepOutput};
+use sieve::engine::{Engine, EngineOptions, Signals, StepOutput};
 use sieve::eval::datasets::{data_dir, DocumentSource};
 use sieve::eviction::epikv::{bands, median};
 use sieve::eviction::sinks::RATIO;
@@ -45,10 +45,10 @@ fn main() -> Result<()> {
                 max_tokens: chunk,
                 max_logit_rows: 1,
                 max_keep: None,
-                track_layers: vec![layer],
-                attention_weights: None,
-                counter_causal: None,
-                materialize: false,
+                signals: Signals {
+                    track_layers: vec![layer],
+                    ..Default::default()
+                },
                 kv_page_slots: None,
             },
         )?;

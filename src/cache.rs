@@ -13,7 +13,7 @@ use crate::error::{bail_kind, ErrorKind};
 use anyhow::{bail, Context, Result};
 use serde::Serialize;
 
-use crate::engine::{Engine, EngineOptions, StepOutput};
+use crate::engine::{Engine, EngineOptions, Signals, StepOutput};
 use crate::eviction::{Policy, PolicyParams, RefreshContext, Scorer, Slot};
 use crate::kernels::sample::SamplingParams;
 
@@ -238,14 +238,10 @@ impl BoundedCache {
             max_tokens: max_tokens.min(slots).max(1),
             max_logit_rows,
             max_keep: self.capacity().map(|_| self.opts.budget),
-            track_layers: self
-                .scorer
-                .as_ref()
-                .map(|s| s.tracked_layers())
-                .unwrap_or_default(),
-            attention_weights: self.scorer.as_ref().and_then(|s| s.attention_weights()),
-            materialize: self.opts.materialize,
-            counter_causal: self.scorer.as_ref().and_then(|s| s.counter_causal()),
+            signals: Signals {
+                materialize: self.opts.materialize,
+                ..self.scorer.as_ref().map(|s| s.needs()).unwrap_or_default()
+            },
             ..Default::default()
         }
     }

@@ -518,7 +518,10 @@ fn ccs_context_matches_a_cpu_reference() {
                 max_slots: n,
                 max_tokens: n,
                 max_logit_rows: 1,
-                counter_causal: Some(mode),
+                signals: sieve::engine::Signals {
+                    counter_causal: Some(mode),
+                    ..Default::default()
+                },
                 ..Default::default()
             };
             let mut e = Engine::new(model.clone(), opts).unwrap();

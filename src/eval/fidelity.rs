@@ -68,7 +68,7 @@ pub fn record_future_attention(
     let layers = model.config.num_layers;
     let mut cache = BoundedCache::new(CacheOptions::new(Policy::Full, 0, step), layers)?;
     let mut opts = cache.engine_options(tokens.len(), step, 1);
-    opts.attention_weights = Some(WeightMode::Cumulative);
+    opts.signals.attention_weights = Some(WeightMode::Cumulative);
     let mut engine = Engine::new(model.clone(), opts)?;
     let mut cumulative = vec![vec![0f32; tokens.len()]];
     for (k, piece) in tokens.chunks(step).enumerate() {

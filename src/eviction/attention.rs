@@ -9,14 +9,17 @@
 use anyhow::Result;
 
 use super::{RefreshContext, Scorer};
-use crate::engine::Engine;
+use crate::engine::{Engine, Signals};
 use crate::kernels::attn_weights::WeightMode;
 
 pub struct AttentionWeights(pub WeightMode);
 
 impl Scorer for AttentionWeights {
-    fn attention_weights(&self) -> Option<WeightMode> {
-        Some(self.0)
+    fn needs(&self) -> Signals {
+        Signals {
+            attention_weights: Some(self.0),
+            ..Default::default()
+        }
     }
 
     fn score(&mut self, engine: &mut Engine, ctx: &RefreshContext) -> Result<Vec<f64>> {

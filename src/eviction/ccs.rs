@@ -10,13 +10,16 @@
 use anyhow::Result;
 
 use super::{RefreshContext, Scorer};
-use crate::engine::{CcsMode, Engine};
+use crate::engine::{CcsMode, Engine, Signals};
 
 pub struct CounterCausalSurprise(pub CcsMode);
 
 impl Scorer for CounterCausalSurprise {
-    fn counter_causal(&self) -> Option<CcsMode> {
-        Some(self.0)
+    fn needs(&self) -> Signals {
+        Signals {
+            counter_causal: Some(self.0),
+            ..Default::default()
+        }
     }
 
     fn score(&mut self, engine: &mut Engine, ctx: &RefreshContext) -> Result<Vec<f64>> {

@@ -17,7 +17,7 @@ use anyhow::Result;
 use std::collections::{HashMap, VecDeque};
 
 use super::{RefreshContext, Scorer};
-use crate::engine::Engine;
+use crate::engine::{Engine, Signals};
 
 /// `layer(f) = floor(f * L + 0.5)`, as a 1-based decoder layer in 1..=L.
 pub fn layer_at(fraction: f64, num_layers: usize) -> usize {
@@ -88,6 +88,11 @@ impl Epikv {
         }
     }
 
+    /// The tracked layers, 1-based: band A, then band B.
+    fn layers(&self) -> Vec<usize> {
+        self.band_a.iter().chain(&self.band_b).copied().collect()
+    }
+
     /// z of the newest value of one layer's window (population std).
     fn z(window: &VecDeque<f64>) -> f64 {
         let n = window.len() as f64;
@@ -145,15 +150,18 @@ pub fn median(v: &mut [f64]) -> f64 {
 }
 
 impl Scorer for Epikv {
-    fn tracked_layers(&self) -> Vec<usize> {
-        self.band_a.iter().chain(&self.band_b).copied().collect()
+    fn needs(&self) -> Signals {
+        Signals {
+            track_layers: self.layers(),
+            ..Default::default()
+        }
     }
 
     fn observe(&mut self, engine: &Engine, positions: &[u32]) -> Result<()> {
         let n_tracked = self.history.len();
         // By layer, not by column: a hybrid's engine tracks the union of its
         // parts' layers, sorted and without repeats.
-        let g = engine.read_layer_deltas(positions.len(), &self.tracked_layers())?;
+        let g = engine.read_layer_deltas(positions.len(), &self.layers())?;
         for (t, &pos) in positions.iter().enumerate() {
             let row: Vec<f64> = g[t * n_tracked..][..n_tracked]
                 .iter()

@@ -9,8 +9,7 @@
 use anyhow::Result;
 
 use super::{RefreshContext, Scorer};
-use crate::engine::{CcsMode, Engine};
-use crate::kernels::attn_weights::WeightMode;
+use crate::engine::{Engine, Signals};
 
 pub struct RankMean(pub Vec<Box<dyn Scorer>>);
 
@@ -40,19 +39,13 @@ pub fn rank_fractions(scores: &[f64]) -> Vec<f64> {
 }
 
 impl Scorer for RankMean {
-    fn tracked_layers(&self) -> Vec<usize> {
-        let mut layers: Vec<usize> = self.0.iter().flat_map(|s| s.tracked_layers()).collect();
-        layers.sort_unstable();
-        layers.dedup();
-        layers
-    }
-    // A hybrid combines at most one part of each kind (Policy::scorer
-    // builds them), so the first part that asks decides.
-    fn counter_causal(&self) -> Option<CcsMode> {
-        self.0.iter().find_map(|s| s.counter_causal())
-    }
-    fn attention_weights(&self) -> Option<WeightMode> {
-        self.0.iter().find_map(|s| s.attention_weights())
+    // The union of its parts' layers; a hybrid combines at most one part
+    // of each other kind (Policy::scorer builds them), so the first part
+    // that asks decides.
+    fn needs(&self) -> Signals {
+        self.0
+            .iter()
+            .fold(Signals::default(), |all, s| all.and(s.needs()))
     }
     fn observe(&mut self, engine: &Engine, positions: &[u32]) -> Result<()> {
         for s in &mut self.0 {

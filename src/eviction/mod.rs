@@ -14,7 +14,7 @@ mod window;
 
 use anyhow::{bail, Result};
 
-use crate::engine::{CcsMode, Engine};
+use crate::engine::{CcsMode, Engine, Signals};
 use crate::kernels::attn_weights::WeightMode;
 
 /// The policies' own parameters (`--seed`, `--epikv-window`,
@@ -57,17 +57,10 @@ pub struct RefreshContext<'a> {
 
 /// A policy's scoring rule (`Send`, so that a session can move to a worker thread).
 pub trait Scorer: Send {
-    /// Decoder layers (1-based) whose EpiKV signal the engine must compute.
-    fn tracked_layers(&self) -> Vec<usize> {
-        vec![]
-    }
-    /// Whether the engine must prepare the counter-causal pass, and which.
-    fn counter_causal(&self) -> Option<CcsMode> {
-        None
-    }
-    /// Whether the engine must accumulate attention weights per slot, and how.
-    fn attention_weights(&self) -> Option<WeightMode> {
-        None
+    /// What the engine must compute for this scorer besides the forward
+    /// pass (EpiKV's layers, attention weights, the counter-causal pass).
+    fn needs(&self) -> Signals {
+        Signals::default()
     }
     /// Sees every step once it has run (`positions` of its tokens).
     fn observe(&mut self, _engine: &Engine, _positions: &[u32]) -> Result<()> {

@@ -19,8 +19,7 @@ use std::collections::{HashSet, VecDeque};
 
 use super::epikv::median;
 use super::{RefreshContext, Scorer};
-use crate::engine::{CcsMode, Engine};
-use crate::kernels::attn_weights::WeightMode;
+use crate::engine::{Engine, Signals};
 
 /// How far above the median jump both jumps of a detected sink lie.
 pub const RATIO: f64 = 2.0;
@@ -51,7 +50,7 @@ impl SinkGuard {
         first: u32,
         window: usize,
     ) -> Result<Self> {
-        if !inner.tracked_layers().is_empty() {
+        if !inner.needs().track_layers.is_empty() {
             bail!("the sink guard needs a policy that tracks no layer itself");
         }
         if window == 0 {
@@ -90,14 +89,12 @@ impl SinkGuard {
 }
 
 impl Scorer for SinkGuard {
-    fn tracked_layers(&self) -> Vec<usize> {
-        vec![self.layer]
-    }
-    fn counter_causal(&self) -> Option<CcsMode> {
-        self.inner.counter_causal()
-    }
-    fn attention_weights(&self) -> Option<WeightMode> {
-        self.inner.attention_weights()
+    fn needs(&self) -> Signals {
+        let own = Signals {
+            track_layers: vec![self.layer],
+            ..Default::default()
+        };
+        self.inner.needs().and(own)
     }
     fn observe(&mut self, engine: &Engine, positions: &[u32]) -> Result<()> {
         let g = engine.read_layer_deltas(positions.len(), &[self.layer])?;

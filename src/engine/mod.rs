@@ -9,18 +9,24 @@
 use anyhow::{bail, Context, Result};
 use std::sync::Arc;
 
+mod layer;
+mod signals;
+
+pub use signals::{CcsMode, Signals};
+
+use layer::{LayerAttention, LayerKernels};
+use signals::SignalKernels;
+
 use crate::kernels::attention::{Attention, KEY_CHUNK};
-use crate::kernels::attn_weights::{AttnWeights, WeightMode};
-use crate::kernels::compact::{Compactor, Gather};
+use crate::kernels::compact::Compactor;
 use crate::kernels::embed::Embed;
-use crate::kernels::epikv_delta::LayerDelta;
 use crate::kernels::matmul::{FusedInput, Matmul, MatmulOptions};
 use crate::kernels::paging::SlotPages;
 use crate::kernels::rmsnorm::RmsNorm;
 use crate::kernels::rope_kv::RopeKv;
+use crate::kernels::runtime::Runtime;
 use crate::kernels::sample::{Sampler, SamplingParams};
 use crate::kernels::silu_mul::SiluMul;
-use crate::kernels::token_logit::TokenLogit;
 use crate::kernels::{Rows, Step};
 use crate::model::Model;
 
@@ -36,150 +42,13 @@ pub struct EngineOptions {
     /// Most entries a compaction keeps (the KV budget J); None when the cache
     /// never evicts (no compaction scratch is allocated).
     pub max_keep: Option<usize>,
-    /// Decoder layers (1-based) after which the EpiKV signal
-    /// g_l(t) = ||h_l(t) - h_l(t-1)|| is computed for every token.
-    pub track_layers: Vec<usize>,
-    /// Accumulate the attention weight each cache slot receives (H2O, TOVA).
-    pub attention_weights: Option<WeightMode>,
-    /// Prepare the counter-causal pass of the CCS policies.
-    pub counter_causal: Option<CcsMode>,
-    /// With `attention_weights`: hold each layer's full weight matrix (heads x
-    /// queries x slots) as eager attention does, to reproduce its memory.
-    pub materialize: bool,
+    /// What the eviction policy needs computed besides the forward pass.
+    pub signals: Signals,
     /// At most this many slots per page of a layer's key or value cache (a
     /// multiple of 256). None: a page is as large as one storage binding of
     /// the device allows, so a cache that fits one binding is one buffer.
     /// Smaller pages change no result; the tests use them to exercise paging.
     pub kv_page_slots: Option<usize>,
-}
-
-/// The two counter-causal surprise modes (SPEC.md 4.2).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum CcsMode {
-    /// From the stored residual stream entering the last layer, through the last layer.
-    Fast,
-    /// From the token embeddings, through every layer.
-    Full,
-    /// As `Fast`, but the entry's own residual stream is not added back
-    /// after the attention: r_i = W_o(attn) (the `ccs-context` variant,
-    /// docs/POLICIES.md), so the logit reads what the later entries say.
-    FastContext,
-}
-
-impl CcsMode {
-    /// Whether the pass starts from the stored residual stream entering the
-    /// last layer (and runs that layer only).
-    pub fn from_last_layer(self) -> bool {
-        self != CcsMode::Full
-    }
-}
-
-/// Buffers and kernels of the counter-causal pass.
-struct CounterCausal {
-    /// Per layer (all for Full, the last for Fast): RoPE writing k/v to scratch,
-    /// never to the real cache.
-    rope: Vec<RopeKv>,
-    /// Fast mode: `[max_slots, hidden]` residual stream entering the last layer,
-    /// per slot (compacted with K and V), and its gather into `x`.
-    hidden: Option<(wgpu::Buffer, Gather)>,
-    /// FastContext: the last layer's output projection writing x instead of
-    /// adding to it (drops the entry's own residual path).
-    o_without_residual: Option<Matmul>,
-    token_logit: TokenLogit,
-    out: wgpu::Buffer,
-}
-
-struct LayerKernels {
-    attn_norm: RmsNorm,
-    qkv: Matmul,
-    rope: RopeKv,
-    attn: Attention,
-    o: Matmul,
-    mlp_norm: RmsNorm,
-    gate_up: Matmul,
-    silu: SiluMul,
-    down: Matmul,
-}
-
-/// How a layer's attention reads the cache.
-#[derive(Clone, Copy)]
-enum LayerAttention<'a> {
-    /// The forward step: the step's rows are written to the cache from slot
-    /// `start` on and attend causally; `weights` accumulates the attention
-    /// each slot receives (H2O, TOVA).
-    Causal {
-        start: u32,
-        weights: Option<&'a AttnWeights>,
-    },
-    /// The counter-causal pass: k/v go to scratch (`rope`), never to the
-    /// cache, and each query attends the entries after it among `n_present`.
-    /// `o`: an output projection to use instead of the layer's own.
-    AntiCausal {
-        rope: &'a RopeKv,
-        n_present: u32,
-        o: Option<&'a Matmul>,
-    },
-}
-
-impl LayerKernels {
-    /// One decoder layer over `n` rows of the residual stream. The layer
-    /// sequence is written here only, for the forward step and the
-    /// counter-causal pass alike, so a kernel variant or a fusion changes both.
-    /// `mark` labels the kernel just encoded (per-kernel timestamps).
-    fn encode(
-        &self,
-        p: &mut wgpu::ComputePass,
-        n: u32,
-        attention: LayerAttention,
-        mark: &mut dyn FnMut(&mut wgpu::ComputePass, &'static str),
-    ) {
-        // The RMSNorms and the SwiGLU are folded into the mat-vecs after them
-        // where the kernel set does that (decode with the `gpu` kernels).
-        if !(n == 1 && self.qkv.fuses_input) {
-            self.attn_norm.encode(p, n);
-            mark(p, "rmsnorm");
-        }
-        self.qkv.encode(p, n);
-        mark(p, "qkv matmul");
-        let mut o = &self.o;
-        match attention {
-            LayerAttention::Causal { start, weights } => {
-                self.rope.encode(p, n, start);
-                mark(p, "rope + kv write");
-                self.attn.encode(p, n, start);
-                mark(p, "attention");
-                if let Some(w) = weights {
-                    w.encode_accumulate(p, n, start);
-                    mark(p, "attention weights (h2o/tova)");
-                }
-            }
-            LayerAttention::AntiCausal {
-                rope,
-                n_present,
-                o: own_o,
-            } => {
-                rope.encode(p, n, n_present - n);
-                mark(p, "rope + kv write");
-                self.attn.encode_anticausal(p, n, n_present);
-                mark(p, "attention");
-                o = own_o.unwrap_or(o);
-            }
-        }
-        o.encode(p, n);
-        mark(p, "o matmul");
-        if !(n == 1 && self.gate_up.fuses_input) {
-            self.mlp_norm.encode(p, n);
-            mark(p, "rmsnorm");
-        }
-        self.gate_up.encode(p, n);
-        mark(p, "gate+up matmul");
-        if !(n == 1 && self.down.fuses_input) {
-            self.silu.encode(p, n);
-            mark(p, "silu*mul");
-        }
-        self.down.encode(p, n);
-        mark(p, "down matmul");
-    }
 }
 
 /// Which rows of a step get logits, and whether to sample from the last one.
@@ -240,15 +109,38 @@ pub struct Submitted {
     n_tokens: usize,
 }
 
+/// The buffers a step's kernels read and write, one set per engine (every
+/// layer uses them in turn).
+pub(crate) struct Activations {
+    /// The `Step` uniform: token count, first cache slot, logit rows.
+    step: wgpu::Buffer,
+    /// `[max_tokens]` u32 token ids and positions.
+    ids: wgpu::Buffer,
+    positions: wgpu::Buffer,
+    /// Residual stream `[max_tokens, hidden]`, and its RMSNorm.
+    x: wgpu::Buffer,
+    xn: wgpu::Buffer,
+    qkv: wgpu::Buffer,
+    /// Queries after RoPE, and the attention output, `[max_tokens, heads * head_dim]`.
+    q: wgpu::Buffer,
+    attn_out: wgpu::Buffer,
+    /// `[max_tokens, heads]` log-sum-exp of each query's scores.
+    lse: wgpu::Buffer,
+    gate_up: wgpu::Buffer,
+    /// silu(gate) * up.
+    act: wgpu::Buffer,
+    /// The attention partials (scratch every layer rewrites).
+    part: wgpu::Buffer,
+    /// `[max_logit_rows, vocab]`.
+    logits: wgpu::Buffer,
+    /// `[max_tokens]` u32: each query's own slot (the counter-causal pass).
+    qslot: wgpu::Buffer,
+}
+
 pub struct Engine {
     pub model: Arc<Model>,
     pub opts: EngineOptions,
-    step: wgpu::Buffer,
-    ids: wgpu::Buffer,
-    positions: wgpu::Buffer,
-    /// Residual stream `[max_tokens, hidden]`.
-    x: wgpu::Buffer,
-    logits: wgpu::Buffer,
+    acts: Activations,
     embed: Embed,
     layers: Vec<LayerKernels>,
     final_norm: RmsNorm,
@@ -262,32 +154,11 @@ pub struct Engine {
     /// Whether the last submitted step sampled (`StepIds::LastSampled` reads its token).
     last_step_sampled: bool,
     compactor: Option<Compactor>,
-    /// (0-based layer index, kernel) for every tracked layer.
-    deltas: Vec<(usize, LayerDelta)>,
-    /// `[max_tokens, tracked layers]` g values of the step that ran last.
-    delta_out: wgpu::Buffer,
-    /// Two readback buffers for `delta_out`, used in turn (as the sampled
-    /// tokens' are), so that a step's g values are read while the next step
-    /// is already submitted; none without tracked layers.
-    delta_staging: Vec<wgpu::Buffer>,
-    next_delta_staging: usize,
-    /// `[n, tracked layers]` g values of the last completed step.
-    last_deltas: Vec<f32>,
-    /// GPU state a step changes and later steps or refreshes read (the
-    /// attention-weight policies' per-slot sums, EpiKV's previous hidden
-    /// states), each as (state, copy): a step submitted ahead copies it
-    /// first, so that `undo` can put it back.
-    undo_state: Vec<(wgpu::Buffer, wgpu::Buffer)>,
-    /// Per layer, when attention weights are accumulated.
-    weights: Vec<AttnWeights>,
-    /// `[max_slots]` attention weight received per slot (compacted with K and V).
-    slot_scores: wgpu::Buffer,
-    /// `[max_tokens]` u32: each query's own slot (the counter-causal pass).
-    qslot: wgpu::Buffer,
+    /// What the policy reads besides the forward pass.
+    signals: SignalKernels,
     /// Bytes of the attention partials buffer: at most one storage binding,
     /// which can bound how many queries a step takes at depth.
     partials_capacity: u64,
-    ccs: Option<CounterCausal>,
     /// Entries in the cache (the next token goes to this slot).
     pub n_cached: usize,
     /// Bytes of every buffer the engine allocated (weights not included).
@@ -328,318 +199,55 @@ impl Engine {
 
     fn build(model: Arc<Model>, opts: EngineOptions) -> Result<Self> {
         let gpu = model.gpu.clone();
-        let c = &model.config;
         if opts.max_tokens == 0 || opts.max_slots == 0 {
             bail!("the cache and the prefill chunk need at least one slot");
         }
-        let heads = model.heads();
         check_sizes(&model, &opts)?;
-        let (h, t) = (c.hidden_size, opts.max_tokens as u64);
         let mut bytes = 0u64;
-        let mut buf = |label: &str, size: u64| -> Result<wgpu::Buffer> {
-            gpu.check_binding(label, size)?;
-            bytes += size;
-            Ok(gpu.storage(label, size))
-        };
-        let ids = buf("ids", t * 4)?;
-        let positions = buf("positions", t * 4)?;
-        let x = buf("x", t * h as u64 * 4)?;
-        let xn = buf("x-normed", t * h as u64 * 4)?;
-        let qkv = buf("qkv", t * c.qkv_dim() as u64 * 4)?;
-        let q = buf("q", t * (c.num_heads * c.head_dim) as u64 * 4)?;
-        let attn_out = buf("attn-out", t * (c.num_heads * c.head_dim) as u64 * 4)?;
-        let lse = buf("lse", t * c.num_heads as u64 * 4)?;
-        let gate_up = buf("gate-up", t * 2 * c.intermediate_size as u64 * 4)?;
-        let act = buf("ffn-act", t * c.intermediate_size as u64 * 4)?;
-        // Partials for max_tokens queries over every slot, but at most one
-        // binding: at long contexts the deepest steps then take fewer tokens
-        // (`max_step_tokens`); a single query must always fit.
-        let partials_one = Attention::partials_bytes(heads, 1, opts.max_slots);
-        gpu.check_binding(
-            "attention partials of one query over the whole cache",
-            partials_one,
-        )?;
-        let partials_capacity = Attention::partials_bytes(heads, opts.max_tokens, opts.max_slots)
-            .min(gpu.max_binding / 16 * 16);
-        let part = buf(
-            "attention partials (queries x heads x key chunks)",
-            partials_capacity,
-        )?;
-        let logits = buf(
-            "logits (rows x vocabulary)",
-            (opts.max_logit_rows.max(1) * c.vocab_size) as u64 * 4,
-        )?;
-        let qslot = buf("query slots", t * 4)?;
-        // A cache larger than one storage binding is split into pages.
-        let kv_row = heads.kv_row_bytes();
-        let mut k_cache = Vec::new();
-        let mut v_cache = Vec::new();
-        for l in 0..c.num_layers {
-            for (cache, what) in [(&mut k_cache, "key"), (&mut v_cache, "value")] {
-                let pages = SlotPages::new(
-                    &gpu,
-                    &format!("layer {l} {what} cache"),
-                    opts.max_slots,
-                    kv_row,
-                    KEY_CHUNK as usize,
-                    opts.kv_page_slots,
-                )?;
-                bytes += pages.bytes();
-                cache.push(pages);
-            }
-        }
-        let step = gpu.uniform("step", &Step::default());
-        let acc = MatmulOptions {
-            accumulate: true,
-            rows: Rows::Tokens,
-        };
-        let set = MatmulOptions {
-            accumulate: false,
-            rows: Rows::Tokens,
-        };
-        let eps = c.rms_norm_eps;
-        let mut layers = Vec::new();
-        for (l, w) in model.layers.iter().enumerate() {
-            layers.push(LayerKernels {
-                attn_norm: RmsNorm::new(&gpu, &step, h, eps, &w.attn_norm, &x, &xn, Rows::Tokens)?,
-                qkv: Matmul::normed(
-                    &gpu,
-                    &step,
-                    &w.qkv,
-                    w.qkv_bias.as_ref(),
-                    &xn,
-                    &qkv,
-                    set,
-                    Some(FusedInput::RmsNorm {
-                        residual: &x,
-                        weights: &w.attn_norm,
-                        eps,
-                    }),
-                )?,
-                rope: RopeKv::new(
-                    &gpu,
-                    &step,
-                    heads,
-                    &qkv,
-                    &positions,
-                    &model.inv_freq,
-                    &q,
-                    Some((&k_cache[l], &v_cache[l])),
-                )?,
-                attn: Attention::new(
-                    &gpu,
-                    &step,
-                    heads,
-                    opts.max_slots,
-                    &q,
-                    &k_cache[l],
-                    &v_cache[l],
-                    &part,
-                    &attn_out,
-                    &lse,
-                    &qslot,
-                )?,
-                o: Matmul::new(&gpu, &step, &w.o, None, &attn_out, &x, acc)?,
-                mlp_norm: RmsNorm::new(&gpu, &step, h, eps, &w.mlp_norm, &x, &xn, Rows::Tokens)?,
-                gate_up: Matmul::normed(
-                    &gpu,
-                    &step,
-                    &w.gate_up,
-                    None,
-                    &xn,
-                    &gate_up,
-                    set,
-                    Some(FusedInput::RmsNorm {
-                        residual: &x,
-                        weights: &w.mlp_norm,
-                        eps,
-                    }),
-                )?,
-                silu: SiluMul::new(&gpu, &step, c.intermediate_size, &gate_up, &act)?,
-                down: Matmul::normed(
-                    &gpu,
-                    &step,
-                    &w.down,
-                    None,
-                    &act,
-                    &x,
-                    acc,
-                    Some(FusedInput::SwiGlu { gate_up: &gate_up }),
-                )?,
-            });
-        }
-        let embed = Embed::new(&gpu, &step, &model.embed, &ids, &x)?;
+        let (acts, partials_capacity) = Activations::new(&gpu, &model, &opts, &mut bytes)?;
+        let (k_cache, v_cache) = kv_cache(&gpu, &model, &opts, &mut bytes)?;
+        let layers = model
+            .layers
+            .iter()
+            .enumerate()
+            .map(|(l, w)| {
+                LayerKernels::new(&gpu, &model, &opts, w, &acts, (&k_cache[l], &v_cache[l]))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let a = &acts;
+        let (h, eps) = (model.config.hidden_size, model.config.rms_norm_eps);
+        let embed = Embed::new(&gpu, &a.step, &model.embed, &a.ids, &a.x)?;
         let final_norm = RmsNorm::new(
             &gpu,
-            &step,
+            &a.step,
             h,
             eps,
             &model.final_norm,
-            &x,
-            &xn,
+            &a.x,
+            &a.xn,
             Rows::Logits,
         )?;
+        let logit_rows = MatmulOptions {
+            accumulate: false,
+            rows: Rows::Logits,
+        };
         let lm_head = Matmul::new(
             &gpu,
-            &step,
+            &a.step,
             model.head(),
             None,
-            &xn,
-            &logits,
-            MatmulOptions {
-                accumulate: false,
-                rows: Rows::Logits,
-            },
+            &a.xn,
+            &a.logits,
+            logit_rows,
         )?;
-        let sampler = Sampler::new(&gpu, c.vocab_size, &logits)?;
-        for &l in &opts.track_layers {
-            if l == 0 || l > c.num_layers {
-                bail!(
-                    "EpiKV layer {l} is outside the model's layers 1..={}",
-                    c.num_layers
-                );
-            }
-        }
-        let n_tracked = opts.track_layers.len();
-        let delta_out = gpu.storage("epikv-g", (opts.max_tokens * n_tracked.max(1)) as u64 * 4);
-        let delta_staging = if n_tracked == 0 {
-            vec![]
-        } else {
-            bytes += 2 * delta_out.size();
-            [0, 1]
-                .map(|_| gpu.readback("epikv-g-readback", delta_out.size()))
-                .into()
-        };
-        let mut deltas = vec![];
-        let mut undo_state = vec![];
-        for (column, &l) in opts.track_layers.iter().enumerate() {
-            let prev = gpu.storage(&format!("layer {l} previous hidden state"), h as u64 * 4);
-            bytes += h as u64 * 4 * 2;
-            undo_state.push((
-                prev.clone(),
-                gpu.storage("saved previous hidden state", h as u64 * 4),
-            ));
-            let k = LayerDelta::new(
-                &gpu, &step, h, column, n_tracked, &x, &positions, &prev, &delta_out,
-            )?;
-            deltas.push((l - 1, k));
-        }
-        let slot_scores = gpu.storage("slot-attention-weights", opts.max_slots as u64 * 4);
-        let mut weights = vec![];
-        if opts.materialize && opts.attention_weights.is_none() {
-            bail!("materialize applies to the attention-weight policies (h2o, tova)");
-        }
-        if let Some(mode) = opts.attention_weights {
-            let cell = gpu.storage(
-                "attention-weight-cells",
-                (c.num_heads * opts.max_slots) as u64 * 4,
-            );
-            bytes += (c.num_heads + 2) as u64 * opts.max_slots as u64 * 4;
-            // The per-slot sums persist between steps (the cells are
-            // zeroed by every step's reduce).
-            let saved = gpu.storage("saved attention weights", slot_scores.size());
-            undo_state.push((slot_scores.clone(), saved));
-            for kc in &k_cache {
-                // Eager attention holds every layer's weight matrix at once
-                // (what attention-scored eviction reads): one per layer.
-                let matrix = if opts.materialize {
-                    let size = AttnWeights::matrix_bytes(heads, opts.max_tokens, opts.max_slots);
-                    gpu.check_binding(
-                        "the materialized attention matrix (heads x queries x slots)",
-                        size,
-                    )?;
-                    bytes += size;
-                    Some(gpu.storage("materialized attention matrix", size))
-                } else {
-                    None
-                };
-                weights.push(AttnWeights::new(
-                    &gpu,
-                    &step,
-                    heads,
-                    c.num_layers,
-                    opts.max_slots,
-                    mode,
-                    &q,
-                    kc,
-                    &lse,
-                    &cell,
-                    &slot_scores,
-                    opts.max_tokens,
-                    matrix.as_ref(),
-                )?);
-            }
-        }
-        let ccs = match opts.counter_causal {
-            None => None,
-            Some(mode) => {
-                let first = if mode.from_last_layer() {
-                    c.num_layers - 1
-                } else {
-                    0
-                };
-                let rope = (first..c.num_layers)
-                    .map(|_| {
-                        // The entries' keys and values are in the cache
-                        // already: the pass rotates the queries only.
-                        RopeKv::new(
-                            &gpu,
-                            &step,
-                            heads,
-                            &qkv,
-                            &positions,
-                            &model.inv_freq,
-                            &q,
-                            None,
-                        )
-                    })
-                    .collect::<Result<Vec<_>>>()?;
-                let hidden = if mode.from_last_layer() {
-                    let row = h as u64 * 4;
-                    gpu.check_binding(
-                        "stored last-layer inputs (slots x hidden)",
-                        opts.max_slots as u64 * row,
-                    )?;
-                    let store =
-                        gpu.storage("stored last-layer inputs", opts.max_slots as u64 * row);
-                    bytes += opts.max_slots as u64 * row;
-                    let gather = Gather::new(&gpu, &store, &x, row, opts.max_tokens)?;
-                    Some((store, gather))
-                } else {
-                    None
-                };
-                let o_without_residual = if mode == CcsMode::FastContext {
-                    let last = model.layers.last().context("a model without layers")?;
-                    Some(Matmul::new(&gpu, &step, &last.o, None, &attn_out, &x, set)?)
-                } else {
-                    None
-                };
-                let out = gpu.storage("counter-causal logits", t * 4);
-                let token_logit = TokenLogit::new(&gpu, &step, model.head(), &ids, &xn, &out)?;
-                Some(CounterCausal {
-                    rope,
-                    hidden,
-                    o_without_residual,
-                    token_logit,
-                    out,
-                })
-            }
-        };
+        let sampler = Sampler::new(&gpu, model.config.vocab_size, &a.logits)?;
+        let sizes = (opts.max_slots, opts.max_tokens);
+        let signals =
+            SignalKernels::new(&gpu, &model, &opts.signals, sizes, a, &k_cache, &mut bytes)?;
         let compactor = match opts.max_keep {
             Some(keep) => {
-                let mut singles = vec![];
-                if !weights.is_empty() {
-                    singles.push(SlotPages::single(
-                        &gpu,
-                        slot_scores.clone(),
-                        opts.max_slots,
-                        4,
-                    ));
-                }
-                if let Some((store, _)) = ccs.as_ref().and_then(|c| c.hidden.as_ref()) {
-                    let row = h as u64 * 4;
-                    singles.push(SlotPages::single(&gpu, store.clone(), opts.max_slots, row));
-                }
+                // Per-slot data of the policy moves with the cache.
+                let singles = signals.compacted_with_cache(&gpu, opts.max_slots, h);
                 let targets: Vec<&SlotPages> =
                     k_cache.iter().chain(&v_cache).chain(&singles).collect();
                 let compactor = Compactor::new(&gpu, &targets, keep)?;
@@ -652,11 +260,7 @@ impl Engine {
         Ok(Engine {
             model,
             opts,
-            step,
-            ids,
-            positions,
-            x,
-            logits,
+            acts,
             embed,
             layers,
             final_norm,
@@ -666,17 +270,8 @@ impl Engine {
             next_staging: 0,
             last_step_sampled: false,
             compactor,
-            deltas,
-            delta_out,
-            delta_staging,
-            next_delta_staging: 0,
-            last_deltas: vec![],
-            undo_state,
-            weights,
-            slot_scores,
-            qslot,
+            signals,
             partials_capacity,
-            ccs,
             n_cached: 0,
             buffer_bytes: bytes,
             capture: None,
@@ -831,8 +426,9 @@ impl Engine {
             logit_row0: out.logit_row0 as u32,
             n_logits: out.n_logits as u32,
         };
-        gpu.write(&self.step, 0, bytemuck::bytes_of(&step));
-        gpu.write(&self.positions, 0, bytemuck::cast_slice(positions));
+        let a = &self.acts;
+        gpu.write(&a.step, 0, bytemuck::bytes_of(&step));
+        gpu.write(&a.positions, 0, bytemuck::cast_slice(positions));
         if let Some((params, counter)) = &out.sample {
             self.sampler
                 .set_params(&gpu, params, (out.n_logits - 1) as u32, *counter);
@@ -841,14 +437,12 @@ impl Engine {
         // (Queue writes land before this submission's commands; the copy is
         // ordered after the previous submission's sampling.)
         match ids {
-            StepIds::Host(ids) => gpu.write(&self.ids, 0, bytemuck::cast_slice(ids)),
+            StepIds::Host(ids) => gpu.write(&a.ids, 0, bytemuck::cast_slice(ids)),
             StepIds::LastSampled => {
-                enc.copy_buffer_to_buffer(&self.sampler.result, 0, &self.ids, 0, 4);
+                enc.copy_buffer_to_buffer(&self.sampler.result, 0, &a.ids, 0, 4);
                 // A step submitted ahead may be undone (its token not
                 // emitted): save what it changes for the policy.
-                for (state, saved) in &self.undo_state {
-                    enc.copy_buffer_to_buffer(state, 0, saved, 0, state.size());
-                }
+                self.signals.save(&mut enc);
             }
         }
         let saved_state = matches!(ids, StepIds::LastSampled);
@@ -870,11 +464,7 @@ impl Engine {
         mark!(pass.as_mut().unwrap(), "start");
         self.embed.encode(pass.as_mut().unwrap(), nt);
         mark!(pass.as_mut().unwrap(), "embedding");
-        let ccs_store = self
-            .ccs
-            .as_ref()
-            .and_then(|cc| cc.hidden.as_ref())
-            .map(|(b, _)| b);
+        let ccs_store = self.signals.last_layer_inputs();
         for (l, k) in self.layers.iter().enumerate() {
             if let (Some(store), true) = (ccs_store, l + 1 == self.layers.len()) {
                 // The residual stream entering the last layer, kept per slot for CCS.
@@ -882,7 +472,7 @@ impl Engine {
                 copy_between_passes(
                     &mut enc,
                     &mut pass,
-                    &self.x,
+                    &a.x,
                     store,
                     start as u64 * row,
                     hidden_bytes,
@@ -890,27 +480,27 @@ impl Engine {
             }
             if let Some(cap) = &self.capture {
                 let at = l as u64 * capture_stride;
-                copy_between_passes(&mut enc, &mut pass, &self.x, cap, at, hidden_bytes);
+                copy_between_passes(&mut enc, &mut pass, &a.x, cap, at, hidden_bytes);
             }
             let p = pass.as_mut().unwrap();
             mark!(p, "copies");
             let attention = LayerAttention::Causal {
                 start,
-                weights: self.weights.get(l),
+                weights: self.signals.weights_of(l),
             };
             k.encode(p, nt, attention, &mut |p, label| mark!(p, label));
-            for (_, d) in self.deltas.iter().filter(|(dl, _)| *dl == l) {
+            for d in self.signals.deltas_after(l) {
                 d.encode(p, nt);
                 mark!(p, "epikv delta");
             }
         }
-        if let Some(w) = self.weights.first() {
-            w.encode_reduce(pass.as_mut().unwrap(), nt, start);
-            mark!(pass.as_mut().unwrap(), "attention weights (h2o/tova)");
-        }
+        self.signals
+            .encode_reduce(pass.as_mut().unwrap(), nt, start, &mut |p, label| {
+                mark!(p, label)
+            });
         if let Some(cap) = &self.capture {
             let at = c.num_layers as u64 * capture_stride;
-            copy_between_passes(&mut enc, &mut pass, &self.x, cap, at, hidden_bytes);
+            copy_between_passes(&mut enc, &mut pass, &a.x, cap, at, hidden_bytes);
         }
         {
             let p = pass.as_mut().unwrap();
@@ -936,13 +526,7 @@ impl Engine {
             enc.copy_buffer_to_buffer(&self.sampler.result, 0, &self.sample_staging[k], 0, 4);
             k
         });
-        let delta_staging = (!self.delta_staging.is_empty()).then(|| {
-            let k = self.next_delta_staging;
-            self.next_delta_staging = 1 - k;
-            let bytes = (n * self.deltas.len() * 4) as u64;
-            enc.copy_buffer_to_buffer(&self.delta_out, 0, &self.delta_staging[k], 0, bytes);
-            k
-        });
+        let delta_staging = self.signals.stage_deltas(&mut enc, n);
         let index = gpu.queue.submit([enc.finish()]);
         self.last_record_seconds = recording.elapsed().as_secs_f64();
         self.last_step_sampled = out.sample.is_some();
@@ -984,11 +568,8 @@ impl Engine {
             }
         };
         if let Some(k) = s.delta_staging {
-            let bytes = (s.n_tokens * self.deltas.len() * 4) as u64;
-            let g = gpu
-                .map_and_read_after(&self.delta_staging[k], bytes, Some(s.index))
-                .context("reading the EpiKV signal")?;
-            self.last_deltas = bytemuck::pod_collect_to_vec(&g);
+            self.signals
+                .read_staged_deltas(&gpu, k, s.n_tokens, s.index)?;
         }
         if let Some(pr) = self.profiler.as_mut() {
             pr.collect(&gpu)?;
@@ -1013,7 +594,7 @@ impl Engine {
     /// from the copy it took first; only a `StepIds::LastSampled` step takes
     /// one, so only such a step can be undone where a policy keeps state.
     pub fn undo(&mut self, s: Submitted) -> Result<()> {
-        if !self.undo_state.is_empty() && !s.saved_state {
+        if self.signals.keeps_state() && !s.saved_state {
             bail!("a step fed from the host cannot be undone while an evicting policy keeps state on the GPU (only steps submitted ahead save it)");
         }
         if s.first_slot + s.n_tokens != self.n_cached {
@@ -1024,14 +605,7 @@ impl Engine {
                 self.n_cached
             );
         }
-        if !self.undo_state.is_empty() {
-            let gpu = &self.model.gpu;
-            let mut enc = gpu.device.create_command_encoder(&Default::default());
-            for (state, saved) in &self.undo_state {
-                enc.copy_buffer_to_buffer(saved, 0, state, 0, state.size());
-            }
-            gpu.queue.submit([enc.finish()]);
-        }
+        self.signals.restore(&self.model.gpu);
         self.n_cached = s.first_slot;
         self.last_step_sampled = false;
         Ok(())
@@ -1042,7 +616,10 @@ impl Engine {
     /// non-finite answer is never returned as if it were one.
     pub fn read_logits(&self, n_logits: usize) -> Result<Vec<f32>> {
         let vocab = self.model.config.vocab_size;
-        let logits: Vec<f32> = self.model.gpu.read(&self.logits, 0, n_logits * vocab)?;
+        let logits: Vec<f32> = self
+            .model
+            .gpu
+            .read(&self.acts.logits, 0, n_logits * vocab)?;
         if let Some(i) = logits.iter().position(|v| !v.is_finite()) {
             crate::error::bail_kind!(
                 crate::error::ErrorKind::NonFiniteLogits,
@@ -1065,107 +642,6 @@ impl Engine {
         let c = &self.model.config;
         let offset = (l * self.opts.max_tokens * c.hidden_size) as u64;
         self.model.gpu.read(cap, offset, n * c.hidden_size)
-    }
-
-    /// The EpiKV signal of the last completed step (read back with it, so a
-    /// step submitted behind it does not change it) at `layers` (1-based,
-    /// each one of `EngineOptions::track_layers`): `[n, layers.len()]`, row t
-    /// for the step's token t, columns in the order of `layers`.
-    pub fn read_layer_deltas(&self, n: usize, layers: &[usize]) -> Result<Vec<f32>> {
-        let tracked = &self.opts.track_layers;
-        let columns = layers
-            .iter()
-            .map(|l| {
-                tracked.iter().position(|t| t == l).with_context(|| {
-                    format!("EpiKV layer {l} is not tracked by this engine (tracked: {tracked:?})")
-                })
-            })
-            .collect::<Result<Vec<usize>>>()?;
-        let width = tracked.len();
-        if self.last_deltas.len() < n * width {
-            bail!(
-                "the last completed step has {} EpiKV values, {} asked for",
-                self.last_deltas.len(),
-                n * width
-            );
-        }
-        Ok(self
-            .last_deltas
-            .chunks(width)
-            .take(n)
-            .flat_map(|row| columns.iter().map(|&c| row[c]))
-            .collect())
-    }
-
-    /// Counter-causal logits (SPEC.md 4.2) of the given cache entries, as
-    /// (slot, position, token): each entry's query attends only the entries
-    /// after it among those cached; returns `<FinalNorm(r'), E[token]>` per entry.
-    pub fn counter_causal_logits(&mut self, entries: &[(u32, u32, u32)]) -> Result<Vec<f32>> {
-        let cc = self
-            .ccs
-            .as_ref()
-            .context("this engine was built without the counter-causal pass")?;
-        let gpu = self.model.gpu.clone();
-        let n_present = self.n_cached as u32;
-        let mut logits = Vec::with_capacity(entries.len());
-        let batch_max = self.max_queries(|_| n_present as usize);
-        for batch in entries.chunks(batch_max) {
-            let m = batch.len() as u32;
-            if batch.iter().any(|e| e.0 >= n_present) {
-                bail!("counter-causal entry outside the {n_present} cached slots");
-            }
-            let step = Step {
-                n_tokens: m,
-                start_slot: n_present - m,
-                logit_row0: 0,
-                n_logits: m,
-            };
-            gpu.write(&self.step, 0, bytemuck::bytes_of(&step));
-            let col =
-                |f: fn(&(u32, u32, u32)) -> u32| -> Vec<u32> { batch.iter().map(f).collect() };
-            gpu.write(&self.qslot, 0, bytemuck::cast_slice(&col(|e| e.0)));
-            gpu.write(&self.positions, 0, bytemuck::cast_slice(&col(|e| e.1)));
-            gpu.write(&self.ids, 0, bytemuck::cast_slice(&col(|e| e.2)));
-            if let Some((_, gather)) = &cc.hidden {
-                gather.set_rows(&gpu, &col(|e| e.0))?;
-            }
-            let mut enc = gpu.device.create_command_encoder(&Default::default());
-            {
-                let mut p = enc.begin_compute_pass(&Default::default());
-                let first = match &cc.hidden {
-                    Some((_, gather)) => {
-                        gather.encode(&mut p, m);
-                        self.layers.len() - 1
-                    }
-                    None => {
-                        self.embed.encode(&mut p, m);
-                        0
-                    }
-                };
-                for (k, rope) in self.layers[first..].iter().zip(&cc.rope) {
-                    let attention = LayerAttention::AntiCausal {
-                        rope,
-                        n_present,
-                        o: cc.o_without_residual.as_ref(),
-                    };
-                    k.encode(&mut p, m, attention, &mut |_, _| {});
-                }
-                self.final_norm.encode(&mut p, m);
-                cc.token_logit.encode(&mut p, m);
-            }
-            gpu.queue.submit([enc.finish()]);
-            logits.extend(gpu.read::<f32>(&cc.out, 0, batch.len())?);
-        }
-        Ok(logits)
-    }
-
-    /// Attention weight received by each of the first `n` cache slots, averaged
-    /// over layers and query heads (needs `EngineOptions::attention_weights`).
-    pub fn read_slot_attention(&self, n: usize) -> Result<Vec<f32>> {
-        if self.weights.is_empty() {
-            bail!("this engine does not accumulate attention weights");
-        }
-        self.model.gpu.read(&self.slot_scores, 0, n)
     }
 
     /// Keeps the cache slots listed in `keep` (ascending), moved to slots
@@ -1203,6 +679,179 @@ impl Engine {
 /// index arithmetic.
 pub const MAX_SLOTS: usize = (u32::MAX / 2) as usize;
 
+impl Activations {
+    /// The step's buffers for `opts`, and the bytes of the attention
+    /// partials (for max_tokens queries over every slot, but at most one
+    /// binding: at long contexts the deepest steps then take fewer tokens,
+    /// `Engine::max_step_tokens`; a single query must always fit).
+    fn new(
+        gpu: &Runtime,
+        model: &Model,
+        opts: &EngineOptions,
+        bytes: &mut u64,
+    ) -> Result<(Self, u64)> {
+        let c = &model.config;
+        let heads = model.heads();
+        let (h, t) = (c.hidden_size as u64, opts.max_tokens as u64);
+        let mut buf = |label: &str, size: u64| -> Result<wgpu::Buffer> {
+            gpu.check_binding(label, size)?;
+            *bytes += size;
+            Ok(gpu.storage(label, size))
+        };
+        let q_row = (c.num_heads * c.head_dim) as u64 * 4;
+        let partials_one = Attention::partials_bytes(heads, 1, opts.max_slots);
+        gpu.check_binding(
+            "attention partials of one query over the whole cache",
+            partials_one,
+        )?;
+        let partials_capacity = Attention::partials_bytes(heads, opts.max_tokens, opts.max_slots)
+            .min(gpu.max_binding / 16 * 16);
+        let acts = Activations {
+            step: gpu.uniform("step", &Step::default()),
+            ids: buf("ids", t * 4)?,
+            positions: buf("positions", t * 4)?,
+            x: buf("x", t * h * 4)?,
+            xn: buf("x-normed", t * h * 4)?,
+            qkv: buf("qkv", t * c.qkv_dim() as u64 * 4)?,
+            q: buf("q", t * q_row)?,
+            attn_out: buf("attn-out", t * q_row)?,
+            lse: buf("lse", t * c.num_heads as u64 * 4)?,
+            gate_up: buf("gate-up", t * 2 * c.intermediate_size as u64 * 4)?,
+            act: buf("ffn-act", t * c.intermediate_size as u64 * 4)?,
+            part: buf(
+                "attention partials (queries x heads x key chunks)",
+                partials_capacity,
+            )?,
+            logits: buf(
+                "logits (rows x vocabulary)",
+                (opts.max_logit_rows.max(1) * c.vocab_size) as u64 * 4,
+            )?,
+            qslot: buf("query slots", t * 4)?,
+        };
+        Ok((acts, partials_capacity))
+    }
+}
+
+/// Every layer's key and value cache, each split into pages where it is
+/// larger than one storage binding.
+fn kv_cache(
+    gpu: &Runtime,
+    model: &Model,
+    opts: &EngineOptions,
+    bytes: &mut u64,
+) -> Result<(Vec<SlotPages>, Vec<SlotPages>)> {
+    let kv_row = model.heads().kv_row_bytes();
+    let mut k_cache = Vec::new();
+    let mut v_cache = Vec::new();
+    for l in 0..model.config.num_layers {
+        for (cache, what) in [(&mut k_cache, "key"), (&mut v_cache, "value")] {
+            let pages = SlotPages::new(
+                gpu,
+                &format!("layer {l} {what} cache"),
+                opts.max_slots,
+                kv_row,
+                KEY_CHUNK as usize,
+                opts.kv_page_slots,
+            )?;
+            *bytes += pages.bytes();
+            cache.push(pages);
+        }
+    }
+    Ok((k_cache, v_cache))
+}
+
+impl LayerKernels {
+    /// Layer `w`'s kernels bound to the step's activations and its own
+    /// key and value cache.
+    fn new(
+        gpu: &Runtime,
+        model: &Model,
+        opts: &EngineOptions,
+        w: &crate::model::LayerWeights,
+        a: &Activations,
+        (k_cache, v_cache): (&SlotPages, &SlotPages),
+    ) -> Result<Self> {
+        let c = &model.config;
+        let (h, eps, step) = (c.hidden_size, c.rms_norm_eps, &a.step);
+        let add = MatmulOptions {
+            accumulate: true,
+            rows: Rows::Tokens,
+        };
+        let set = MatmulOptions {
+            accumulate: false,
+            rows: Rows::Tokens,
+        };
+        let normed = |weights| {
+            Some(FusedInput::RmsNorm {
+                residual: &a.x,
+                weights,
+                eps,
+            })
+        };
+        Ok(LayerKernels {
+            attn_norm: RmsNorm::new(gpu, step, h, eps, &w.attn_norm, &a.x, &a.xn, Rows::Tokens)?,
+            qkv: Matmul::normed(
+                gpu,
+                step,
+                &w.qkv,
+                w.qkv_bias.as_ref(),
+                &a.xn,
+                &a.qkv,
+                set,
+                normed(&w.attn_norm),
+            )?,
+            rope: RopeKv::new(
+                gpu,
+                step,
+                model.heads(),
+                &a.qkv,
+                &a.positions,
+                &model.inv_freq,
+                &a.q,
+                Some((k_cache, v_cache)),
+            )?,
+            attn: Attention::new(
+                gpu,
+                step,
+                model.heads(),
+                opts.max_slots,
+                &a.q,
+                k_cache,
+                v_cache,
+                &a.part,
+                &a.attn_out,
+                &a.lse,
+                &a.qslot,
+            )?,
+            o: Matmul::new(gpu, step, &w.o, None, &a.attn_out, &a.x, add)?,
+            mlp_norm: RmsNorm::new(gpu, step, h, eps, &w.mlp_norm, &a.x, &a.xn, Rows::Tokens)?,
+            gate_up: Matmul::normed(
+                gpu,
+                step,
+                &w.gate_up,
+                None,
+                &a.xn,
+                &a.gate_up,
+                set,
+                normed(&w.mlp_norm),
+            )?,
+            silu: SiluMul::new(gpu, step, c.intermediate_size, &a.gate_up, &a.act)?,
+            down: Matmul::normed(
+                gpu,
+                step,
+                &w.down,
+                None,
+                &a.act,
+                &a.x,
+                add,
+                Some(FusedInput::SwiGlu {
+                    gate_up: &a.gate_up,
+                }),
+            )?,
+        })
+    }
+}
+
 /// Refuses, before anything is allocated, sizes that cannot work: more slots
 /// or tokens than the kernels index, or buffers (the KV cache, the per-token
 /// activations, the logits) more than the device can hold in total
@@ -1228,7 +877,7 @@ fn check_sizes(model: &Model, opts: &EngineOptions) -> Result<()> {
         + 3 * c.intermediate_size as u128;
     let activations = tokens * per_token * 4;
     let logits = opts.max_logit_rows as u128 * c.vocab_size as u128 * 4;
-    let ccs = if opts.counter_causal.is_some() {
+    let ccs = if opts.signals.counter_causal.is_some() {
         slots * c.hidden_size as u128 * 4
     } else {
         0

@@ -1,0 +1,102 @@
+//! One decoder layer's kernels, bound once, and the layer sequence, written
+//! once for the forward step and the counter-causal pass alike.
+
+use crate::kernels::attention::Attention;
+use crate::kernels::attn_weights::AttnWeights;
+use crate::kernels::matmul::Matmul;
+use crate::kernels::rmsnorm::RmsNorm;
+use crate::kernels::rope_kv::RopeKv;
+use crate::kernels::silu_mul::SiluMul;
+
+pub(super) struct LayerKernels {
+    pub attn_norm: RmsNorm,
+    pub qkv: Matmul,
+    pub rope: RopeKv,
+    pub attn: Attention,
+    pub o: Matmul,
+    pub mlp_norm: RmsNorm,
+    pub gate_up: Matmul,
+    pub silu: SiluMul,
+    pub down: Matmul,
+}
+
+/// How a layer's attention reads the cache.
+#[derive(Clone, Copy)]
+pub(super) enum LayerAttention<'a> {
+    /// The forward step: the step's rows are written to the cache from slot
+    /// `start` on and attend causally; `weights` accumulates the attention
+    /// each slot receives (H2O, TOVA).
+    Causal {
+        start: u32,
+        weights: Option<&'a AttnWeights>,
+    },
+    /// The counter-causal pass: k/v go to scratch (`rope`), never to the
+    /// cache, and each query attends the entries after it among `n_present`.
+    /// `o`: an output projection to use instead of the layer's own.
+    AntiCausal {
+        rope: &'a RopeKv,
+        n_present: u32,
+        o: Option<&'a Matmul>,
+    },
+}
+
+impl LayerKernels {
+    /// One decoder layer over `n` rows of the residual stream. The layer
+    /// sequence is written here only, for the forward step and the
+    /// counter-causal pass alike, so a kernel variant or a fusion changes both.
+    /// `mark` labels the kernel just encoded (per-kernel timestamps).
+    pub fn encode(
+        &self,
+        p: &mut wgpu::ComputePass,
+        n: u32,
+        attention: LayerAttention,
+        mark: &mut dyn FnMut(&mut wgpu::ComputePass, &'static str),
+    ) {
+        // The RMSNorms and the SwiGLU are folded into the mat-vecs after them
+        // where the kernel set does that (decode with the `gpu` kernels).
+        if !(n == 1 && self.qkv.fuses_input) {
+            self.attn_norm.encode(p, n);
+            mark(p, "rmsnorm");
+        }
+        self.qkv.encode(p, n);
+        mark(p, "qkv matmul");
+        let mut o = &self.o;
+        match attention {
+            LayerAttention::Causal { start, weights } => {
+                self.rope.encode(p, n, start);
+                mark(p, "rope + kv write");
+                self.attn.encode(p, n, start);
+                mark(p, "attention");
+                if let Some(w) = weights {
+                    w.encode_accumulate(p, n, start);
+                    mark(p, "attention weights (h2o/tova)");
+                }
+            }
+            LayerAttention::AntiCausal {
+                rope,
+                n_present,
+                o: own_o,
+            } => {
+                rope.encode(p, n, n_present - n);
+                mark(p, "rope + kv write");
+                self.attn.encode_anticausal(p, n, n_present);
+                mark(p, "attention");
+                o = own_o.unwrap_or(o);
+            }
+        }
+        o.encode(p, n);
+        mark(p, "o matmul");
+        if !(n == 1 && self.gate_up.fuses_input) {
+            self.mlp_norm.encode(p, n);
+            mark(p, "rmsnorm");
+        }
+        self.gate_up.encode(p, n);
+        mark(p, "gate+up matmul");
+        if !(n == 1 && self.down.fuses_input) {
+            self.silu.encode(p, n);
+            mark(p, "silu*mul");
+        }
+        self.down.encode(p, n);
+        mark(p, "down matmul");
+    }
+}

@@ -244,6 +244,11 @@ pub struct Settings {
     /// cooperative matrices (the tiled GEMMs, the tiled prefill attention),
     /// to measure what the matrix units buy.
     pub no_matrix_units: bool,
+    /// Where `--kernels tuned` keeps its timings between processes
+    /// (`SIEVE_TUNE_CACHE`: a folder, or `off`); by default the user's
+    /// cache folder (`$XDG_CACHE_HOME/sieve`, else `$HOME/.cache/sieve`),
+    /// None where there is none or it is off.
+    pub tune_cache: Option<std::path::PathBuf>,
 }
 
 impl Settings {
@@ -271,6 +276,14 @@ impl Settings {
             spirv: SpirvPath::parse(var("SIEVE_SPIRV").as_deref())?,
             loop_bounding: var("SIEVE_LOOP_BOUNDING").is_some_and(|v| v == "1"),
             no_matrix_units: var("SIEVE_MATRIX_UNITS").is_some_and(|v| v == "0"),
+            tune_cache: match set("SIEVE_TUNE_CACHE").as_deref() {
+                Some("off") | Some("0") => None,
+                Some(dir) => Some(dir.into()),
+                None => set("XDG_CACHE_HOME")
+                    .map(std::path::PathBuf::from)
+                    .or_else(|| set("HOME").map(|h| std::path::Path::new(&h).join(".cache")))
+                    .map(|d| d.join("sieve")),
+            },
         })
     }
 }
@@ -313,6 +326,7 @@ mod tests {
             }
         };
         assert_eq!(Settings::parse(env(&[])).unwrap(), Settings::default());
+        assert_eq!(Settings::default().tune_cache, None);
         let s = Settings::parse(env(&[
             ("SIEVE_BACKEND", "vulkan"),
             ("SIEVE_ADAPTER", ""),
@@ -321,6 +335,8 @@ mod tests {
             ("SIEVE_SPIRV", "all"),
             ("SIEVE_LOOP_BOUNDING", "1"),
             ("SIEVE_MATRIX_UNITS", "0"),
+            ("SIEVE_TUNE_CACHE", "off"),
+            ("HOME", "/home/u"),
         ]))
         .unwrap();
         assert_eq!(
@@ -333,8 +349,20 @@ mod tests {
                 spirv: SpirvPath::All,
                 loop_bounding: true,
                 no_matrix_units: true,
+                tune_cache: None,
             }
         );
+        // The tuning cache: a folder given, else the user's cache folder.
+        let cache = |pairs| Settings::parse(env(pairs)).unwrap().tune_cache;
+        assert_eq!(
+            cache(&[("SIEVE_TUNE_CACHE", "t"), ("HOME", "/h")]),
+            Some("t".into())
+        );
+        assert_eq!(
+            cache(&[("XDG_CACHE_HOME", "/x"), ("HOME", "/h")]),
+            Some("/x/sieve".into())
+        );
+        assert_eq!(cache(&[("HOME", "/h")]), Some("/h/.cache/sieve".into()));
         for (name, value, expected) in [
             ("SIEVE_KERNELS", "tpu", "expected auto, cpu, gpu or tuned"),
             ("SIEVE_WEIGHTS", "disk", "expected buffer or texture"),

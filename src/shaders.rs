@@ -346,6 +346,26 @@ pub fn source(shader: &Shader, format: Option<WeightFormat>, store: WeightStore)
     )
 }
 
+/// A hash of every kernel module sieve can assemble with weights stored
+/// as `store` (each kernel with each format it takes): what the tuning
+/// cache's key holds of the kernels, so that a changed kernel, prelude or
+/// shared declaration times again.
+pub fn sources_hash(store: WeightStore) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    for shader in all() {
+        let formats: Vec<Option<WeightFormat>> = match shader.prelude {
+            Prelude::None => vec![None],
+            Prelude::Weights => WeightFormat::ALL.iter().copied().map(Some).collect(),
+            Prelude::Kv => vec![Some(WeightFormat::F16), Some(WeightFormat::F32)],
+        };
+        for f in formats {
+            source(shader, f, store).hash(&mut h);
+        }
+    }
+    h.finish()
+}
+
 /// Whether a kernel uses cooperative matrices (tensor cores).
 pub fn uses_cooperative_matrices(shader: &Shader) -> bool {
     enables(shader).contains(&"wgpu_cooperative_matrix")

@@ -73,6 +73,9 @@ pub fn main(a: InfoArgs) -> Result<()> {
     );
     out!("features used: {:?}", gpu.features);
     out!("kernels:      {}", gpu.describe_kernels());
+    if let Some(path) = gpu.tuner.disk_path() {
+        out!("tuning cache: {}", path.display());
+    }
     let l = &gpu.limits;
     out!(
         "max storage binding:     {} bytes",

@@ -561,14 +561,12 @@ fn time_on_first_page<V: Copy + std::fmt::Debug>(
     (n_tokens, start_slot): (usize, usize),
     dispatches: impl Fn(V) -> Result<Vec<(Arc<wgpu::ComputePipeline>, (u32, u32, u32))>>,
 ) -> V {
-    let i = gpu.tuner.choose(gpu, key, || {
+    let i = gpu.tuner.choose(gpu, key, labels(cands), || {
         let step = tune_step(gpu, n_tokens, start_slot);
         let bufs = b.page(&step, 0);
         cands
             .iter()
-            .zip(labels(cands))
-            .map(|(&v, label)| Candidate {
-                label,
+            .map(|&v| Candidate {
                 dispatches: dispatches(v).map(|run| {
                     run.into_iter()
                         .map(|(p, groups)| {

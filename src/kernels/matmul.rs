@@ -754,47 +754,53 @@ impl TunedPart<'_> {
             return choices[0];
         }
         let rows = self.part.rows as u32;
-        let i = gpu.tuner.choose(gpu, self.key("mat-vec", input, 1), || {
-            let plain = self.scratch(gpu, 1, self.flags);
-            // The fused candidates' inputs and the kernel the unfused ones
-            // run first, where there is an input to fold in.
-            let (fused, input_kernel) = if fused_flag == 0 {
-                (Err(anyhow::anyhow!("no input to fold in")), Ok(None))
-            } else {
-                let fused = self.scratch(gpu, 1, self.flags | fused_flag);
-                let kernel = match (&fused, &plain) {
-                    (Ok(f), Ok(p)) => f.input_kernel(gpu, p, fused_flag, self.cols).map(Some),
-                    (Err(e), _) | (_, Err(e)) => Err(anyhow::anyhow!("{e:#}")),
-                };
-                (fused, kernel)
-            };
-            choices
-                .iter()
-                .map(|&(v, fold)| {
-                    let unfused = fused_flag != 0 && !fold;
-                    let scratch = if fold { &fused } else { &plain };
-                    let before = match (&input_kernel, unfused) {
-                        (Ok(Some(d)), true) => Ok(vec![d.clone()]),
-                        (Err(e), true) => Err(anyhow::anyhow!("the unfused input kernel: {e:#}")),
-                        _ => Ok(vec![]),
+        let unfused = |fold: bool| fused_flag != 0 && !fold;
+        let labels = choices
+            .iter()
+            .map(|&(v, fold)| match unfused(fold) {
+                true => format!("{} unfused", v.label()),
+                false => v.label(),
+            })
+            .collect();
+        let i = gpu
+            .tuner
+            .choose(gpu, self.key("mat-vec", input, 1), labels, || {
+                let plain = self.scratch(gpu, 1, self.flags);
+                // The fused candidates' inputs and the kernel the unfused ones
+                // run first, where there is an input to fold in.
+                let (fused, input_kernel) = if fused_flag == 0 {
+                    (Err(anyhow::anyhow!("no input to fold in")), Ok(None))
+                } else {
+                    let fused = self.scratch(gpu, 1, self.flags | fused_flag);
+                    let kernel = match (&fused, &plain) {
+                        (Ok(f), Ok(p)) => f.input_kernel(gpu, p, fused_flag, self.cols).map(Some),
+                        (Err(e), _) | (_, Err(e)) => Err(anyhow::anyhow!("{e:#}")),
                     };
-                    Candidate {
-                        label: if unfused {
-                            format!("{} unfused", v.label())
-                        } else {
-                            v.label()
-                        },
-                        dispatches: scratch_or_error(scratch).and_then(|scratch| {
-                            let mut run = before?;
-                            let p = matvec_pipeline(gpu, v, self.part.format)?;
-                            let group = scratch.bind(gpu, &p, self.part, None);
-                            run.push((p, group, matvec_groups(v, rows)));
-                            Ok(run)
-                        }),
-                    }
-                })
-                .collect()
-        });
+                    (fused, kernel)
+                };
+                choices
+                    .iter()
+                    .map(|&(v, fold)| {
+                        let scratch = if fold { &fused } else { &plain };
+                        let before = match (&input_kernel, unfused(fold)) {
+                            (Ok(Some(d)), true) => Ok(vec![d.clone()]),
+                            (Err(e), true) => {
+                                Err(anyhow::anyhow!("the unfused input kernel: {e:#}"))
+                            }
+                            _ => Ok(vec![]),
+                        };
+                        Candidate {
+                            dispatches: scratch_or_error(scratch).and_then(|scratch| {
+                                let mut run = before?;
+                                let p = matvec_pipeline(gpu, v, self.part.format)?;
+                                let group = scratch.bind(gpu, &p, self.part, None);
+                                run.push((p, group, matvec_groups(v, rows)));
+                                Ok(run)
+                            }),
+                        }
+                    })
+                    .collect()
+            });
         choices[i]
     }
 
@@ -809,18 +815,20 @@ impl TunedPart<'_> {
         if cands.len() == 1 || tokens < 2 {
             return cands[0];
         }
-        let i = gpu.tuner.choose(gpu, self.key("mat-mul", "x", tokens), || {
-            let scratch = self.scratch(gpu, tokens, self.flags);
-            cands
-                .iter()
-                .map(|&v| Candidate {
-                    label: format!("{v:?}"),
-                    dispatches: scratch_or_error(&scratch).and_then(|scratch| {
-                        scratch.matmul_dispatches(gpu, v, self.part, (self.cols / 4) as u32)
-                    }),
-                })
-                .collect()
-        });
+        let labels = cands.iter().map(|v| format!("{v:?}")).collect();
+        let i = gpu
+            .tuner
+            .choose(gpu, self.key("mat-mul", "x", tokens), labels, || {
+                let scratch = self.scratch(gpu, tokens, self.flags);
+                cands
+                    .iter()
+                    .map(|&v| Candidate {
+                        dispatches: scratch_or_error(&scratch).and_then(|scratch| {
+                            scratch.matmul_dispatches(gpu, v, self.part, (self.cols / 4) as u32)
+                        }),
+                    })
+                    .collect()
+            });
         cands[i]
     }
 }

@@ -216,8 +216,15 @@ pub(crate) mod testutil {
     use crate::shaders::WeightFormat;
     use std::sync::Arc;
 
+    /// A device for the kernel tests: the timings of `tuned` are not kept
+    /// between processes (the tests check that candidates are timed).
     fn open(opts: GpuOptions) -> Arc<Gpu> {
-        Gpu::new(&opts).expect("a GPU adapter (lavapipe on CI)")
+        let mut gpu = Gpu::new(&opts).expect("a GPU adapter (lavapipe on CI)");
+        Arc::get_mut(&mut gpu)
+            .expect("a device no one else holds")
+            .settings
+            .tune_cache = None;
+        gpu
     }
 
     pub fn gpu() -> Arc<Runtime> {

@@ -11,7 +11,7 @@ use anyhow::{bail, Result};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use super::tune::Tuner;
+use super::tune::{DiskCache, Tuner};
 use super::variants::{KernelVariants, MatmulVariant};
 use crate::gpu::{Gpu, GpuOptions};
 
@@ -53,10 +53,11 @@ impl Runtime {
     /// first (a failure drops it, with a warning).
     pub fn new(gpu: Arc<Gpu>) -> Arc<Self> {
         let kernels = KernelVariants::select(&gpu.profile, gpu.set, &gpu.compile);
+        let tuner = Tuner::with_disk(tuning_cache(&gpu));
         let mut rt = Runtime {
             gpu,
             kernels,
-            tuner: Default::default(),
+            tuner,
             x_textures: Mutex::new(HashMap::new()),
             x16_buffers: Mutex::new(HashMap::new()),
         };
@@ -131,6 +132,26 @@ impl Runtime {
         });
         Ok(texture.create_view(&Default::default()))
     }
+}
+
+/// Where `--kernels tuned` keeps this device's timings between processes
+/// (`Settings::tune_cache`): a file whose name hashes what a timing
+/// depends on besides the shape (the adapter and its driver, sieve's
+/// version, how the kernels compile, and every kernel module's source);
+/// None for the fixed sets, or where no folder is set.
+fn tuning_cache(gpu: &Gpu) -> Option<DiskCache> {
+    use std::hash::{Hash, Hasher};
+    let dir = gpu.settings.tune_cache.as_ref()?;
+    if gpu.set != crate::device::KernelSet::Tuned {
+        return None;
+    }
+    let i = &gpu.info;
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    (&i.name, i.vendor, i.device, &i.driver, &i.driver_info).hash(&mut h);
+    format!("{:?} {:?} {:?}", i.backend, gpu.compile, gpu.profile).hash(&mut h);
+    env!("CARGO_PKG_VERSION").hash(&mut h);
+    crate::shaders::sources_hash(gpu.compile.weight_store).hash(&mut h);
+    Some(DiskCache::open(dir, h.finish(), &gpu.describe()))
 }
 
 /// The start-up checks: each kernel the device would run or time that rests
@@ -293,5 +314,89 @@ mod tests {
         gpu.x_texture(side, 3).unwrap();
         gpu.x_texture(side, 3).unwrap();
         assert_eq!(gpu.x_textures.lock().unwrap().len(), 1);
+    }
+
+    /// With a tuning cache folder, `tuned` keeps its timings in a file: a
+    /// second runtime on the same device takes them from there without
+    /// timing (and with the same choice and times), and one whose file is
+    /// not readable times afresh.
+    #[test]
+    fn timings_are_kept_between_processes() {
+        use crate::device::KernelSet;
+        use crate::gpu::{Gpu, GpuOptions};
+        use crate::kernels::matmul::{Matmul, MatmulOptions};
+        use crate::kernels::testutil::{fill_test_weights, step_buffer};
+        use crate::kernels::{Rows, Step};
+        use crate::shaders::WeightFormat;
+        use crate::weights::GpuMatrix;
+        use std::sync::Arc;
+        let dir = std::env::temp_dir().join(format!("sieve-tune-cache-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let runtime = || {
+            let opts = GpuOptions {
+                kernels: Some(KernelSet::Tuned),
+                ..Default::default()
+            };
+            let mut gpu = Gpu::new(&opts).unwrap();
+            Arc::get_mut(&mut gpu).unwrap().settings.tune_cache = Some(dir.clone());
+            super::Runtime::new(gpu)
+        };
+        let product = |rt: &super::Runtime| {
+            let (rows, cols) = (24, 64);
+            let m = GpuMatrix::new(rt, "w", rows, cols, WeightFormat::F16).unwrap();
+            fill_test_weights(rt, &m, 7);
+            let step = step_buffer(
+                rt,
+                Step {
+                    n_tokens: 1,
+                    ..Default::default()
+                },
+            );
+            let (x, y) = (
+                rt.storage("x", cols as u64 * 4),
+                rt.storage("y", rows as u64 * 4),
+            );
+            let opts = MatmulOptions {
+                accumulate: false,
+                rows: Rows::Tokens,
+            };
+            Matmul::new(rt, &step, &m, None, &x, &y, opts).unwrap();
+            rt.tuner.results()
+        };
+        let first = runtime();
+        if !first.features.contains(wgpu::Features::TIMESTAMP_QUERY) {
+            eprintln!(
+                "note: {} has no timestamp queries: nothing to keep",
+                first.info.name
+            );
+            return;
+        }
+        let timed = product(&first);
+        assert_eq!(timed.len(), 1);
+        assert!(timed[0].untimed.is_none(), "{timed:?}");
+        let path = first.tuner.disk_path().unwrap().to_path_buf();
+        assert!(
+            path.starts_with(&dir) && path.exists(),
+            "{}",
+            path.display()
+        );
+        let kept = product(&runtime());
+        assert_eq!(kept.len(), 1);
+        assert!(
+            kept[0]
+                .untimed
+                .as_deref()
+                .unwrap()
+                .contains("kept from an earlier process"),
+            "{kept:?}"
+        );
+        assert_eq!(
+            (&kept[0].labels, kept[0].choice, &kept[0].seconds),
+            (&timed[0].labels, timed[0].choice, &timed[0].seconds)
+        );
+        std::fs::write(&path, b"not json").unwrap();
+        let again = product(&runtime());
+        assert!(again[0].untimed.is_none(), "{again:?}");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -33,8 +33,18 @@
 //! nothing the engine keeps is changed. A device without
 //! timestamp queries, or without the memory for the timings, keeps the
 //! rule's choice, and says so.
+//!
+//! Kept: the timings of one device are written to a file in the user's
+//! cache folder (`SIEVE_TUNE_CACHE`; [`DiskCache`]) whose name hashes the
+//! adapter, its driver, sieve's version, the compile options and every
+//! kernel's source (cubecl's key), so a second process on the same device
+//! times nothing it timed before, and a new driver or a changed kernel
+//! times again.
 
-use anyhow::{anyhow, Result};
+use anyhow::{anyhow, Context, Result};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use super::dispatch;
@@ -74,6 +84,11 @@ impl TuneKey {
         match self {
             TuneKey::Matrix { op, .. } | TuneKey::Attention { op, .. } => op,
         }
+    }
+
+    /// The op and shape in one line: the key of a kept timing.
+    pub fn id(&self) -> String {
+        format!("{} {}", self.op(), self.shape())
     }
 
     /// The shape, as `sieve bench` prints it after the op.
@@ -122,7 +137,6 @@ pub type Dispatch = (Arc<wgpu::ComputePipeline>, wgpu::BindGroup, (u32, u32, u32
 /// dispatches, in order, timed together in one pass (an unfused mat-vec
 /// runs the kernel that writes its input first).
 pub struct Candidate {
-    pub label: String,
     pub dispatches: Result<Vec<Dispatch>>,
 }
 
@@ -144,11 +158,100 @@ pub struct Tuned {
     pub wall_seconds: f64,
 }
 
-/// The timings of one device (a field of [`Gpu`]), in the order they were
-/// made.
+/// The timings of one device (a field of the kernels' runtime), in the
+/// order they were made, and those kept from earlier processes.
 #[derive(Default)]
 pub struct Tuner {
     done: Mutex<Vec<Tuned>>,
+    disk: Option<DiskCache>,
+}
+
+/// A timing as a file keeps it.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+struct Kept {
+    labels: Vec<String>,
+    /// Median seconds of each candidate (None: not timed).
+    seconds: Vec<Option<f64>>,
+    choice: usize,
+}
+
+/// The file of one device's timings.
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct KeptFile {
+    /// The adapter and driver, for a reader.
+    device: String,
+    /// By [`TuneKey::id`].
+    timings: BTreeMap<String, Kept>,
+}
+
+/// Timings kept between processes: one JSON file per device and kernel
+/// source (its name holds their hash), read when the runtime is made and
+/// written after each new timing (atomically; a failure to write is a
+/// warning, not an error: the timing still holds for this process).
+pub struct DiskCache {
+    path: PathBuf,
+    file: Mutex<KeptFile>,
+}
+
+impl DiskCache {
+    /// The cache of the device `device` (a description) whose key hashes to
+    /// `key`, in folder `dir`; a file that cannot be read or parsed is
+    /// started afresh (with a warning naming it).
+    pub fn open(dir: &Path, key: u64, device: &str) -> Self {
+        let path = dir.join(format!("tuning-{key:016x}.json"));
+        let file = match std::fs::read(&path) {
+            Err(_) => KeptFile::default(),
+            Ok(bytes) => serde_json::from_slice(&bytes).unwrap_or_else(|e| {
+                eprintln!(
+                    "warning: the tuning cache {} is not readable ({e}); timing afresh",
+                    path.display()
+                );
+                KeptFile::default()
+            }),
+        };
+        DiskCache {
+            path,
+            file: Mutex::new(KeptFile {
+                device: device.to_string(),
+                ..file
+            }),
+        }
+    }
+
+    /// The file's path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The kept timing of `key`, if its candidates were the same.
+    fn get(&self, key: &TuneKey, labels: &[String]) -> Option<Kept> {
+        let file = self.file.lock().unwrap();
+        let kept = file.timings.get(&key.id())?;
+        (kept.labels == labels && kept.choice < labels.len()).then(|| kept.clone())
+    }
+
+    /// Keeps a timing and writes the file.
+    fn put(&self, t: &Tuned) {
+        let mut file = self.file.lock().unwrap();
+        let kept = Kept {
+            labels: t.labels.clone(),
+            seconds: t.seconds.clone(),
+            choice: t.choice,
+        };
+        file.timings.insert(t.key.id(), kept);
+        let written = std::fs::create_dir_all(self.path.parent().unwrap_or(Path::new(".")))
+            .context("creating its folder")
+            .and_then(|_| {
+                let json = serde_json::to_vec_pretty(&*file)?;
+                crate::files::write_atomic(&self.path, &json)
+            });
+        if let Err(e) = written {
+            eprintln!(
+                "warning: the tuning cache {} was not written ({e:#}); this process keeps its timings",
+                self.path.display()
+            );
+        }
+    }
 }
 
 /// Timed runs per candidate after the warm-up.
@@ -157,15 +260,50 @@ const RUNS: usize = 3;
 const CUTOFF: f64 = 3.0;
 
 impl Tuner {
-    /// The index of the fastest of the candidates `build` makes for `key`
-    /// (called only when `key` has not been timed on this device yet;
-    /// two threads asking at once may both time it, which is harmless).
-    /// Timing never fails the caller: without timestamp queries, or when
-    /// the candidates or their scratch buffers do not fit in memory, the
-    /// rule's choice (index 0) is kept and the result says why.
-    pub fn choose(&self, gpu: &Gpu, key: TuneKey, build: impl FnOnce() -> Vec<Candidate>) -> usize {
+    /// A tuner that keeps its timings in `disk` too (and takes those kept
+    /// there by earlier processes).
+    pub fn with_disk(disk: Option<DiskCache>) -> Self {
+        Tuner {
+            done: Mutex::new(vec![]),
+            disk,
+        }
+    }
+
+    /// The file the timings are kept in, if any.
+    pub fn disk_path(&self) -> Option<&Path> {
+        self.disk.as_ref().map(DiskCache::path)
+    }
+
+    /// The index of the fastest of the candidates `build` makes for `key`,
+    /// labelled `labels` (called only when `key` has not been timed on this
+    /// device yet, in this process or, with the same candidates, in one
+    /// before it; two threads asking at once may both time it, which is
+    /// harmless). Timing never fails the caller: without timestamp
+    /// queries, or when the candidates or their scratch buffers do not fit
+    /// in memory, the rule's choice (index 0) is kept and the result says
+    /// why (and nothing is kept on disk).
+    pub fn choose(
+        &self,
+        gpu: &Gpu,
+        key: TuneKey,
+        labels: Vec<String>,
+        build: impl FnOnce() -> Vec<Candidate>,
+    ) -> usize {
         if let Some(t) = self.done.lock().unwrap().iter().find(|t| t.key == key) {
             return t.choice;
+        }
+        if let Some(kept) = self.disk.as_ref().and_then(|d| d.get(&key, &labels)) {
+            let n = labels.len();
+            self.done.lock().unwrap().push(Tuned {
+                key,
+                labels,
+                seconds: kept.seconds,
+                errors: vec![None; n],
+                choice: kept.choice,
+                untimed: Some("kept from an earlier process (the tuning cache)".into()),
+                wall_seconds: 0.0,
+            });
+            return kept.choice;
         }
         let start = std::time::Instant::now();
         let mut tuned = if gpu.features.contains(wgpu::Features::TIMESTAMP_QUERY) {
@@ -174,7 +312,7 @@ impl Tuner {
             // the engine's build (whose own error scope would catch them).
             let scope = gpu.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
             let candidates = build();
-            let tuned = time_all(gpu, key.clone(), &candidates);
+            let tuned = time_all(gpu, key.clone(), labels.clone(), &candidates);
             drop(candidates);
             match pollster::block_on(scope.pop()) {
                 None => tuned,
@@ -189,9 +327,9 @@ impl Tuner {
         } else {
             Tuned {
                 key,
-                labels: vec![],
-                seconds: vec![],
-                errors: vec![],
+                seconds: vec![None; labels.len()],
+                errors: vec![None; labels.len()],
+                labels: labels.clone(),
                 choice: 0,
                 untimed: Some(
                     "not timed: the device has no timestamp queries; the fixed rule's choice is kept"
@@ -201,6 +339,9 @@ impl Tuner {
             }
         };
         tuned.wall_seconds = start.elapsed().as_secs_f64();
+        if let (Some(disk), None) = (&self.disk, &tuned.untimed) {
+            disk.put(&tuned);
+        }
         let choice = tuned.choice;
         self.done.lock().unwrap().push(tuned);
         choice
@@ -248,11 +389,13 @@ impl Tuner {
     }
 }
 
-fn time_all(gpu: &Gpu, key: TuneKey, candidates: &[Candidate]) -> Tuned {
+/// Times `candidates` (labelled `labels`, one each) for `key`.
+fn time_all(gpu: &Gpu, key: TuneKey, labels: Vec<String>, candidates: &[Candidate]) -> Tuned {
     let n = candidates.len();
+    assert_eq!(labels.len(), n, "one label per candidate");
     let mut tuned = Tuned {
         key,
-        labels: candidates.iter().map(|c| c.label.clone()).collect(),
+        labels,
         seconds: vec![None; n],
         errors: vec![None; n],
         choice: 0,

@@ -37,43 +37,10 @@ use anyhow::{bail, Result};
 use half::f16;
 
 use crate::gguf::GgmlType;
+pub use crate::shaders::Block;
 use crate::shaders::WeightFormat;
 
-/// The block geometry of a quantized format.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Block {
-    /// Values per block.
-    pub values: usize,
-    /// The llama.cpp type the block is repacked from.
-    pub ggml: GgmlType,
-    /// Blocks the GPU layout keeps together (1; Q4_0: 8), rows padded to
-    /// whole groups.
-    pub group: usize,
-    /// 32-bit words per group on the GPU.
-    pub words: usize,
-}
-
 impl WeightFormat {
-    /// The block of a quantized format; None for f16 and f32.
-    pub fn block(self) -> Option<Block> {
-        let (values, ggml, group, words) = match self {
-            WeightFormat::F16 | WeightFormat::F32 => return None,
-            WeightFormat::Q8_0 => (32, GgmlType::Q8_0, 1, 9),
-            WeightFormat::Q4_0 => (32, GgmlType::Q4_0, 8, 36),
-            WeightFormat::Q4_1 => (32, GgmlType::Q4_1, 1, 5),
-            WeightFormat::Q5_0 => (32, GgmlType::Q5_0, 1, 6),
-            WeightFormat::Q4_K => (256, GgmlType::Q4_K, 1, 36),
-            WeightFormat::Q5_K => (256, GgmlType::Q5_K, 1, 44),
-            WeightFormat::Q6_K => (256, GgmlType::Q6_K, 1, 53),
-        };
-        Some(Block {
-            values,
-            ggml,
-            group,
-            words,
-        })
-    }
-
     /// The weight format that keeps a GGUF tensor of type `t` as it is
     /// stored (bf16 has no GPU layout of its own: f32 holds it exactly).
     pub fn of_ggml(t: GgmlType) -> Option<WeightFormat> {

@@ -14,6 +14,8 @@
 
 use anyhow::{anyhow, bail, Result};
 
+use crate::gguf::GgmlType;
+
 /// One kernel file.
 #[derive(Debug)]
 pub struct Shader {
@@ -54,18 +56,16 @@ pub enum WeightFormat {
 }
 
 impl WeightFormat {
-    /// Every format, in the order `--dtype` lists them.
-    pub const ALL: [WeightFormat; 9] = [
-        WeightFormat::F16,
-        WeightFormat::F32,
-        WeightFormat::Q8_0,
-        WeightFormat::Q4_0,
-        WeightFormat::Q4_1,
-        WeightFormat::Q5_0,
-        WeightFormat::Q4_K,
-        WeightFormat::Q5_K,
-        WeightFormat::Q6_K,
-    ];
+    /// Every format, in the order `--dtype` lists them (that of [`FORMATS`]).
+    pub const ALL: [WeightFormat; FORMATS.len()] = {
+        let mut all = [WeightFormat::F16; FORMATS.len()];
+        let mut i = 0;
+        while i < all.len() {
+            all[i] = FORMATS[i].format;
+            i += 1;
+        }
+        all
+    };
 
     /// Bytes of one value of a float format (the quantized ones have
     /// [`WeightFormat::row_bytes`] instead).
@@ -82,17 +82,20 @@ impl WeightFormat {
     }
 
     pub fn name(self) -> &'static str {
-        match self {
-            WeightFormat::F16 => "f16",
-            WeightFormat::F32 => "f32",
-            WeightFormat::Q8_0 => "q8_0",
-            WeightFormat::Q4_0 => "q4_0",
-            WeightFormat::Q4_1 => "q4_1",
-            WeightFormat::Q5_0 => "q5_0",
-            WeightFormat::Q4_K => "q4_k",
-            WeightFormat::Q5_K => "q5_k",
-            WeightFormat::Q6_K => "q6_k",
-        }
+        self.row().name
+    }
+
+    /// This format's row of [`FORMATS`].
+    fn row(self) -> &'static FormatRow {
+        FORMATS
+            .iter()
+            .find(|r| r.format == self)
+            .expect("every format has a row")
+    }
+
+    /// The block of a quantized format; None for f16 and f32.
+    pub fn block(self) -> Option<Block> {
+        self.row().block
     }
 
     /// The format called `name` (as [`WeightFormat::name`] writes it).
@@ -135,19 +138,111 @@ macro_rules! float {
     };
 }
 
-/// The weight-format preludes, one per [`WeightFormat`] (same order as `ALL`);
-/// each ends with its family's shared code (`dot32` for the floats, the block
-/// helpers for the quantized ones) and `w_row` (where a row starts).
-const WEIGHTS: [&str; 9] = [
-    float!("f16"),
-    float!("f32"),
-    quantized!("q8_0"),
-    quantized!("q4_0", own_words),
-    quantized!("q4_1"),
-    quantized!("q5_0"),
-    quantized!("q4_k"),
-    quantized!("q5_k"),
-    quantized!("q6_k"),
+/// The block geometry of a quantized format (its GPU layout:
+/// src/quant.rs repacks GGUF blocks into it, the prelude reads it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Block {
+    /// Values per block.
+    pub values: usize,
+    /// The llama.cpp type the block is repacked from.
+    pub ggml: GgmlType,
+    /// Blocks the GPU layout keeps together (1; Q4_0: 8), rows padded to
+    /// whole groups.
+    pub group: usize,
+    /// 32-bit words per group on the GPU.
+    pub words: usize,
+}
+
+/// Everything about one storage format that is not code: its name, its
+/// WGSL prelude, what a texel of its texture holds, and its block.
+struct FormatRow {
+    format: WeightFormat,
+    /// As `--dtype` and `--kv-dtype` take it.
+    name: &'static str,
+    /// The weight-format prelude: `weight4`, its family's shared code
+    /// (`dot32` for the floats, the block helpers for the quantized ones)
+    /// and `w_row` (where a row starts).
+    prelude: &'static str,
+    /// How a texture texel's words are read (weights_texture_*.wgsl).
+    texture_words: &'static str,
+    block: Option<Block>,
+}
+
+const fn block(values: usize, ggml: GgmlType, group: usize, words: usize) -> Option<Block> {
+    Some(Block {
+        values,
+        ggml,
+        group,
+        words,
+    })
+}
+
+/// One row per format: adding a format is one row here, its prelude, its
+/// repacking (src/quant.rs) and its CPU dequantization (src/gguf.rs).
+const FORMATS: [FormatRow; 9] = [
+    FormatRow {
+        format: WeightFormat::F16,
+        name: "f16",
+        prelude: float!("f16"),
+        texture_words: WEIGHTS_TEXTURE_F16,
+        block: None,
+    },
+    FormatRow {
+        format: WeightFormat::F32,
+        name: "f32",
+        prelude: float!("f32"),
+        texture_words: WEIGHTS_TEXTURE_F32,
+        block: None,
+    },
+    FormatRow {
+        format: WeightFormat::Q8_0,
+        name: "q8_0",
+        prelude: quantized!("q8_0"),
+        texture_words: WEIGHTS_TEXTURE_U32,
+        block: block(32, GgmlType::Q8_0, 1, 9),
+    },
+    FormatRow {
+        format: WeightFormat::Q4_0,
+        name: "q4_0",
+        prelude: quantized!("q4_0", own_words),
+        texture_words: WEIGHTS_TEXTURE_U32X4,
+        block: block(32, GgmlType::Q4_0, 8, 36),
+    },
+    FormatRow {
+        format: WeightFormat::Q4_1,
+        name: "q4_1",
+        prelude: quantized!("q4_1"),
+        texture_words: WEIGHTS_TEXTURE_U32,
+        block: block(32, GgmlType::Q4_1, 1, 5),
+    },
+    FormatRow {
+        format: WeightFormat::Q5_0,
+        name: "q5_0",
+        prelude: quantized!("q5_0"),
+        texture_words: WEIGHTS_TEXTURE_U32,
+        block: block(32, GgmlType::Q5_0, 1, 6),
+    },
+    FormatRow {
+        format: WeightFormat::Q4_K,
+        name: "q4_k",
+        prelude: quantized!("q4_k"),
+        texture_words: WEIGHTS_TEXTURE_U32,
+        block: block(256, GgmlType::Q4_K, 1, 36),
+    },
+    FormatRow {
+        format: WeightFormat::Q5_K,
+        name: "q5_k",
+        prelude: quantized!("q5_k"),
+        texture_words: WEIGHTS_TEXTURE_U32,
+        block: block(256, GgmlType::Q5_K, 1, 44),
+    },
+    FormatRow {
+        format: WeightFormat::Q6_K,
+        name: "q6_k",
+        prelude: quantized!("q6_k"),
+        texture_words: WEIGHTS_TEXTURE_U32,
+        block: block(256, GgmlType::Q6_K, 1, 53),
+    },
 ];
 /// How the weight-format preludes reach the matrix: binding 2 and `w_at`,
 /// `w_at2`, by where the matrix lives ([`WeightStore`]; for a texture, by
@@ -197,13 +292,7 @@ impl WeightStore {
         match self {
             WeightStore::Buffer => WEIGHTS_BUFFER.to_string(),
             WeightStore::Texture => {
-                let words = match format {
-                    WeightFormat::F16 => WEIGHTS_TEXTURE_F16,
-                    WeightFormat::F32 => WEIGHTS_TEXTURE_F32,
-                    WeightFormat::Q4_0 => WEIGHTS_TEXTURE_U32X4,
-                    _ => WEIGHTS_TEXTURE_U32,
-                };
-                format!("{WEIGHTS_TEXTURE}\n{words}")
+                format!("{WEIGHTS_TEXTURE}\n{}", format.row().texture_words)
             }
         }
     }
@@ -327,10 +416,7 @@ pub fn is_builtin(shader: &Shader) -> bool {
 pub fn source(shader: &Shader, format: Option<WeightFormat>, store: WeightStore) -> String {
     let prelude = match (shader.prelude, format) {
         (Prelude::None, _) => String::new(),
-        (Prelude::Weights, Some(f)) => {
-            let i = WeightFormat::ALL.iter().position(|&x| x == f).unwrap();
-            format!("{}\n{}", WEIGHTS[i], store.binding(f))
-        }
+        (Prelude::Weights, Some(f)) => format!("{}\n{}", f.row().prelude, store.binding(f)),
         (Prelude::Kv, Some(WeightFormat::F16)) => KV_F16.to_string(),
         (Prelude::Kv, Some(WeightFormat::F32)) => KV_F32.to_string(),
         (Prelude::Kv, Some(f)) => panic!("the KV cache cannot be stored as {}", f.name()),
@@ -471,6 +557,36 @@ pub fn workgroup_bytes(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every format has one row (the match fails to compile when a format
+    /// is added without being listed here), its name parses back to it,
+    /// and the block words the table gives hold a block's bytes.
+    #[test]
+    fn every_format_has_one_row() {
+        for f in WeightFormat::ALL {
+            let listed = match f {
+                WeightFormat::F16
+                | WeightFormat::F32
+                | WeightFormat::Q8_0
+                | WeightFormat::Q4_0
+                | WeightFormat::Q4_1
+                | WeightFormat::Q5_0
+                | WeightFormat::Q4_K
+                | WeightFormat::Q5_K
+                | WeightFormat::Q6_K => f,
+            };
+            assert_eq!(FORMATS.iter().filter(|r| r.format == listed).count(), 1);
+            assert_eq!(WeightFormat::parse(f.name()), Some(f));
+            if let Some(b) = f.block() {
+                assert!(
+                    b.words * 4 >= b.group * b.ggml.block_bytes() as usize,
+                    "{f:?}"
+                );
+                assert_eq!(b.values as u64, b.ggml.block_size(), "{f:?}");
+            }
+        }
+        assert_eq!(WeightFormat::ALL.len(), 9);
+    }
 
     /// Only sieve's own kernels are compiled without wgpu's loop bounding:
     /// a kernel with another body or other shared declarations is not one.

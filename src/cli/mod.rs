@@ -22,6 +22,12 @@ use sieve::shaders::WeightFormat;
 /// The directory `scripts/setup.sh` creates.
 pub const DEFAULT_MODEL: &str = "models/smollm2-135m-instruct";
 
+/// `--dtype`'s values: auto, then every storage format's name.
+fn dtype_names() -> clap::builder::PossibleValuesParser {
+    let names = sieve::WeightFormat::ALL.map(|f| f.name());
+    clap::builder::PossibleValuesParser::new(std::iter::once("auto").chain(names))
+}
+
 /// Options every command that loads a model shares.
 #[derive(Args, Debug, Clone)]
 pub struct ModelArgs {
@@ -34,7 +40,7 @@ pub struct ModelArgs {
     /// own types where sieve has a GPU layout for them, else f16), f16, f32,
     /// q8_0/q4_0 (quantized at load time), or another block format (for a
     /// GGUF's tensors of that type, and random blocks with --synthetic).
-    #[arg(long, value_parser = ["auto", "f16", "f32", "q8_0", "q4_0", "q4_1", "q5_0", "q4_k", "q5_k", "q6_k"], default_value = "auto")]
+    #[arg(long, value_parser = dtype_names(), default_value = "auto")]
     pub dtype: String,
     /// Storage format of the KV cache (f16 halves its memory and bandwidth).
     #[arg(long, value_parser = ["f16", "f32"], default_value = "f32")]

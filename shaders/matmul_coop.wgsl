@@ -89,6 +89,9 @@ fn matmul(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index)
     for (var k0 = 0u; k0 < k_len; k0 += 64u) { // loop bound: k_len = bounded(..)
         if (X_F16) {
             // Token t's values at t * k_len of x16: B column-major, stride K.
+            // (The products below repeat the staged path's: WGSL cannot
+            // choose between pointers into two address spaces, and a
+            // cooperative matrix is not declared without a value here.)
             for (var kk = 0u; kk < 64u; kk += 16u) {
                 let b_at = tok0 * k_len + k0 + kk;
                 let b0 = coopLoad<coop_mat16x16<f16, B>>(&x16[b_at], k_len);

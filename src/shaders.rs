@@ -307,6 +307,8 @@ const MATVEC_IO: &str = concat!(
     include_str!("../shaders/matvec_rows.wgsl")
 );
 const ATTENTION_IO: &str = include_str!("../shaders/attention_io.wgsl");
+/// The two copies of a product's input share their parameters and input.
+const X_COPY_IO: &str = include_str!("../shaders/x_copy_io.wgsl");
 /// The `gpu` decode attentions also share the phases after their scores.
 const ATTENTION_DECODE_IO: &str = concat!(
     include_str!("../shaders/attention_io.wgsl"),
@@ -366,8 +368,8 @@ shader!(ATTN_WEIGHTS, "attn_weights", Kv);
 shader!(EPIKV_DELTA, "epikv_delta", None);
 shader!(READ_BANDWIDTH, "read_bandwidth", None);
 shader!(READ_BANDWIDTH_TEXTURE, "read_bandwidth_texture", None);
-shader!(X_TEXTURE, "x_texture", None);
-shader!(X_F16, "x_f16", None);
+shader!(X_TEXTURE, "x_texture", None, X_COPY_IO);
+shader!(X_F16, "x_f16", None, X_COPY_IO);
 shader!(RANDOM_FILL, "random_fill", None);
 
 /// Every kernel, for validation tests.

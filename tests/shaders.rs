@@ -136,6 +136,7 @@ fn shader_list_covers_the_folder() {
         "shaders/matvec_rows.wgsl",
         "shaders/attention_io.wgsl",
         "shaders/attention_decode_io.wgsl",
+        "shaders/x_copy_io.wgsl",
     ];
     for entry in std::fs::read_dir(dir).unwrap() {
         let name = format!("shaders/{}", entry.unwrap().file_name().to_string_lossy());

@@ -451,25 +451,21 @@ impl Matmul {
                 let matmul = matmul_pipeline(gpu, matmul_v, part.format)?;
                 let plain = gpu.uniform("matmul-params", &params(flags, 0.0));
                 let rest = [bias_buf, x, y, &no_norm];
-                let matvec_group = match fused.filter(|_| matvec_fused) {
+                // A fused mat-vec reads the folded kernel's input (and the
+                // norm's weights and epsilon) instead of x.
+                let fused_bindings = match fused.filter(|_| matvec_fused) {
                     Some(FusedInput::RmsNorm {
                         residual,
                         weights,
                         eps,
-                    }) => {
+                    }) => Some((residual, weights, eps)),
+                    Some(FusedInput::SwiGlu { gate_up }) => Some((gate_up, &no_norm, 0.0)),
+                    None => None,
+                };
+                let matvec_group = match fused_bindings {
+                    Some((input, norm, eps)) => {
                         let fused = gpu.uniform("matvec-params", &params(flags | fused_flag, eps));
-                        let rest = [bias_buf, residual, y, weights];
-                        gpu.bind_group_with_weights(
-                            &matvec,
-                            [step, &fused],
-                            part.binding(gpu),
-                            &rest,
-                            None,
-                        )
-                    }
-                    Some(FusedInput::SwiGlu { gate_up }) => {
-                        let fused = gpu.uniform("matvec-params", &params(flags | fused_flag, 0.0));
-                        let rest = [bias_buf, gate_up, y, &no_norm];
+                        let rest = [bias_buf, input, y, norm];
                         gpu.bind_group_with_weights(
                             &matvec,
                             [step, &fused],

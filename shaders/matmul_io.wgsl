@@ -35,6 +35,13 @@ struct MatmulParams {
     _p1: u32,
 }
 
+// The flag bits (src/kernels/matmul.rs sets them; a test there checks that
+// these values are its own).
+const FLAG_ACCUMULATE: u32 = 1u;
+const FLAG_BIAS: u32 = 2u;
+const FLAG_FUSED_NORM: u32 = 4u;
+const FLAG_FUSED_SWIGLU: u32 = 8u;
+
 @group(0) @binding(0) var<uniform> step: Step;
 @group(0) @binding(1) var<uniform> p: MatmulParams;
 @group(0) @binding(3) var<storage, read> bias: array<f32>;
@@ -43,11 +50,11 @@ struct MatmulParams {
 @group(0) @binding(6) var<storage, read> norm: array<vec4<f32>>;
 
 fn fused_norm() -> bool {
-    return (p.flags & 4u) != 0u;
+    return (p.flags & FLAG_FUSED_NORM) != 0u;
 }
 
 fn fused_swiglu() -> bool {
-    return (p.flags & 8u) != 0u;
+    return (p.flags & FLAG_FUSED_SWIGLU) != 0u;
 }
 
 // x[k] of token 0 as the product sees it: scaled by `inv` (the token's
@@ -73,11 +80,11 @@ fn inv_rms(sum_sq: f32) -> f32 {
 fn store(t: u32, r: u32, v: f32) {
     let col = p.col0 + r;
     var val = v;
-    if ((p.flags & 2u) != 0u) {
+    if ((p.flags & FLAG_BIAS) != 0u) {
         val += bias[col];
     }
     let idx = t * p.out_stride + col;
-    if ((p.flags & 1u) != 0u) {
+    if ((p.flags & FLAG_ACCUMULATE) != 0u) {
         val += y[idx];
     }
     y[idx] = val;

@@ -100,39 +100,96 @@ pub enum Policy {
     OracleRest,
 }
 
+/// One policy's facts, one row each in [`POLICIES`].
+struct PolicyRow {
+    policy: Policy,
+    /// As `--policy` takes it.
+    name: &'static str,
+    /// One of SPEC.md's eight (the others are the variants and oracles of
+    /// docs/POLICIES.md).
+    spec: bool,
+    /// What a variant builds on: the SPEC policy it changes, or a hybrid's
+    /// cheap part (whether EpiKV's signal adds to it).
+    builds_on: Option<Policy>,
+}
+
+const fn row(
+    policy: Policy,
+    name: &'static str,
+    spec: bool,
+    builds_on: Option<Policy>,
+) -> PolicyRow {
+    PolicyRow {
+        policy,
+        name,
+        spec,
+        builds_on,
+    }
+}
+
+/// Every policy: SPEC.md's eight, then the variants and the oracles.
+const POLICIES: [PolicyRow; 16] = [
+    row(Policy::Full, "full", true, None),
+    row(Policy::Window, "window", true, None),
+    row(Policy::Random, "random", true, None),
+    row(Policy::H2o, "h2o", true, None),
+    row(Policy::Tova, "tova", true, None),
+    row(Policy::Epikv, "epikv", true, None),
+    row(Policy::Ccs, "ccs", true, None),
+    row(Policy::CcsFull, "ccs-full", true, None),
+    row(
+        Policy::EpikvRobust,
+        "epikv-robust",
+        false,
+        Some(Policy::Epikv),
+    ),
+    row(Policy::CcsContext, "ccs-context", false, Some(Policy::Ccs)),
+    row(
+        Policy::EpikvRecency,
+        "epikv-recency",
+        false,
+        Some(Policy::Window),
+    ),
+    row(Policy::EpikvTova, "epikv-tova", false, Some(Policy::Tova)),
+    row(
+        Policy::WindowSinks,
+        "window-sinks",
+        false,
+        Some(Policy::Window),
+    ),
+    row(Policy::CcsSinks, "ccs-sinks", false, Some(Policy::Ccs)),
+    row(Policy::Oracle, "oracle", false, None),
+    row(Policy::OracleRest, "oracle-rest", false, None),
+];
+
 impl Policy {
-    pub const ALL: [(&'static str, Policy); 16] = [
-        ("full", Policy::Full),
-        ("window", Policy::Window),
-        ("random", Policy::Random),
-        ("h2o", Policy::H2o),
-        ("tova", Policy::Tova),
-        ("epikv", Policy::Epikv),
-        ("ccs", Policy::Ccs),
-        ("ccs-full", Policy::CcsFull),
-        ("epikv-robust", Policy::EpikvRobust),
-        ("ccs-context", Policy::CcsContext),
-        ("epikv-recency", Policy::EpikvRecency),
-        ("epikv-tova", Policy::EpikvTova),
-        ("window-sinks", Policy::WindowSinks),
-        ("ccs-sinks", Policy::CcsSinks),
-        ("oracle", Policy::Oracle),
-        ("oracle-rest", Policy::OracleRest),
-    ];
+    /// Every policy with its name, in the order of [`POLICIES`].
+    pub const ALL: [(&'static str, Policy); POLICIES.len()] = {
+        let mut all = [("", Policy::Full); POLICIES.len()];
+        let mut i = 0;
+        while i < all.len() {
+            all[i] = (POLICIES[i].name, POLICIES[i].policy);
+            i += 1;
+        }
+        all
+    };
+
+    fn row(self) -> &'static PolicyRow {
+        POLICIES
+            .iter()
+            .find(|r| r.policy == self)
+            .expect("every policy has a row")
+    }
 
     pub fn name(self) -> &'static str {
-        Policy::ALL
-            .iter()
-            .find(|(_, p)| *p == self)
-            .map(|(n, _)| *n)
-            .unwrap_or("?")
+        self.row().name
     }
 
     pub fn parse(name: &str) -> Result<Policy> {
-        match Policy::ALL.iter().find(|(n, _)| *n == name) {
-            Some((_, p)) => Ok(*p),
+        match POLICIES.iter().find(|r| r.name == name) {
+            Some(r) => Ok(r.policy),
             None => {
-                let names: Vec<&str> = Policy::ALL.iter().map(|(n, _)| *n).collect();
+                let names: Vec<&str> = POLICIES.iter().map(|r| r.name).collect();
                 bail!("unknown policy '{name}'; known: {}", names.join(", "))
             }
         }
@@ -141,7 +198,7 @@ impl Policy {
     /// Whether the policy is one of SPEC.md's eight (the rest are the
     /// variants and oracles of docs/POLICIES.md).
     pub fn is_spec(self) -> bool {
-        Policy::ALL[..8].iter().any(|(_, p)| *p == self)
+        self.row().spec
     }
 
     /// What a variant of docs/POLICIES.md builds on, the policy it is
@@ -149,13 +206,7 @@ impl Policy {
     /// hybrid's cheap part (whether EpiKV's signal adds to it); None for
     /// SPEC's policies and the oracles.
     pub fn builds_on(self) -> Option<Policy> {
-        match self {
-            Policy::EpikvRobust => Some(Policy::Epikv),
-            Policy::CcsContext | Policy::CcsSinks => Some(Policy::Ccs),
-            Policy::EpikvRecency | Policy::WindowSinks => Some(Policy::Window),
-            Policy::EpikvTova => Some(Policy::Tova),
-            _ => None,
-        }
+        self.row().builds_on
     }
 
     /// Whether the policy reads the document's future (the oracles): only
@@ -234,4 +285,49 @@ fn epikv_layers(opts: &PolicyParams, num_layers: usize) -> Result<(Vec<usize>, V
         opts.epikv_bands,
         opts.epikv_layers,
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every policy has one row (the match fails to compile when a policy
+    /// is added without being listed here), its name parses back to it,
+    /// SPEC's eight come first, and a variant builds on a SPEC policy.
+    #[test]
+    fn every_policy_has_one_row() {
+        for (name, p) in Policy::ALL {
+            let listed = match p {
+                Policy::Full
+                | Policy::Window
+                | Policy::Random
+                | Policy::H2o
+                | Policy::Tova
+                | Policy::Epikv
+                | Policy::Ccs
+                | Policy::CcsFull
+                | Policy::EpikvRobust
+                | Policy::CcsContext
+                | Policy::EpikvRecency
+                | Policy::EpikvTova
+                | Policy::WindowSinks
+                | Policy::CcsSinks
+                | Policy::Oracle
+                | Policy::OracleRest => p,
+            };
+            assert_eq!(POLICIES.iter().filter(|r| r.policy == listed).count(), 1);
+            assert_eq!(Policy::parse(name).unwrap(), p);
+            assert_eq!(p.name(), name);
+            if let Some(base) = p.builds_on() {
+                assert!(!p.is_spec() && base.is_spec(), "{name}");
+            }
+        }
+        let spec: Vec<bool> = Policy::ALL.iter().map(|(_, p)| p.is_spec()).collect();
+        assert_eq!(spec, [[true; 8], [false; 8]].concat());
+        let e = Policy::parse("lru").unwrap_err().to_string();
+        assert!(
+            e.contains("unknown policy 'lru'") && e.contains("window"),
+            "{e}"
+        );
+    }
 }

@@ -287,7 +287,8 @@ fn matvec_groups(v: MatvecVariant, rows: u32) -> (u32, u32, u32) {
     }
 }
 
-/// Flag bits of `MatmulParams` (matmul_io.wgsl).
+/// Flag bits of `MatmulParams` (FLAG_* in matmul_io.wgsl; the test
+/// `flag_bits_match_the_shaders` compares the two).
 const ACCUMULATE: u32 = 1;
 const BIAS: u32 = 2;
 const FUSED_NORM: u32 = 4;
@@ -1044,6 +1045,37 @@ mod tests {
             .into_iter()
             .map(|v| (MatvecVariant::Rows8, v))
             .collect()
+    }
+
+    /// The flag bits the host sets are the values matmul_io.wgsl tests
+    /// (naga's reading of the assembled source of a kernel that includes it).
+    #[test]
+    fn flag_bits_match_the_shaders() {
+        let src = shaders::source(
+            &shaders::MATMUL_TILED,
+            Some(WeightFormat::F16),
+            WeightStore::Buffer,
+        );
+        let module = naga::front::wgsl::parse_str(&src).unwrap();
+        let value = |name: &str| -> u32 {
+            let (_, c) = module
+                .constants
+                .iter()
+                .find(|(_, c)| c.name.as_deref() == Some(name))
+                .unwrap_or_else(|| panic!("{name} is not in matmul_io.wgsl"));
+            match module.global_expressions[c.init] {
+                naga::Expression::Literal(naga::Literal::U32(v)) => v,
+                ref e => panic!("{name} = {e:?}"),
+            }
+        };
+        for (name, host) in [
+            ("FLAG_ACCUMULATE", ACCUMULATE),
+            ("FLAG_BIAS", BIAS),
+            ("FLAG_FUSED_NORM", FUSED_NORM),
+            ("FLAG_FUSED_SWIGLU", FUSED_SWIGLU),
+        ] {
+            assert_eq!(value(name), host, "{name}");
+        }
     }
 
     /// Checks every variant on one shape; returns the mat-mul variants run.

@@ -1054,7 +1054,7 @@ mod tests {
 
     /// Devices with each decode variant: `cpu` (attention.wgsl), `gpu`
     /// (attention_decode.wgsl, with one and with eight value rows loaded at
-    /// a time, and over chunks of 64 keys) and, where the device's subgroups take it
+    /// a time; over chunks of 64 keys in `short_chunks_match_reference`) and, where the device's subgroups take it
     /// (lavapipe's 8 lanes do; with `LP_NATIVE_VECTOR_WIDTH=128` its 4 do
     /// not), the `gpu` set with the eight-lanes-per-key kernel
     /// (attention_decode_lanes.wgsl).
@@ -1064,9 +1064,6 @@ mod tests {
             gpu_with(KernelSet::Gpu),
             gpu_with_variants(KernelSet::Gpu, |v| {
                 v.attn_decode = AttnDecodeVariant::ParallelBatched;
-            }),
-            gpu_with_variants(KernelSet::Gpu, |v| {
-                v.attn_decode = AttnDecodeVariant::ParallelShort;
             }),
         ];
         if lanes_per_key_runs_here(&out[1]) {
@@ -1116,6 +1113,24 @@ mod tests {
             check(&gpu, 8, 1, 128, 1, 300, 0);
             check(&gpu, 14, 2, 64, 1, 513, 0);
         }
+    }
+
+    /// The decode kernel over chunks of 64 keys (`ParallelShort`: the
+    /// batched kernel with CHUNK = 64 and its own merge): steps ending
+    /// inside and just past a chunk, several chunks, the largest group and
+    /// head, columns fewer than the lanes of a slice, a cache in pages of
+    /// 256 slots (four chunks each), in both cache formats. The other
+    /// shapes are the batched kernel's, which differs in CHUNK only.
+    #[test]
+    fn short_chunks_match_reference() {
+        let gpu = gpu_with_variants(KernelSet::Gpu, |v| {
+            v.attn_decode = AttnDecodeVariant::ParallelShort;
+        });
+        check(&gpu, 2, 2, 64, 1, 0, 0);
+        check(&gpu, 8, 1, 128, 1, 64, 0);
+        check(&gpu, 14, 2, 64, 1, 513, 0);
+        check(&gpu, 3, 1, 36, 1, 40, 0);
+        check(&gpu, 6, 3, 64, 1, 300, 256);
     }
 
     /// With `tuned`, each attention shape's decode and prefill candidates

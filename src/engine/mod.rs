@@ -109,6 +109,39 @@ pub struct Submitted {
     n_tokens: usize,
 }
 
+/// Two readback buffers used in turn, so that a step's result is read
+/// while the next step (which copies into the other) is already submitted.
+pub(crate) struct Readbacks {
+    buffers: [wgpu::Buffer; 2],
+    next: usize,
+}
+
+impl Readbacks {
+    fn new(gpu: &Runtime, label: &str, bytes: u64) -> Self {
+        Readbacks {
+            buffers: [0, 1].map(|_| gpu.readback(label, bytes)),
+            next: 0,
+        }
+    }
+
+    /// Copies the first `bytes` of `src` into the next buffer; which one.
+    fn stage(&mut self, enc: &mut wgpu::CommandEncoder, src: &wgpu::Buffer, bytes: u64) -> usize {
+        let k = self.next;
+        self.next = 1 - k;
+        enc.copy_buffer_to_buffer(src, 0, &self.buffers[k], 0, bytes);
+        k
+    }
+
+    fn buffer(&self, k: usize) -> &wgpu::Buffer {
+        &self.buffers[k]
+    }
+
+    /// Bytes of both buffers.
+    fn bytes(&self) -> u64 {
+        2 * self.buffers[0].size()
+    }
+}
+
 /// The buffers a step's kernels read and write, one set per engine (every
 /// layer uses them in turn).
 pub(crate) struct Activations {
@@ -146,11 +179,8 @@ pub struct Engine {
     final_norm: RmsNorm,
     lm_head: Matmul,
     sampler: Sampler,
-    /// Two readback buffers for sampled tokens, used in turn, so that a
-    /// step's token can be read while the next step (which writes the other)
-    /// is already submitted.
-    sample_staging: [wgpu::Buffer; 2],
-    next_staging: usize,
+    /// Where sampled tokens are read back.
+    sample_staging: Readbacks,
     /// Whether the last submitted step sampled (`StepIds::LastSampled` reads its token).
     last_step_sampled: bool,
     compactor: Option<Compactor>,
@@ -256,7 +286,7 @@ impl Engine {
             }
             None => None,
         };
-        let sample_staging = [0, 1].map(|_| gpu.readback("sampled-token", 4));
+        let sample_staging = Readbacks::new(&gpu, "sampled-token", 4);
         Ok(Engine {
             model,
             opts,
@@ -267,7 +297,6 @@ impl Engine {
             lm_head,
             sampler,
             sample_staging,
-            next_staging: 0,
             last_step_sampled: false,
             compactor,
             signals,
@@ -520,12 +549,9 @@ impl Engine {
         if let Some(pr) = prof.as_ref() {
             pr.resolve(&mut enc);
         }
-        let staging = out.sample.map(|_| {
-            let k = self.next_staging;
-            self.next_staging = 1 - k;
-            enc.copy_buffer_to_buffer(&self.sampler.result, 0, &self.sample_staging[k], 0, 4);
-            k
-        });
+        let staging = out
+            .sample
+            .map(|_| self.sample_staging.stage(&mut enc, &self.sampler.result, 4));
         let delta_staging = self.signals.stage_deltas(&mut enc, n);
         let index = gpu.queue.submit([enc.finish()]);
         self.last_record_seconds = recording.elapsed().as_secs_f64();
@@ -553,7 +579,7 @@ impl Engine {
         let token = match s.staging {
             Some(k) => {
                 let bytes = gpu
-                    .map_and_read_after(&self.sample_staging[k], 4, Some(s.index.clone()))
+                    .map_and_read_after(self.sample_staging.buffer(k), 4, Some(s.index.clone()))
                     .context("reading the sampled token")?;
                 Some(u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]))
             }

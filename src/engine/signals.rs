@@ -8,7 +8,7 @@
 use anyhow::{bail, Context, Result};
 
 use super::layer::LayerAttention;
-use super::{Activations, Engine};
+use super::{Activations, Engine, Readbacks};
 use crate::kernels::attn_weights::{AttnWeights, WeightMode};
 use crate::kernels::compact::Gather;
 use crate::kernels::epikv_delta::LayerDelta;
@@ -95,11 +95,8 @@ pub(super) struct SignalKernels {
     deltas: Vec<(usize, LayerDelta)>,
     /// `[max_tokens, tracked layers]` g values of the step that ran last.
     delta_out: wgpu::Buffer,
-    /// Two readback buffers for `delta_out`, used in turn (as the sampled
-    /// tokens' are), so that a step's g values are read while the next step
-    /// is already submitted; none without tracked layers.
-    delta_staging: Vec<wgpu::Buffer>,
-    next_delta_staging: usize,
+    /// Where `delta_out` is read back; none without tracked layers.
+    delta_staging: Option<Readbacks>,
     /// `[n, tracked layers]` g values of the last completed step.
     last_deltas: Vec<f32>,
     /// GPU state a step changes and later steps or refreshes read (the
@@ -139,14 +136,11 @@ impl SignalKernels {
         }
         let n_tracked = signals.track_layers.len();
         let delta_out = gpu.storage("epikv-g", (max_tokens * n_tracked.max(1)) as u64 * 4);
-        let delta_staging = if n_tracked == 0 {
-            vec![]
-        } else {
-            *bytes += 2 * delta_out.size();
-            [0, 1]
-                .map(|_| gpu.readback("epikv-g-readback", delta_out.size()))
-                .into()
-        };
+        let delta_staging = (n_tracked > 0).then(|| {
+            let staging = Readbacks::new(gpu, "epikv-g-readback", delta_out.size());
+            *bytes += staging.bytes();
+            staging
+        });
         let mut deltas = vec![];
         let mut undo_state = vec![];
         for (column, &l) in signals.track_layers.iter().enumerate() {
@@ -231,7 +225,6 @@ impl SignalKernels {
             deltas,
             delta_out,
             delta_staging,
-            next_delta_staging: 0,
             last_deltas: vec![],
             undo_state,
             weights,
@@ -291,13 +284,9 @@ impl SignalKernels {
     /// Copies a step's EpiKV values of `n` tokens into the next readback
     /// buffer; which one, if layers are tracked.
     pub fn stage_deltas(&mut self, enc: &mut wgpu::CommandEncoder, n: usize) -> Option<usize> {
-        (!self.delta_staging.is_empty()).then(|| {
-            let k = self.next_delta_staging;
-            self.next_delta_staging = 1 - k;
-            let bytes = (n * self.deltas.len() * 4) as u64;
-            enc.copy_buffer_to_buffer(&self.delta_out, 0, &self.delta_staging[k], 0, bytes);
-            k
-        })
+        let bytes = (n * self.deltas.len() * 4) as u64;
+        let staging = self.delta_staging.as_mut()?;
+        Some(staging.stage(enc, &self.delta_out, bytes))
     }
 
     /// Reads the EpiKV values of a completed step's `n` tokens from
@@ -311,7 +300,14 @@ impl SignalKernels {
     ) -> Result<()> {
         let bytes = (n * self.deltas.len() * 4) as u64;
         let g = gpu
-            .map_and_read_after(&self.delta_staging[k], bytes, Some(after))
+            .map_and_read_after(
+                self.delta_staging
+                    .as_ref()
+                    .context("no EpiKV readback")?
+                    .buffer(k),
+                bytes,
+                Some(after),
+            )
             .context("reading the EpiKV signal")?;
         self.last_deltas = bytemuck::pod_collect_to_vec(&g);
         Ok(())

@@ -16,6 +16,7 @@ pub mod rope_kv;
 pub mod runtime;
 pub mod sample;
 pub mod silu_mul;
+pub mod startup;
 pub mod token_logit;
 pub mod tune;
 pub mod variants;

@@ -221,13 +221,23 @@ impl Attention {
             self.encode_merge(pass, &kernel.merge, merge_group, n_tokens);
             return;
         }
+        self.encode_queries(pass, &self.prefill, n_tokens, n_keys);
+    }
+
+    /// `partials` (the prefill or the counter-causal kernel) for `n_tokens`
+    /// queries over each page holding some of the first `n_keys` slots, in
+    /// chunks of [`KEY_CHUNK`], then the merge.
+    fn encode_queries(
+        &self,
+        pass: &mut wgpu::ComputePass,
+        partials: &wgpu::ComputePipeline,
+        n_tokens: u32,
+        n_keys: u32,
+    ) {
+        let heads = self.heads.n_heads as u32;
         for (page, n_chunks) in self.pages_with_keys(n_keys, KEY_CHUNK) {
-            dispatch(
-                pass,
-                &self.prefill,
-                &page.prefill_group,
-                (ceil_div(n_tokens, 64), h.n_heads as u32, n_chunks),
-            );
+            let groups = (ceil_div(n_tokens, 64), heads, n_chunks);
+            dispatch(pass, partials, &page.prefill_group, groups);
         }
         self.encode_merge(pass, &self.merge, &self.pages[0].group, n_tokens);
     }
@@ -285,16 +295,7 @@ impl Attention {
     /// `n_present` in the cache. The step uniform must hold
     /// `start_slot = n_present - n_tokens`.
     pub fn encode_anticausal(&self, pass: &mut wgpu::ComputePass, n_tokens: u32, n_present: u32) {
-        let h = self.heads;
-        for (page, n_chunks) in self.pages_with_keys(n_present, KEY_CHUNK) {
-            dispatch(
-                pass,
-                &self.anticausal,
-                &page.prefill_group,
-                (ceil_div(n_tokens, 64), h.n_heads as u32, n_chunks),
-            );
-        }
-        self.encode_merge(pass, &self.merge, &self.pages[0].group, n_tokens);
+        self.encode_queries(pass, &self.anticausal, n_tokens, n_present);
     }
 }
 

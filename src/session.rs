@@ -503,6 +503,53 @@ impl Session {
         opts: &GenerateOptions,
         mut on_text: impl FnMut(&str) -> bool,
     ) -> anyhow::Result<Generation> {
+        let max = self.check_prompt(prompt, opts)?;
+        let t0 = Instant::now();
+        let next = match self.feed_prompt(prompt, opts)? {
+            Ok(next) => next,
+            Err(fed) => {
+                let stats = GenerationStats {
+                    prompt_tokens: fed,
+                    generated_tokens: 0,
+                    prefill_seconds: t0.elapsed().as_secs_f64(),
+                    decode_seconds: 0.0,
+                    stop: StopReason::Cancelled,
+                };
+                return Ok(Generation {
+                    text: String::new(),
+                    ids: vec![],
+                    stats,
+                });
+            }
+        };
+        let prefill_seconds = t0.elapsed().as_secs_f64();
+        let t1 = Instant::now();
+        let mut text = StopText::new(&opts.stop_strings);
+        let mut ids = Vec::new();
+        let stop = self.decode(next, opts, max, &mut ids, &mut text, &mut on_text)?;
+        let text = text.finish(stop, &mut on_text);
+        Ok(Generation {
+            text,
+            stats: GenerationStats {
+                prompt_tokens: prompt.len(),
+                generated_tokens: ids.len(),
+                prefill_seconds,
+                decode_seconds: t1.elapsed().as_secs_f64(),
+                stop,
+            },
+            ids,
+        })
+    }
+
+    /// Refuses a prompt before any step: empty, too long for the context,
+    /// or with a token outside the vocabulary (found by the engine in a
+    /// later step of a chunk, it would leave the steps before it fed).
+    /// Returns the longest context (None: unbounded).
+    fn check_prompt(
+        &self,
+        prompt: &[u32],
+        opts: &GenerateOptions,
+    ) -> anyhow::Result<Option<usize>> {
         if prompt.is_empty() {
             bail_kind!(ErrorKind::InvalidOptions, "the prompt is empty");
         }
@@ -516,8 +563,6 @@ impl Session {
                 self.tokens.len()
             );
         }
-        // Checked before any step: a bad id found by the engine in a later
-        // step of a chunk would leave the steps before it fed.
         let vocab = self.engine.model.config.vocab_size;
         if let Some(&bad) = prompt.iter().find(|&&t| t as usize >= vocab) {
             bail_kind!(
@@ -525,35 +570,28 @@ impl Session {
                 "prompt token id {bad} is outside the model's vocabulary of {vocab} tokens"
             );
         }
-        let t0 = Instant::now();
-        let empty = |stop, fed, prefill_seconds| Generation {
-            text: String::new(),
-            ids: vec![],
-            stats: GenerationStats {
-                prompt_tokens: fed,
-                generated_tokens: 0,
-                prefill_seconds,
-                decode_seconds: 0.0,
-                stop,
-            },
-        };
+        Ok(max)
+    }
+
+    /// Feeds the prompt in chunks, so that a cancel is seen between them;
+    /// only the last one samples. What was fed stays in the history.
+    /// Returns the first sampled token, or (cancelled) how many prompt
+    /// tokens were fed.
+    fn feed_prompt(
+        &mut self,
+        prompt: &[u32],
+        opts: &GenerateOptions,
+    ) -> anyhow::Result<std::result::Result<u32, usize>> {
         if self.cancel.is_cancelled() {
-            return Ok(empty(StopReason::Cancelled, 0, 0.0));
+            return Ok(Err(0));
         }
         let seen: Vec<u32> = self.tokens.iter().chain(prompt).copied().collect();
         self.engine.reset_seen(&seen);
-        // The prompt in chunks, so that a cancel is seen between them; only
-        // the last one samples. What was fed stays in the history.
         let chunk = self.engine.opts.max_tokens.max(1);
         let mut next = None;
         for (i, piece) in prompt.chunks(chunk).enumerate() {
             if self.cancel.is_cancelled() {
-                let fed = i * chunk;
-                return Ok(empty(
-                    StopReason::Cancelled,
-                    fed,
-                    t0.elapsed().as_secs_f64(),
-                ));
+                return Ok(Err(i * chunk));
             }
             let last = (i + 1) * chunk >= prompt.len();
             let out = if last {
@@ -571,95 +609,84 @@ impl Session {
                 progress.report((i * chunk + piece.len()).min(prompt.len()), prompt.len());
             }
         }
-        let mut next = next.expect("a sampling feed returns a token");
-        let prefill_seconds = t0.elapsed().as_secs_f64();
-        let t1 = Instant::now();
-        let mut decoder = StreamDecoder::new();
-        let mut ids = Vec::new();
-        let mut pending = String::new();
-        let mut text = String::new();
-        let hold = opts.stop_strings.iter().map(|s| s.len()).max().unwrap_or(0);
-        // Each emitted token is fed before the loop decides whether to go on,
-        // so the cache always holds exactly prompt + emitted ids; a sampled
-        // token that cannot be fed (full context, end of sequence) is not
-        // emitted. With steps submitted ahead, `ahead` is the step already feeding
-        // `next` (submitted before `next` was read back); it is undone when
-        // `next` is not emitted. A step that needs a refresh first waits for
-        // the one before (nothing is submitted ahead of a refresh).
+        Ok(Ok(next.expect("a sampling feed returns a token")))
+    }
+
+    /// Why the generation ends before emitting `next`, if it does.
+    fn end_before(
+        &self,
+        next: u32,
+        emitted: usize,
+        opts: &GenerateOptions,
+        max: Option<usize>,
+    ) -> Option<StopReason> {
+        if emitted >= opts.max_new_tokens {
+            Some(StopReason::MaxTokens)
+        } else if opts.stop_at_eos && self.tokenizer.eos_ids.contains(&next) {
+            Some(StopReason::Eos)
+        } else if max.is_some_and(|m| self.tokens.len() >= m) {
+            Some(StopReason::ContextFull)
+        } else {
+            None
+        }
+    }
+
+    /// The decode loop after the prompt: emits `next`, feeds it, samples the
+    /// one after, until a stop. Each emitted token is fed before the loop
+    /// decides whether to go on, so the cache always holds exactly prompt +
+    /// emitted ids; a sampled token that cannot be fed (full context, end of
+    /// sequence) is not emitted. With steps submitted ahead, `ahead` is the
+    /// step already feeding `next` (submitted before `next` was read back);
+    /// it is undone when `next` is not emitted. A step that needs a refresh
+    /// first waits for the one before (nothing is submitted ahead of a
+    /// refresh).
+    fn decode(
+        &mut self,
+        mut next: u32,
+        opts: &GenerateOptions,
+        max: Option<usize>,
+        ids: &mut Vec<u32>,
+        text: &mut StopText,
+        on_text: &mut impl FnMut(&str) -> bool,
+    ) -> anyhow::Result<StopReason> {
         let mut ahead: Option<Submitted> = None;
         let submit_ahead = opts.submit_ahead.enabled(&self.engine.model.gpu.profile);
-        let stop = loop {
-            let end = if ids.len() >= opts.max_new_tokens {
-                Some(StopReason::MaxTokens)
-            } else if opts.stop_at_eos && self.tokenizer.eos_ids.contains(&next) {
-                Some(StopReason::Eos)
-            } else if max.is_some_and(|m| self.tokens.len() >= m) {
-                Some(StopReason::ContextFull)
-            } else {
-                None
-            };
-            if let Some(end) = end {
+        loop {
+            if let Some(end) = self.end_before(next, ids.len(), opts, max) {
                 self.undo_ahead(ahead.take())?;
-                break end;
+                return Ok(end);
             }
             ids.push(next);
-            match decoder.push(&self.tokenizer, next) {
-                Ok(piece) => pending.push_str(&piece),
+            let stopped = match text.push(&self.tokenizer, next, on_text) {
+                Ok(stopped) => stopped,
                 Err(e) => return Err(self.fail_with_ahead(ahead.take(), e)),
-            }
-            let mut stopped = None;
-            if let Some(cut) = opts
-                .stop_strings
-                .iter()
-                .filter_map(|s| pending.find(s.as_str()))
-                .min()
-            {
-                pending.truncate(cut);
-                text.push_str(&pending);
-                on_text(&pending);
-                pending.clear();
-                stopped = Some(StopReason::StopString);
-            } else {
-                // Hold back a tail that could still become a stop string.
-                let mut safe = pending.len().saturating_sub(hold.saturating_sub(1));
-                while !pending.is_char_boundary(safe) {
-                    safe -= 1;
-                }
-                if safe > 0 {
-                    let emit: String = pending.drain(..safe).collect();
-                    text.push_str(&emit);
-                    if !on_text(&emit) {
-                        stopped = Some(StopReason::Cancelled);
-                    }
-                }
-            }
+            };
             let pos = self.tokens.len() as u32;
             let fed = match ahead.take() {
                 Some(step) => step,
-                None => {
+                None if submit_ahead => {
+                    // Nothing is in flight: a full bounded cache refreshes
+                    // here, and the steps after this one are submitted
+                    // ahead until it is full again.
                     self.steps += 1;
                     let out = FeedOutput::Sample(opts.sampling, self.steps);
-                    if submit_ahead {
-                        // Nothing is in flight: a full bounded cache
-                        // refreshes here, and the steps after this one
-                        // are submitted ahead until it is full again.
-                        self.cache.make_room(&mut self.engine, pos)?;
-                        self.engine
-                            .submit(StepIds::Host(&[next]), &[pos], out.step_output(1))?
-                    } else {
-                        let t = self
-                            .cache
-                            .feed(&mut self.engine, &[next], pos, out, |_, _| Ok(()))?;
-                        self.tokens.push(next);
-                        next = t.expect("a sampling feed returns a token");
-                        if let Some(stop) = stopped {
-                            break stop;
-                        }
-                        if self.cancel.is_cancelled() {
-                            break StopReason::Cancelled;
-                        }
-                        continue;
+                    self.cache.make_room(&mut self.engine, pos)?;
+                    self.engine
+                        .submit(StepIds::Host(&[next]), &[pos], out.step_output(1))?
+                }
+                None => {
+                    // One step at a time.
+                    self.steps += 1;
+                    let out = FeedOutput::Sample(opts.sampling, self.steps);
+                    let t = self
+                        .cache
+                        .feed(&mut self.engine, &[next], pos, out, |_, _| Ok(()))?;
+                    self.tokens.push(next);
+                    next = t.expect("a sampling feed returns a token");
+                    if let Some(stop) = stopped.or(self.cancelled()) {
+                        return Ok(stop);
                     }
+                    continue;
                 }
             };
             // The step after `fed`, feeding the token `fed` samples, unless
@@ -671,13 +698,10 @@ impl Session {
                 && ids.len() < opts.max_new_tokens
                 && max.is_none_or(|m| self.tokens.len() + 1 < m)
             {
-                self.steps += 1;
-                let out = FeedOutput::Sample(opts.sampling, self.steps).step_output(1);
-                match self.engine.submit(StepIds::LastSampled, &[pos + 1], out) {
+                match self.submit_after(pos, opts.sampling) {
                     Ok(step) => ahead = Some(step),
                     Err(e) => {
                         // `next` was emitted: it stays fed, as in `feed`.
-                        self.steps -= 1;
                         if self.engine.complete(fed).is_ok() {
                             self.tokens.push(next);
                             let _ = self.cache.record_fed(&self.engine, next, pos);
@@ -696,28 +720,100 @@ impl Session {
             }
             next = sampled;
             if let Some(stop) = stopped {
-                break stop;
+                return Ok(stop);
             }
             if self.cancel.is_cancelled() {
                 self.undo_ahead(ahead.take())?;
-                break StopReason::Cancelled;
+                return Ok(StopReason::Cancelled);
             }
-        };
-        if stop != StopReason::StopString && !pending.is_empty() {
-            text.push_str(&pending);
-            on_text(&pending);
         }
-        Ok(Generation {
-            text,
-            ids: ids.clone(),
-            stats: GenerationStats {
-                prompt_tokens: prompt.len(),
-                generated_tokens: ids.len(),
-                prefill_seconds,
-                decode_seconds: t1.elapsed().as_secs_f64(),
-                stop,
-            },
-        })
+    }
+
+    fn cancelled(&self) -> Option<StopReason> {
+        self.cancel.is_cancelled().then_some(StopReason::Cancelled)
+    }
+
+    /// Submits the step at `pos + 1` that feeds the token the step at `pos`
+    /// samples (passed on on the GPU), with its sampling counter.
+    fn submit_after(&mut self, pos: u32, sampling: SamplingParams) -> anyhow::Result<Submitted> {
+        self.steps += 1;
+        let out = FeedOutput::Sample(sampling, self.steps).step_output(1);
+        self.engine
+            .submit(StepIds::LastSampled, &[pos + 1], out)
+            .inspect_err(|_| self.steps -= 1)
+    }
+}
+
+/// The text of a generation as it streams: pieces are decoded token by
+/// token, cut before the first stop string, and a tail that could still
+/// become one is held back.
+struct StopText {
+    decoder: StreamDecoder,
+    stop_strings: Vec<String>,
+    /// The longest stop string's length in bytes.
+    hold: usize,
+    /// Decoded text not yet passed on.
+    pending: String,
+    /// Everything passed on.
+    text: String,
+}
+
+impl StopText {
+    fn new(stop_strings: &[String]) -> Self {
+        StopText {
+            decoder: StreamDecoder::new(),
+            stop_strings: stop_strings.to_vec(),
+            hold: stop_strings.iter().map(|s| s.len()).max().unwrap_or(0),
+            pending: String::new(),
+            text: String::new(),
+        }
+    }
+
+    /// Adds an emitted token; passes on what is safe. Returns the reason to
+    /// stop after this token: a stop string reached, or the callback
+    /// returned false.
+    fn push(
+        &mut self,
+        tokenizer: &Tokenizer,
+        id: u32,
+        on_text: &mut impl FnMut(&str) -> bool,
+    ) -> anyhow::Result<Option<StopReason>> {
+        self.pending.push_str(&self.decoder.push(tokenizer, id)?);
+        let pending = &mut self.pending;
+        if let Some(cut) = self
+            .stop_strings
+            .iter()
+            .filter_map(|s| pending.find(s.as_str()))
+            .min()
+        {
+            pending.truncate(cut);
+            self.text.push_str(pending);
+            on_text(pending);
+            pending.clear();
+            return Ok(Some(StopReason::StopString));
+        }
+        let mut safe = pending.len().saturating_sub(self.hold.saturating_sub(1));
+        while !pending.is_char_boundary(safe) {
+            safe -= 1;
+        }
+        if safe > 0 {
+            let emit: String = pending.drain(..safe).collect();
+            self.text.push_str(&emit);
+            if !on_text(&emit) {
+                return Ok(Some(StopReason::Cancelled));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Passes on the held-back tail (none after a stop string) and returns
+    /// the whole text.
+    fn finish(mut self, stop: StopReason, on_text: &mut impl FnMut(&str) -> bool) -> String {
+        if stop != StopReason::StopString && !self.pending.is_empty() {
+            self.text.push_str(&self.pending);
+            on_text(&self.pending);
+        }
+        self.text
     }
 }
 

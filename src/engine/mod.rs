@@ -396,6 +396,62 @@ impl Engine {
         out: StepOutput,
     ) -> Result<Submitted> {
         let recording = std::time::Instant::now();
+        let n = self.check_step(&ids, positions, &out)?;
+        let gpu = self.model.gpu.clone();
+        let step = Step {
+            n_tokens: n as u32,
+            start_slot: self.n_cached as u32,
+            logit_row0: out.logit_row0 as u32,
+            n_logits: out.n_logits as u32,
+        };
+        let a = &self.acts;
+        gpu.write(&a.step, 0, bytemuck::bytes_of(&step));
+        gpu.write(&a.positions, 0, bytemuck::cast_slice(positions));
+        if let Some((params, counter)) = &out.sample {
+            self.sampler
+                .set_params(&gpu, params, (out.n_logits - 1) as u32, *counter);
+        }
+        let mut enc = gpu.device.create_command_encoder(&Default::default());
+        // (Queue writes land before this submission's commands; the copy is
+        // ordered after the previous submission's sampling.)
+        match ids {
+            StepIds::Host(ids) => gpu.write(&a.ids, 0, bytemuck::cast_slice(ids)),
+            StepIds::LastSampled => {
+                enc.copy_buffer_to_buffer(&self.sampler.result, 0, &a.ids, 0, 4);
+                // A step submitted ahead may be undone (its token not
+                // emitted): save what it changes for the policy.
+                self.signals.save(&mut enc);
+            }
+        }
+        let saved_state = matches!(ids, StepIds::LastSampled);
+        let (nt, start) = (n as u32, self.n_cached as u32);
+        self.encode_step(&mut enc, nt, start, &out);
+        if let Some(pr) = self.profiler.as_ref() {
+            pr.resolve(&mut enc);
+        }
+        let staging = out
+            .sample
+            .map(|_| self.sample_staging.stage(&mut enc, &self.sampler.result, 4));
+        let delta_staging = self.signals.stage_deltas(&mut enc, n);
+        let index = gpu.queue.submit([enc.finish()]);
+        self.last_record_seconds = recording.elapsed().as_secs_f64();
+        self.last_step_sampled = out.sample.is_some();
+        let first_slot = self.n_cached;
+        self.n_cached += n;
+        Ok(Submitted {
+            index,
+            staging,
+            delta_staging,
+            saved_state,
+            first_slot,
+            n_tokens: n,
+        })
+    }
+
+    /// The step's token count, after checking the step against the
+    /// engine's sizes, the vocabulary and the logit rows.
+    fn check_step(&self, ids: &StepIds, positions: &[u32], out: &StepOutput) -> Result<usize> {
+        let c = &self.model.config;
         let n = match ids {
             StepIds::Host(ids) => ids.len(),
             StepIds::LastSampled => {
@@ -405,7 +461,6 @@ impl Engine {
                 1
             }
         };
-        let c = &self.model.config;
         if n == 0 || n > self.opts.max_tokens {
             bail!("a step takes 1 to {} tokens, got {n}", self.opts.max_tokens);
         }
@@ -448,35 +503,22 @@ impl Engine {
         if out.sample.is_some() && out.n_logits == 0 {
             bail!("sampling needs logits");
         }
-        let gpu = self.model.gpu.clone();
-        let step = Step {
-            n_tokens: n as u32,
-            start_slot: self.n_cached as u32,
-            logit_row0: out.logit_row0 as u32,
-            n_logits: out.n_logits as u32,
-        };
+        Ok(n)
+    }
+
+    /// Encodes one step's compute pass: embedding, the layers (with the
+    /// copies for CCS and capture, the policy signals), the final norm, the
+    /// LM head and sampling.
+    fn encode_step(
+        &mut self,
+        enc: &mut wgpu::CommandEncoder,
+        nt: u32,
+        start: u32,
+        out: &StepOutput,
+    ) {
+        let c = &self.model.config;
         let a = &self.acts;
-        gpu.write(&a.step, 0, bytemuck::bytes_of(&step));
-        gpu.write(&a.positions, 0, bytemuck::cast_slice(positions));
-        if let Some((params, counter)) = &out.sample {
-            self.sampler
-                .set_params(&gpu, params, (out.n_logits - 1) as u32, *counter);
-        }
-        let mut enc = gpu.device.create_command_encoder(&Default::default());
-        // (Queue writes land before this submission's commands; the copy is
-        // ordered after the previous submission's sampling.)
-        match ids {
-            StepIds::Host(ids) => gpu.write(&a.ids, 0, bytemuck::cast_slice(ids)),
-            StepIds::LastSampled => {
-                enc.copy_buffer_to_buffer(&self.sampler.result, 0, &a.ids, 0, 4);
-                // A step submitted ahead may be undone (its token not
-                // emitted): save what it changes for the policy.
-                self.signals.save(&mut enc);
-            }
-        }
-        let saved_state = matches!(ids, StepIds::LastSampled);
-        let (nt, start) = (n as u32, self.n_cached as u32);
-        let hidden_bytes = (n * c.hidden_size * 4) as u64;
+        let hidden_bytes = (nt as usize * c.hidden_size * 4) as u64;
         let capture_stride = (self.opts.max_tokens * c.hidden_size * 4) as u64;
         let mut pass = Some(
             enc.begin_compute_pass(&Default::default())
@@ -499,7 +541,7 @@ impl Engine {
                 // The residual stream entering the last layer, kept per slot for CCS.
                 let row = (c.hidden_size * 4) as u64;
                 copy_between_passes(
-                    &mut enc,
+                    enc,
                     &mut pass,
                     &a.x,
                     store,
@@ -509,7 +551,7 @@ impl Engine {
             }
             if let Some(cap) = &self.capture {
                 let at = l as u64 * capture_stride;
-                copy_between_passes(&mut enc, &mut pass, &a.x, cap, at, hidden_bytes);
+                copy_between_passes(enc, &mut pass, &a.x, cap, at, hidden_bytes);
             }
             let p = pass.as_mut().unwrap();
             mark!(p, "copies");
@@ -529,7 +571,7 @@ impl Engine {
             });
         if let Some(cap) = &self.capture {
             let at = c.num_layers as u64 * capture_stride;
-            copy_between_passes(&mut enc, &mut pass, &a.x, cap, at, hidden_bytes);
+            copy_between_passes(enc, &mut pass, &a.x, cap, at, hidden_bytes);
         }
         {
             let p = pass.as_mut().unwrap();
@@ -545,27 +587,6 @@ impl Engine {
                 mark!(p, "sampling");
             }
         }
-        drop(pass);
-        if let Some(pr) = prof.as_ref() {
-            pr.resolve(&mut enc);
-        }
-        let staging = out
-            .sample
-            .map(|_| self.sample_staging.stage(&mut enc, &self.sampler.result, 4));
-        let delta_staging = self.signals.stage_deltas(&mut enc, n);
-        let index = gpu.queue.submit([enc.finish()]);
-        self.last_record_seconds = recording.elapsed().as_secs_f64();
-        self.last_step_sampled = out.sample.is_some();
-        let first_slot = self.n_cached;
-        self.n_cached += n;
-        Ok(Submitted {
-            index,
-            staging,
-            delta_staging,
-            saved_state,
-            first_slot,
-            n_tokens: n,
-        })
     }
 
     /// Waits for a submitted step and returns its sampled token, if it

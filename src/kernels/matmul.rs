@@ -10,7 +10,9 @@ use std::sync::Arc;
 
 use super::runtime::Runtime;
 use super::tune::{Candidate, Dispatch, TuneKey};
-use super::variants::{MatmulVariant, MatvecVariant, MATVEC_LANES, MATVEC_ROWS_MAX, MATVEC_STEPS};
+use super::variants::{
+    MatmulKernel, MatmulVariant, MatvecVariant, MATVEC_LANES, MATVEC_ROWS_MAX, MATVEC_STEPS,
+};
 use super::{ceil_div, dispatch, Rows};
 use crate::shaders::{self, Shader, WeightFormat};
 use crate::weights::{GpuMatrix, MatrixPart};
@@ -162,40 +164,10 @@ impl XCopy {
     }
 }
 
-/// Whether a variant's kernel is matmul_coop.wgsl, whose binding 7 is the
-/// f16 copy of x (read by `CoopX16` alone; a dummy for the others).
-fn binds_x16(v: MatmulVariant) -> bool {
-    matmul_kernel(v).0.name == shaders::MATMUL_COOP.name
-}
-
 /// Whether a variant pair's kernel is matmul.wgsl, which reads x from a
 /// texture.
 fn reads_x_texture((matvec, matmul): (MatvecVariant, MatmulVariant)) -> bool {
     matvec == MatvecVariant::Rows8 || matmul == MatmulVariant::Blocked4x4
-}
-
-fn matvec_kernel(v: MatvecVariant) -> (&'static Shader, &'static str) {
-    match v {
-        MatvecVariant::Rows8 => (&shaders::MATMUL, "matvec"),
-        MatvecVariant::WorkgroupReduce { .. } => (&shaders::MATVEC_WORKGROUP, "matvec"),
-        MatvecVariant::SubgroupReduce { .. } => (&shaders::MATVEC_SUBGROUP, "matvec"),
-    }
-}
-
-fn matmul_kernel(v: MatmulVariant) -> (&'static Shader, &'static str) {
-    match v {
-        MatmulVariant::Blocked4x4 => (&shaders::MATMUL, "matmul"),
-        MatmulVariant::Tiled | MatmulVariant::TiledWide => (&shaders::MATMUL_TILED, "matmul"),
-        MatmulVariant::Coop
-        | MatmulVariant::CoopPadded
-        | MatmulVariant::CoopTokensFast
-        | MatmulVariant::CoopX16 => (&shaders::MATMUL_COOP, "matmul"),
-        MatmulVariant::CoopStaged
-        | MatmulVariant::CoopStagedWide
-        | MatmulVariant::CoopStagedPadded
-        | MatmulVariant::CoopStagedPrefetch
-        | MatmulVariant::CoopStagedTokensFast => (&shaders::MATMUL_COOP_STAGED, "matmul"),
-    }
 }
 
 /// The mat-vec pipeline of a variant for weights in `format` (the `gpu`
@@ -205,7 +177,7 @@ fn matvec_pipeline(
     v: MatvecVariant,
     format: WeightFormat,
 ) -> Result<Arc<wgpu::ComputePipeline>> {
-    let (shader, entry) = matvec_kernel(v);
+    let (shader, entry) = v.kernel();
     match v {
         MatvecVariant::Rows8 => gpu.pipeline(shader, Some(format), entry, &[]),
         _ => {
@@ -235,56 +207,16 @@ fn matmul_pipeline(
     v: MatmulVariant,
     format: WeightFormat,
 ) -> Result<Arc<wgpu::ComputePipeline>> {
-    let (shader, entry) = matmul_kernel(v);
-    // The staged kernel's per-lane loads fit SLICE_LOADS_MAX
-    // (matmul_coop_staged.wgsl) with subgroups of 4 lanes or more.
+    let kernel = v.kernel();
     let subgroup = gpu.profile.subgroup_max;
-    if shader.name == shaders::MATMUL_COOP_STAGED.name && subgroup < 4 {
-        bail!("{v:?} needs subgroups of at least 4 lanes; this device's have {subgroup}");
+    if subgroup < kernel.min_subgroup {
+        bail!(
+            "{v:?} needs subgroups of at least {} lanes; this device's have {subgroup}",
+            kernel.min_subgroup
+        );
     }
-    gpu.pipeline(shader, Some(format), entry, &matmul_constants(gpu, v))
-}
-
-/// A mat-mul variant's override constants: the cooperative ones are sized
-/// in subgroups of the device's one subgroup size, the tiled and staged ones
-/// take their tile width, and each refined cooperative kernel adds its
-/// refinements to those of the one it refines (padded rows, then prefetch,
-/// then the grid's fast axis on the tokens).
-fn matmul_constants(gpu: &Runtime, v: MatmulVariant) -> Vec<(&'static str, f64)> {
-    use MatmulVariant::*;
-    let subgroup = ("SUBGROUP_SIZE", gpu.profile.subgroup_max as f64);
-    let on = 1.0;
-    // WIDE = 2: a 128-token x slice, 20 KiB in all, past the 16 KiB some
-    // devices have (`Gpu::pipeline` checks).
-    let staged = [subgroup, ("WIDE", 1.0)];
-    let padded_staged = [subgroup, ("WIDE", 1.0), ("K_STRIDE", 40.0)];
-    let prefetching = [&padded_staged[..], &[("PREFETCH", on)]].concat();
-    match v {
-        Coop => vec![subgroup],
-        CoopPadded => vec![subgroup, ("X_STRIDE", 72.0)],
-        CoopTokensFast => vec![subgroup, ("X_STRIDE", 72.0), ("TOKENS_FAST", on)],
-        CoopX16 => vec![subgroup, ("TOKENS_FAST", on), ("X_F16", on)],
-        CoopStaged => staged.to_vec(),
-        CoopStagedWide => vec![subgroup, ("WIDE", 2.0)],
-        CoopStagedPadded => padded_staged.to_vec(),
-        CoopStagedPrefetch => prefetching,
-        CoopStagedTokensFast => [&prefetching[..], &[("TOKENS_FAST", on)]].concat(),
-        Tiled => vec![("WIDE", 1.0)],
-        TiledWide => vec![("WIDE", 2.0)],
-        Blocked4x4 => vec![],
-    }
-}
-
-/// The workgroups a mat-vec variant is dispatched with for `rows` rows of
-/// one part (each kernel's header says the same).
-fn matvec_groups(v: MatvecVariant, rows: u32) -> (u32, u32, u32) {
-    match v {
-        MatvecVariant::Rows8 => (ceil_div(rows, 64), 1, 1),
-        MatvecVariant::WorkgroupReduce { .. } | MatvecVariant::SubgroupReduce { .. } => {
-            let g = ceil_div(rows, v.shape().1);
-            (g.min(32768), ceil_div(g, 32768), 1)
-        }
-    }
+    let constants = kernel.constants(subgroup);
+    gpu.pipeline(kernel.shader, Some(format), MatmulKernel::ENTRY, &constants)
 }
 
 /// Flag bits of `MatmulParams` (FLAG_* in matmul_io.wgsl; the test
@@ -408,106 +340,32 @@ impl Matmul {
         let x16_for = |v: MatmulVariant| -> Result<Option<wgpu::Buffer>> {
             Ok(if v.reads_x16() {
                 Some(gpu.x16_buffer(k4, max_tokens as u32)?)
-            } else if binds_x16(v) {
+            } else if v.kernel().binds_x16() {
                 Some(no_x16.clone())
             } else {
                 None
             })
         };
+        let shared = PartBindings {
+            step,
+            bias: bias_buf,
+            x,
+            y,
+            no_norm: &no_norm,
+            x_view,
+            x16_for: &x16_for,
+            flags,
+            fused: fused.as_ref(),
+            fused_flag,
+            input,
+            max_tokens,
+            variants: (matvec_variant, matmul_variant),
+            tune,
+        };
         let parts: Vec<Part> = w
             .parts
             .iter()
-            .map(|part| -> Result<Part> {
-                let params = |flags: u32, eps: f64| Params {
-                    rows: part.rows as u32,
-                    k4: (w.cols / 4) as u32,
-                    col0: part.row0 as u32,
-                    out_stride: w.rows as u32,
-                    flags,
-                    count_sel: opts.rows as u32,
-                    eps: eps as f32,
-                    _p: 0,
-                };
-                let ((matvec_v, matvec_fused), matmul_v) = if tune {
-                    let shape = TunedPart {
-                        part,
-                        cols: w.cols,
-                        flags,
-                    };
-                    (
-                        shape.matvec(gpu, fused_flag, input),
-                        shape.matmul(gpu, max_tokens.min(TUNE_TOKENS)),
-                    )
-                } else {
-                    let m = gpu.kernels.part_variant(
-                        matmul_variant,
-                        gpu.compile.weight_store,
-                        part.format,
-                        part.rows,
-                        w.cols,
-                    );
-                    ((matvec_variant, fused.is_some()), m)
-                };
-                let matvec = matvec_pipeline(gpu, matvec_v, part.format)?;
-                let matmul = matmul_pipeline(gpu, matmul_v, part.format)?;
-                let plain = gpu.uniform("matmul-params", &params(flags, 0.0));
-                let rest = [bias_buf, x, y, &no_norm];
-                // A fused mat-vec reads the folded kernel's input (and the
-                // norm's weights and epsilon) instead of x.
-                let fused_bindings = match fused.filter(|_| matvec_fused) {
-                    Some(FusedInput::RmsNorm {
-                        residual,
-                        weights,
-                        eps,
-                    }) => Some((residual, weights, eps)),
-                    Some(FusedInput::SwiGlu { gate_up }) => Some((gate_up, &no_norm, 0.0)),
-                    None => None,
-                };
-                let matvec_group = match fused_bindings {
-                    Some((input, norm, eps)) => {
-                        let fused = gpu.uniform("matvec-params", &params(flags | fused_flag, eps));
-                        let rest = [bias_buf, input, y, norm];
-                        gpu.bind_group_with_weights(
-                            &matvec,
-                            [step, &fused],
-                            part.binding(gpu),
-                            &rest,
-                            None,
-                        )
-                    }
-                    None => {
-                        let xt = x_view.filter(|_| matvec_v == MatvecVariant::Rows8);
-                        let xt = xt.map(wgpu::BindingResource::TextureView);
-                        gpu.bind_group_with_weights(
-                            &matvec,
-                            [step, &plain],
-                            part.binding(gpu),
-                            &rest,
-                            xt,
-                        )
-                    }
-                };
-                let xt = x_view.filter(|_| matmul_v == MatmulVariant::Blocked4x4);
-                let x16 = x16_for(matmul_v)?;
-                let extra = xt
-                    .map(wgpu::BindingResource::TextureView)
-                    .or(x16.as_ref().map(|b| b.as_entire_binding()));
-                let matmul_group = gpu.bind_group_with_weights(
-                    &matmul,
-                    [step, &plain],
-                    part.binding(gpu),
-                    &rest,
-                    extra,
-                );
-                Ok(Part {
-                    rows: part.rows as u32,
-                    matvec: (matvec, matvec_group),
-                    matvec_variant: matvec_v,
-                    matvec_fused,
-                    matmul: (matmul, matmul_group),
-                    matmul_variant: matmul_v,
-                })
-            })
+            .map(|part| shared.part(gpu, w, part, &opts))
             .collect::<Result<_>>()?;
         let x16_copy = if parts.iter().any(|p| p.matmul_variant.reads_x16()) {
             let x16 = gpu.x16_buffer(k4, max_tokens as u32)?;
@@ -563,13 +421,135 @@ impl Matmul {
         }
         for part in &self.parts {
             if n == 1 {
-                let groups = matvec_groups(part.matvec_variant, part.rows);
+                let groups = part.matvec_variant.groups(part.rows);
                 dispatch(pass, &part.matvec.0, &part.matvec.1, groups);
             } else {
-                let groups = matmul_groups(part.matmul_variant, part.rows, n);
+                let groups = part.matmul_variant.kernel().groups(part.rows, n);
                 dispatch(pass, &part.matmul.0, &part.matmul.1, groups);
             }
         }
+    }
+}
+
+/// What every row part of one product binds alike (`Matmul::build`).
+struct PartBindings<'a> {
+    step: &'a wgpu::Buffer,
+    bias: &'a wgpu::Buffer,
+    x: &'a wgpu::Buffer,
+    y: &'a wgpu::Buffer,
+    no_norm: &'a wgpu::Buffer,
+    /// x as a texture, where `matmul.wgsl` reads it.
+    x_view: Option<&'a wgpu::TextureView>,
+    /// Binding 7 of the direct cooperative kernels for a variant.
+    x16_for: &'a dyn Fn(MatmulVariant) -> Result<Option<wgpu::Buffer>>,
+    /// Accumulate and bias flags.
+    flags: u32,
+    fused: Option<&'a FusedInput<'a>>,
+    fused_flag: u32,
+    /// How the timings name the input (`FusedInput::kind`).
+    input: &'static str,
+    max_tokens: usize,
+    /// The variants asked for, and whether to time the candidates instead.
+    variants: (MatvecVariant, MatmulVariant),
+    tune: bool,
+}
+
+impl PartBindings<'_> {
+    /// One row part's variants, pipelines and bind groups.
+    fn part(
+        &self,
+        gpu: &Runtime,
+        w: &GpuMatrix,
+        part: &MatrixPart,
+        opts: &MatmulOptions,
+    ) -> Result<Part> {
+        let PartBindings {
+            step,
+            x,
+            y,
+            x_view,
+            flags,
+            fused_flag,
+            input,
+            max_tokens,
+            tune,
+            ..
+        } = *self;
+        let (matvec_variant, matmul_variant) = self.variants;
+        let (bias_buf, no_norm, fused) = (self.bias, self.no_norm, self.fused);
+        let x16_for = self.x16_for;
+        let params = |flags: u32, eps: f64| Params {
+            rows: part.rows as u32,
+            k4: (w.cols / 4) as u32,
+            col0: part.row0 as u32,
+            out_stride: w.rows as u32,
+            flags,
+            count_sel: opts.rows as u32,
+            eps: eps as f32,
+            _p: 0,
+        };
+        let ((matvec_v, matvec_fused), matmul_v) = if tune {
+            let shape = TunedPart {
+                part,
+                cols: w.cols,
+                flags,
+            };
+            (
+                shape.matvec(gpu, fused_flag, input),
+                shape.matmul(gpu, max_tokens.min(TUNE_TOKENS)),
+            )
+        } else {
+            let m = gpu.kernels.part_variant(
+                matmul_variant,
+                gpu.compile.weight_store,
+                part.format,
+                part.rows,
+                w.cols,
+            );
+            ((matvec_variant, fused.is_some()), m)
+        };
+        let matvec = matvec_pipeline(gpu, matvec_v, part.format)?;
+        let matmul = matmul_pipeline(gpu, matmul_v, part.format)?;
+        let plain = gpu.uniform("matmul-params", &params(flags, 0.0));
+        let rest = [bias_buf, x, y, no_norm];
+        // A fused mat-vec reads the folded kernel's input (and the
+        // norm's weights and epsilon) instead of x.
+        let fused_bindings = match fused.filter(|_| matvec_fused) {
+            Some(FusedInput::RmsNorm {
+                residual,
+                weights,
+                eps,
+            }) => Some((*residual, *weights, *eps)),
+            Some(FusedInput::SwiGlu { gate_up }) => Some((*gate_up, no_norm, 0.0)),
+            None => None,
+        };
+        let matvec_group = match fused_bindings {
+            Some((input, norm, eps)) => {
+                let fused = gpu.uniform("matvec-params", &params(flags | fused_flag, eps));
+                let rest = [bias_buf, input, y, norm];
+                gpu.bind_group_with_weights(&matvec, [step, &fused], part.binding(gpu), &rest, None)
+            }
+            None => {
+                let xt = x_view.filter(|_| matvec_v == MatvecVariant::Rows8);
+                let xt = xt.map(wgpu::BindingResource::TextureView);
+                gpu.bind_group_with_weights(&matvec, [step, &plain], part.binding(gpu), &rest, xt)
+            }
+        };
+        let xt = x_view.filter(|_| matmul_v == MatmulVariant::Blocked4x4);
+        let x16 = x16_for(matmul_v)?;
+        let extra = xt
+            .map(wgpu::BindingResource::TextureView)
+            .or(x16.as_ref().map(|b| b.as_entire_binding()));
+        let matmul_group =
+            gpu.bind_group_with_weights(&matmul, [step, &plain], part.binding(gpu), &rest, extra);
+        Ok(Part {
+            rows: part.rows as u32,
+            matvec: (matvec, matvec_group),
+            matvec_variant: matvec_v,
+            matvec_fused,
+            matmul: (matmul, matmul_group),
+            matmul_variant: matmul_v,
+        })
     }
 }
 
@@ -608,7 +588,7 @@ impl Scratch {
         let [step, params, bias, x, y, norm] = &self.buffers;
         let rest = [bias, x, y, norm];
         let x16 = v
-            .filter(|&v| binds_x16(v))
+            .filter(|v| v.kernel().binds_x16())
             .map(|_| self.x16.as_entire_binding());
         gpu.bind_group_with_weights(pipeline, [step, params], weights.binding(gpu), &rest, x16)
     }
@@ -627,7 +607,7 @@ impl Scratch {
         let product = (
             pipeline,
             group,
-            matmul_groups(v, part.rows as u32, self.tokens),
+            v.kernel().groups(part.rows as u32, self.tokens),
         );
         if !v.reads_x16() {
             return Ok(vec![product]);
@@ -791,7 +771,7 @@ impl TunedPart<'_> {
                                 let mut run = before?;
                                 let p = matvec_pipeline(gpu, v, self.part.format)?;
                                 let group = scratch.bind(gpu, &p, self.part, None);
-                                run.push((p, group, matvec_groups(v, rows)));
+                                run.push((p, group, v.groups(rows)));
                                 Ok(run)
                             }),
                         }
@@ -835,23 +815,6 @@ fn scratch_or_error(scratch: &Result<Scratch>) -> Result<&Scratch> {
     scratch
         .as_ref()
         .map_err(|e| anyhow::anyhow!("the timings' scratch inputs: {e:#}"))
-}
-
-/// The workgroups a mat-mul variant is dispatched with for `rows` rows of
-/// one part and `n` tokens (each kernel's header says the same).
-fn matmul_groups(variant: MatmulVariant, rows: u32, n: u32) -> (u32, u32, u32) {
-    match variant {
-        MatmulVariant::Blocked4x4 => (ceil_div(ceil_div(rows, 4), 64), ceil_div(n, 4), 1),
-        MatmulVariant::Tiled => (ceil_div(rows, 64), ceil_div(n, 64), 1),
-        MatmulVariant::TiledWide => (ceil_div(rows, 128), ceil_div(n, 128), 1),
-        MatmulVariant::Coop | MatmulVariant::CoopPadded => (rows / 64, ceil_div(n, 32), 1),
-        MatmulVariant::CoopStaged
-        | MatmulVariant::CoopStagedPadded
-        | MatmulVariant::CoopStagedPrefetch => (ceil_div(rows, 128), ceil_div(n, 64), 1),
-        MatmulVariant::CoopTokensFast | MatmulVariant::CoopX16 => (ceil_div(n, 32), rows / 64, 1),
-        MatmulVariant::CoopStagedTokensFast => (ceil_div(n, 64), ceil_div(rows, 128), 1),
-        MatmulVariant::CoopStagedWide => (ceil_div(rows, 128), ceil_div(n, 128), 1),
-    }
 }
 
 /// Runs `variant` once on a 128 x 192 weight in `format` (136 rows for a
@@ -1693,7 +1656,7 @@ mod tests {
         ];
         for ((shader, init), variant, format, rows, cols, n) in cases {
             let leak = |s: String| -> &'static str { Box::leak(s.into_boxed_str()) };
-            let binds_x16 = binds_x16(variant);
+            let binds_x16 = variant.kernel().binds_x16();
             let (body, slots) = emulate_coop(shader.body, init, 7 + binds_x16 as u32);
             let emulated = Shader {
                 name: leak(format!("{}-emulated", shader.name)),
@@ -1701,7 +1664,7 @@ mod tests {
                 ..*shader
             };
             let fmt = (shader.prelude == shaders::Prelude::Weights).then_some(format);
-            let constants = matmul_constants(&gpu, variant);
+            let constants = variant.kernel().constants(gpu.profile.subgroup_max);
             let pipeline = gpu.pipeline(&emulated, fmt, "matmul", &constants).unwrap();
             let m = GpuMatrix::new(&gpu, "w", rows, cols, format).unwrap();
             assert_eq!(variant.for_part(format, rows, cols), variant);
@@ -1729,7 +1692,7 @@ mod tests {
                     ..Default::default()
                 },
             );
-            let groups = matmul_groups(variant, rows as u32, n as u32);
+            let groups = variant.kernel().groups(rows as u32, n as u32);
             assert!(groups.0 <= 64);
             // 4 subgroups per workgroup, `slots` matrices of 256 f32 each.
             let scratch = gpu.storage(

@@ -11,8 +11,9 @@
 //! (`gpu`). Both sets run on any device (`--kernels`), so both are tested on
 //! lavapipe against the same CPU references.
 
+use super::ceil_div;
 use crate::device::{CompileOptions, DeviceProfile, KernelSet, SpirvPath};
-use crate::shaders::{WeightFormat, WeightStore};
+use crate::shaders::{self, Shader, WeightFormat, WeightStore};
 
 /// Mat-vec (decode, one token) variants.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -75,6 +76,27 @@ impl MatvecVariant {
             }
             MatvecVariant::SubgroupReduce { .. } => {
                 MatvecVariant::SubgroupReduce { lanes, rows, steps }
+            }
+        }
+    }
+
+    /// Its shader and entry.
+    pub fn kernel(self) -> (&'static Shader, &'static str) {
+        match self {
+            MatvecVariant::Rows8 => (&shaders::MATMUL, "matvec"),
+            MatvecVariant::WorkgroupReduce { .. } => (&shaders::MATVEC_WORKGROUP, "matvec"),
+            MatvecVariant::SubgroupReduce { .. } => (&shaders::MATVEC_SUBGROUP, "matvec"),
+        }
+    }
+
+    /// The workgroups for `rows` rows of one part (each kernel's header
+    /// says the same): the `gpu` ones spill past 32,768 into y.
+    pub fn groups(self, rows: u32) -> (u32, u32, u32) {
+        match self {
+            MatvecVariant::Rows8 => (ceil_div(rows, 64), 1, 1),
+            _ => {
+                let g = ceil_div(rows, self.shape().1);
+                (g.min(32768), ceil_div(g, 32768), 1)
             }
         }
     }
@@ -190,24 +212,157 @@ impl MatmulVariant {
     /// Whether the variant runs on the matrix units (rounding its inputs to
     /// f16): the start-up check guards these, and tolerances widen for them.
     pub fn cooperative(self) -> bool {
-        matches!(
-            self,
-            MatmulVariant::Coop
-                | MatmulVariant::CoopStaged
-                | MatmulVariant::CoopStagedWide
-                | MatmulVariant::CoopPadded
-                | MatmulVariant::CoopStagedPadded
-                | MatmulVariant::CoopStagedPrefetch
-                | MatmulVariant::CoopTokensFast
-                | MatmulVariant::CoopStagedTokensFast
-                | MatmulVariant::CoopX16
-        )
+        self.kernel().cooperative
     }
 
     /// Whether the variant reads x in f16 (a copy `x_f16.wgsl` makes once
     /// per product) instead of x itself.
     pub fn reads_x16(self) -> bool {
-        self == MatmulVariant::CoopX16
+        self.kernel().reads_x16
+    }
+
+    /// Everything the launcher needs of the variant's kernel, in one place
+    /// (each kernel's header says the same).
+    pub fn kernel(self) -> MatmulKernel {
+        use MatmulVariant::*;
+        // An override constant that switches a refinement on.
+        const ON: f64 = 1.0;
+        let base = MatmulKernel {
+            shader: &shaders::MATMUL_COOP,
+            constants: &[],
+            tile: (64, 32),
+            tokens_fast: false,
+            cooperative: true,
+            reads_x16: false,
+            min_subgroup: 0,
+        };
+        let staged = MatmulKernel {
+            shader: &shaders::MATMUL_COOP_STAGED,
+            tile: (128, 64),
+            // The staged kernel's per-lane loads fit SLICE_LOADS_MAX
+            // (matmul_coop_staged.wgsl) with subgroups of 4 lanes or more.
+            min_subgroup: 4,
+            ..base
+        };
+        let tiled = MatmulKernel {
+            shader: &shaders::MATMUL_TILED,
+            cooperative: false,
+            ..base
+        };
+        match self {
+            Blocked4x4 => MatmulKernel {
+                shader: &shaders::MATMUL,
+                tile: (256, 4),
+                ..tiled
+            },
+            Tiled => MatmulKernel {
+                constants: &[("WIDE", 1.0)],
+                tile: (64, 64),
+                ..tiled
+            },
+            TiledWide => MatmulKernel {
+                constants: &[("WIDE", 2.0)],
+                tile: (128, 128),
+                ..tiled
+            },
+            Coop => base,
+            CoopPadded => MatmulKernel {
+                constants: &[("X_STRIDE", 72.0)],
+                ..base
+            },
+            CoopTokensFast => MatmulKernel {
+                constants: &[("X_STRIDE", 72.0), ("TOKENS_FAST", ON)],
+                tokens_fast: true,
+                ..base
+            },
+            CoopX16 => MatmulKernel {
+                constants: &[("TOKENS_FAST", ON), ("X_F16", ON)],
+                tokens_fast: true,
+                reads_x16: true,
+                ..base
+            },
+            CoopStaged => MatmulKernel {
+                constants: &[("WIDE", 1.0)],
+                ..staged
+            },
+            // WIDE = 2: a 128-token x slice, 20 KiB in all, past the 16 KiB
+            // some devices have (`Gpu::pipeline` checks).
+            CoopStagedWide => MatmulKernel {
+                constants: &[("WIDE", 2.0)],
+                tile: (128, 128),
+                ..staged
+            },
+            CoopStagedPadded => MatmulKernel {
+                constants: &[("WIDE", 1.0), ("K_STRIDE", 40.0)],
+                ..staged
+            },
+            CoopStagedPrefetch => MatmulKernel {
+                constants: &[("WIDE", 1.0), ("K_STRIDE", 40.0), ("PREFETCH", ON)],
+                ..staged
+            },
+            CoopStagedTokensFast => MatmulKernel {
+                constants: &[
+                    ("WIDE", 1.0),
+                    ("K_STRIDE", 40.0),
+                    ("PREFETCH", ON),
+                    ("TOKENS_FAST", ON),
+                ],
+                tokens_fast: true,
+                ..staged
+            },
+        }
+    }
+}
+
+/// A mat-mul variant's kernel: its shader (entry `matmul`), override
+/// constants and dispatch.
+#[derive(Clone, Copy, Debug)]
+pub struct MatmulKernel {
+    pub shader: &'static Shader,
+    /// Override constants besides SUBGROUP_SIZE, which the cooperative
+    /// kernels take from the device (their matrices are sized in subgroups
+    /// of its one subgroup size).
+    pub constants: &'static [(&'static str, f64)],
+    /// Output tile of one workgroup: (weight rows, tokens).
+    pub tile: (u32, u32),
+    /// Tokens on the grid's fast axis (x), so that the workgroups of one
+    /// weight tile run together and read it from memory once.
+    pub tokens_fast: bool,
+    /// Runs on the matrix units (cooperative matrices).
+    pub cooperative: bool,
+    /// Reads the f16 copy of x (`x_f16.wgsl`).
+    pub reads_x16: bool,
+    /// The smallest subgroup the kernel takes (0: any).
+    pub min_subgroup: u32,
+}
+
+impl MatmulKernel {
+    pub const ENTRY: &'static str = "matmul";
+
+    /// The override constants for a device whose subgroups have
+    /// `subgroup` lanes.
+    pub fn constants(&self, subgroup: u32) -> Vec<(&'static str, f64)> {
+        let size = self
+            .cooperative
+            .then_some(("SUBGROUP_SIZE", subgroup as f64));
+        size.into_iter()
+            .chain(self.constants.iter().copied())
+            .collect()
+    }
+
+    /// The workgroups for `rows` rows of one part and `n` tokens.
+    pub fn groups(&self, rows: u32, n: u32) -> (u32, u32, u32) {
+        let (row_groups, token_groups) = (ceil_div(rows, self.tile.0), ceil_div(n, self.tile.1));
+        match self.tokens_fast {
+            true => (token_groups, row_groups, 1),
+            false => (row_groups, token_groups, 1),
+        }
+    }
+
+    /// Whether its binding 7 is the f16 copy of x (matmul_coop.wgsl: read
+    /// by `CoopX16` alone, a dummy for the others).
+    pub fn binds_x16(&self) -> bool {
+        self.shader.name == shaders::MATMUL_COOP.name
     }
 }
 

@@ -2,6 +2,7 @@
 //! Prints milliseconds per call (median of 5 after a warm-up) side by side, so
 //! kernel variants can be compared in one run on a noisy machine.
 
+use sieve::formats::WeightFormat;
 use sieve::gpu::{Gpu, GpuOptions};
 use sieve::kernels::attention::{Attention, KEY_CHUNK};
 use sieve::kernels::matmul::{Matmul, MatmulOptions};
@@ -9,7 +10,6 @@ use sieve::kernels::paging::SlotPages;
 use sieve::kernels::rope_kv::Heads;
 use sieve::kernels::runtime::Runtime;
 use sieve::kernels::{Rows, Step};
-use sieve::shaders::WeightFormat;
 use sieve::weights::GpuMatrix;
 use std::time::Instant;
 
@@ -68,7 +68,7 @@ fn main() {
         n_heads: 9,
         n_kv: 3,
         head_dim: 64,
-        kv_format: WeightFormat::F32,
+        kv_format: sieve::formats::KvFormat::F32,
     };
     for &(n, depth) in &[(1usize, 1024usize), (1, 4096), (128, 0), (128, 4096)] {
         let slots = depth + n;

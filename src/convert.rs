@@ -28,7 +28,9 @@ use anyhow::{anyhow, bail, ensure, Context};
 use half::f16;
 use serde_json::{json, Map, Value};
 
-use crate::gguf::{GgufFile, GgufTensorInfo, DEQUANTIZABLE_TYPES};
+use crate::gguf::{GgufFile, GgufTensorInfo};
+
+use crate::formats::dequant::DEQUANTIZABLE_TYPES;
 
 /// Element type of the converted weight matrices.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

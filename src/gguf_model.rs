@@ -16,9 +16,9 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use crate::config::ModelConfig;
+use crate::formats::WeightFormat;
 use crate::gguf::GgufFile;
 use crate::gpu::Gpu;
-use crate::shaders::WeightFormat;
 use crate::weights::{GpuMatrix, WeightSource};
 
 /// An opened, checked GGUF model.

@@ -244,7 +244,7 @@ impl Gpu {
     pub fn pipeline(
         &self,
         shader: &shaders::Shader,
-        weights: Option<shaders::WeightFormat>,
+        packed: Option<shaders::Packed>,
         entry: &str,
         constants: &[(&str, f64)],
     ) -> Result<Arc<wgpu::ComputePipeline>> {
@@ -255,12 +255,12 @@ impl Gpu {
         let store = self.compile.weight_store;
         let key = format!(
             "{}:{builtin}:{:?}:{store:?}:{}:{:?}",
-            shader.name, weights, entry, constants
+            shader.name, packed, entry, constants
         );
         if let Some(p) = self.pipelines.lock().unwrap().get(&key) {
             return Ok(p.clone());
         }
-        let src = shaders::source(shader, weights, store);
+        let src = shaders::source(shader, packed, store);
         // wgpu does not check workgroup memory against the device's limit
         // (and some drivers accept more than they report).
         let bytes = shaders::workgroup_bytes(&src, shader.file, entry, constants)?;
@@ -788,9 +788,9 @@ pub fn device_descriptor(adapter: &wgpu::Adapter) -> wgpu::DeviceDescriptor<'sta
 pub fn check_limits(limits: &wgpu::Limits) -> Result<()> {
     let (mut storage, mut uniform) = (0u32, 0u32);
     for shader in shaders::all() {
-        let format =
-            (shader.prelude != shaders::Prelude::None).then_some(shaders::WeightFormat::F16);
-        // Weights in a buffer: the most storage bindings.
+        // f16 (the first of each list), weights in a buffer: the most
+        // storage bindings.
+        let format = shaders::formats(shader)[0];
         let src = shaders::source(shader, format, shaders::WeightStore::Buffer);
         let module = naga::front::wgsl::parse_str(&src)
             .map_err(|e| anyhow!("{}: {}", shader.file, e.emit_to_string(&src)))?;
@@ -942,7 +942,7 @@ fn main(@builtin(local_invocation_index) i: u32) {{
         let shader = &crate::shaders::MATVEC_WORKGROUP;
         let src = crate::shaders::source(
             shader,
-            Some(crate::shaders::WeightFormat::F16),
+            Some(crate::formats::WeightFormat::F16.into()),
             crate::shaders::WeightStore::Buffer,
         );
         let max = gpu.limits.max_compute_invocations_per_workgroup;

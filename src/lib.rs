@@ -60,6 +60,7 @@ pub mod error;
 pub mod eval;
 pub mod eviction;
 pub mod files;
+pub mod formats;
 pub mod gguf;
 pub mod gguf_model;
 pub mod gpu;
@@ -67,7 +68,6 @@ pub mod kernels;
 pub mod model;
 pub mod profile;
 pub mod progress;
-pub mod quant;
 pub mod session;
 pub mod shaders;
 mod spirv;
@@ -79,6 +79,7 @@ pub use cache::CacheOptions;
 pub use device::KernelSet;
 pub use error::{Error, ErrorKind, Result};
 pub use eviction::Policy;
+pub use formats::WeightFormat;
 pub use gpu::GpuOptions;
 pub use kernels::sample::SamplingParams;
 pub use model::LoadOptions;
@@ -87,7 +88,6 @@ pub use session::{
     CancelToken, GenerateOptions, Generation, GenerationStats, Llm, MemoryReport, Session,
     SessionOptions, StopReason, SubmitAhead,
 };
-pub use shaders::WeightFormat;
 pub use tokenizer::Message;
 
 /// The README's code blocks, compiled as doctests so the program it shows

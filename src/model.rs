@@ -5,10 +5,10 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::config::ModelConfig;
+use crate::formats::{KvFormat, WeightFormat};
 use crate::gpu::{Gpu, GpuOptions};
 use crate::kernels::runtime::Runtime;
 use crate::progress::Progress;
-use crate::shaders::WeightFormat;
 use crate::weights::{GpuMatrix, TensorStore, WeightSource};
 
 /// How to load a model.
@@ -18,7 +18,7 @@ pub struct LoadOptions {
     pub dtype: Option<WeightFormat>,
     /// Storage format of the KV cache of every engine of this model (default
     /// f32: exact comparisons; f16 halves the cache's memory and bandwidth).
-    pub kv_dtype: Option<WeightFormat>,
+    pub kv_dtype: Option<KvFormat>,
     pub gpu: GpuOptions,
     /// Called once per tensor group uploaded: (done, total). A closure, so it
     /// can hold a channel or a widget handle.
@@ -44,7 +44,7 @@ pub struct Model {
     /// The model folder or GGUF file it was loaded from.
     pub dir: PathBuf,
     /// Storage format of the cached keys and values.
-    pub kv_format: WeightFormat,
+    pub kv_format: KvFormat,
     pub(crate) embed: GpuMatrix,
     /// None when the LM head is tied to the embedding.
     pub(crate) lm_head: Option<GpuMatrix>,
@@ -119,9 +119,6 @@ impl Model {
         opts: &LoadOptions,
     ) -> Result<Arc<Model>> {
         let c = &config;
-        if let Some(kv) = opts.kv_dtype.filter(|f| !f.is_float()) {
-            bail!("the KV cache is stored as f16 or f32, not {}", kv.name());
-        }
         // Each tensor in the format asked for, else as its file stores it
         // (GGUF), else f16; a stacked matrix keeps each tensor's format.
         let blocks_of = |sources: &[(String, usize)]| -> Vec<(usize, WeightFormat)> {
@@ -238,7 +235,7 @@ impl Model {
             gpu,
             config,
             dir: dir.to_path_buf(),
-            kv_format: opts.kv_dtype.unwrap_or(WeightFormat::F32),
+            kv_format: opts.kv_dtype.unwrap_or_default(),
             embed,
             lm_head,
             layers,

@@ -14,7 +14,7 @@
 
 use anyhow::{anyhow, bail, Result};
 
-use crate::gguf::GgmlType;
+use crate::formats::{KvFormat, WeightFormat};
 
 /// One kernel file.
 #[derive(Debug)]
@@ -38,221 +38,12 @@ pub enum Prelude {
     Kv,
 }
 
-/// Storage format of packed values on the GPU: weight matrices (every
-/// variant), and the KV cache (f16 and f32 only). The quantized formats'
-/// block layouts are described in src/quant.rs.
-#[allow(non_camel_case_types)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum WeightFormat {
-    F16,
-    F32,
-    Q8_0,
-    Q4_0,
-    Q4_1,
-    Q5_0,
-    Q4_K,
-    Q5_K,
-    Q6_K,
-}
-
-impl WeightFormat {
-    /// Every format, in the order `--dtype` lists them (that of [`FORMATS`]).
-    pub const ALL: [WeightFormat; FORMATS.len()] = {
-        let mut all = [WeightFormat::F16; FORMATS.len()];
-        let mut i = 0;
-        while i < all.len() {
-            all[i] = FORMATS[i].format;
-            i += 1;
-        }
-        all
-    };
-
-    /// Bytes of one value of a float format (the quantized ones have
-    /// [`WeightFormat::row_bytes`] instead).
-    pub fn bytes_per_value(self) -> u64 {
-        match self {
-            WeightFormat::F16 => 2,
-            WeightFormat::F32 => 4,
-            other => unreachable!("{other:?} has no bytes per value; see row_bytes"),
-        }
-    }
-
-    pub fn is_float(self) -> bool {
-        matches!(self, WeightFormat::F16 | WeightFormat::F32)
-    }
-
-    pub fn name(self) -> &'static str {
-        self.row().name
-    }
-
-    /// This format's row of [`FORMATS`].
-    fn row(self) -> &'static FormatRow {
-        FORMATS
-            .iter()
-            .find(|r| r.format == self)
-            .expect("every format has a row")
-    }
-
-    /// The block of a quantized format; None for f16 and f32.
-    pub fn block(self) -> Option<Block> {
-        self.row().block
-    }
-
-    /// The format called `name` (as [`WeightFormat::name`] writes it).
-    pub fn parse(name: &str) -> Option<WeightFormat> {
-        Self::ALL
-            .into_iter()
-            .find(|f| f.name().eq_ignore_ascii_case(name))
-    }
-}
-
 const COMMON: &str = include_str!("../shaders/common.wgsl");
-/// A block format whose prelude reads u32 words (`w_u32` and the row
-/// alignment from weights_words.wgsl) or, with `own_words`, one that
-/// defines them itself (Q4_0, which reads vec4<u32>).
-macro_rules! quantized {
-    ($name:literal) => {
-        concat!(
-            include_str!(concat!("../shaders/weights_", $name, ".wgsl")),
-            include_str!("../shaders/weights_words.wgsl"),
-            include_str!("../shaders/weights_blocks.wgsl"),
-            include_str!("../shaders/weights_rows.wgsl")
-        )
-    };
-    ($name:literal, own_words) => {
-        concat!(
-            include_str!(concat!("../shaders/weights_", $name, ".wgsl")),
-            include_str!("../shaders/weights_blocks.wgsl"),
-            include_str!("../shaders/weights_rows.wgsl")
-        )
-    };
-}
-
-macro_rules! float {
-    ($name:literal) => {
-        concat!(
-            include_str!(concat!("../shaders/weights_", $name, ".wgsl")),
-            include_str!("../shaders/weights_floats.wgsl"),
-            include_str!("../shaders/weights_rows.wgsl")
-        )
-    };
-}
-
-/// The block geometry of a quantized format (its GPU layout:
-/// src/quant.rs repacks GGUF blocks into it, the prelude reads it).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Block {
-    /// Values per block.
-    pub values: usize,
-    /// The llama.cpp type the block is repacked from.
-    pub ggml: GgmlType,
-    /// Blocks the GPU layout keeps together (1; Q4_0: 8), rows padded to
-    /// whole groups.
-    pub group: usize,
-    /// 32-bit words per group on the GPU.
-    pub words: usize,
-}
-
-/// Everything about one storage format that is not code: its name, its
-/// WGSL prelude, what a texel of its texture holds, and its block.
-struct FormatRow {
-    format: WeightFormat,
-    /// As `--dtype` and `--kv-dtype` take it.
-    name: &'static str,
-    /// The weight-format prelude: `weight4`, its family's shared code
-    /// (`dot32` for the floats, the block helpers for the quantized ones)
-    /// and `w_row` (where a row starts).
-    prelude: &'static str,
-    /// How a texture texel's words are read (weights_texture_*.wgsl).
-    texture_words: &'static str,
-    block: Option<Block>,
-}
-
-const fn block(values: usize, ggml: GgmlType, group: usize, words: usize) -> Option<Block> {
-    Some(Block {
-        values,
-        ggml,
-        group,
-        words,
-    })
-}
-
-/// One row per format: adding a format is one row here, its prelude, its
-/// repacking (src/quant.rs) and its CPU dequantization (src/gguf.rs).
-const FORMATS: [FormatRow; 9] = [
-    FormatRow {
-        format: WeightFormat::F16,
-        name: "f16",
-        prelude: float!("f16"),
-        texture_words: WEIGHTS_TEXTURE_F16,
-        block: None,
-    },
-    FormatRow {
-        format: WeightFormat::F32,
-        name: "f32",
-        prelude: float!("f32"),
-        texture_words: WEIGHTS_TEXTURE_F32,
-        block: None,
-    },
-    FormatRow {
-        format: WeightFormat::Q8_0,
-        name: "q8_0",
-        prelude: quantized!("q8_0"),
-        texture_words: WEIGHTS_TEXTURE_U32,
-        block: block(32, GgmlType::Q8_0, 1, 9),
-    },
-    FormatRow {
-        format: WeightFormat::Q4_0,
-        name: "q4_0",
-        prelude: quantized!("q4_0", own_words),
-        texture_words: WEIGHTS_TEXTURE_U32X4,
-        block: block(32, GgmlType::Q4_0, 8, 36),
-    },
-    FormatRow {
-        format: WeightFormat::Q4_1,
-        name: "q4_1",
-        prelude: quantized!("q4_1"),
-        texture_words: WEIGHTS_TEXTURE_U32,
-        block: block(32, GgmlType::Q4_1, 1, 5),
-    },
-    FormatRow {
-        format: WeightFormat::Q5_0,
-        name: "q5_0",
-        prelude: quantized!("q5_0"),
-        texture_words: WEIGHTS_TEXTURE_U32,
-        block: block(32, GgmlType::Q5_0, 1, 6),
-    },
-    FormatRow {
-        format: WeightFormat::Q4_K,
-        name: "q4_k",
-        prelude: quantized!("q4_k"),
-        texture_words: WEIGHTS_TEXTURE_U32,
-        block: block(256, GgmlType::Q4_K, 1, 36),
-    },
-    FormatRow {
-        format: WeightFormat::Q5_K,
-        name: "q5_k",
-        prelude: quantized!("q5_k"),
-        texture_words: WEIGHTS_TEXTURE_U32,
-        block: block(256, GgmlType::Q5_K, 1, 44),
-    },
-    FormatRow {
-        format: WeightFormat::Q6_K,
-        name: "q6_k",
-        prelude: quantized!("q6_k"),
-        texture_words: WEIGHTS_TEXTURE_U32,
-        block: block(256, GgmlType::Q6_K, 1, 53),
-    },
-];
 /// How the weight-format preludes reach the matrix: binding 2 and `w_at`,
 /// `w_at2`, by where the matrix lives ([`WeightStore`]; for a texture, by
-/// the format's word type too).
+/// the format's word type too: `WeightFormat::texture_words`).
 const WEIGHTS_BUFFER: &str = include_str!("../shaders/weights_buffer.wgsl");
 const WEIGHTS_TEXTURE: &str = include_str!("../shaders/weights_texture.wgsl");
-const WEIGHTS_TEXTURE_U32: &str = include_str!("../shaders/weights_texture_u32.wgsl");
-const WEIGHTS_TEXTURE_F16: &str = include_str!("../shaders/weights_texture_f16.wgsl");
-const WEIGHTS_TEXTURE_F32: &str = include_str!("../shaders/weights_texture_f32.wgsl");
-const WEIGHTS_TEXTURE_U32X4: &str = include_str!("../shaders/weights_texture_u32x4.wgsl");
 
 /// Where a weight matrix lives on the device (`src/weights.rs`), and so
 /// which binding the weight-format preludes read it through.
@@ -292,14 +83,12 @@ impl WeightStore {
         match self {
             WeightStore::Buffer => WEIGHTS_BUFFER.to_string(),
             WeightStore::Texture => {
-                format!("{WEIGHTS_TEXTURE}\n{}", format.row().texture_words)
+                format!("{WEIGHTS_TEXTURE}\n{}", format.texture_words())
             }
         }
     }
 }
 
-const KV_F16: &str = include_str!("../shaders/kv_f16.wgsl");
-const KV_F32: &str = include_str!("../shaders/kv_f32.wgsl");
 const MATMUL_IO: &str = include_str!("../shaders/matmul_io.wgsl");
 /// The `gpu` mat-vecs also share their lane loop.
 const MATVEC_IO: &str = concat!(
@@ -412,17 +201,51 @@ pub fn is_builtin(shader: &Shader) -> bool {
         .any(|s| s.body == shader.body && s.include == shader.include)
 }
 
-/// The full WGSL source of a kernel. `format` (of its weights or of the KV
-/// cache) is required exactly when the kernel takes a prelude; `store`
-/// (where its weights live) matters only to kernels that read weights.
-pub fn source(shader: &Shader, format: Option<WeightFormat>, store: WeightStore) -> String {
-    let prelude = match (shader.prelude, format) {
+/// The packed data a kernel's prelude is assembled for: weights in a
+/// weight format, or KV-cache rows in a KV format.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Packed {
+    Weights(WeightFormat),
+    Kv(KvFormat),
+}
+
+impl Packed {
+    /// The format's name (`q4_0`; `kv f16` for the KV cache's).
+    pub fn name(self) -> String {
+        match self {
+            Packed::Weights(f) => f.name().to_string(),
+            Packed::Kv(f) => format!("kv {}", f.name()),
+        }
+    }
+}
+
+impl From<WeightFormat> for Packed {
+    fn from(f: WeightFormat) -> Self {
+        Packed::Weights(f)
+    }
+}
+
+impl From<KvFormat> for Packed {
+    fn from(f: KvFormat) -> Self {
+        Packed::Kv(f)
+    }
+}
+
+/// The full WGSL source of a kernel. `packed` (its weights' or its KV
+/// cache's format, as its [`Prelude`] says) is required exactly when the
+/// kernel takes a prelude; `store` (where its weights live) matters only
+/// to kernels that read weights.
+pub fn source(shader: &Shader, packed: Option<Packed>, store: WeightStore) -> String {
+    let prelude = match (shader.prelude, packed) {
         (Prelude::None, _) => String::new(),
-        (Prelude::Weights, Some(f)) => format!("{}\n{}", f.row().prelude, store.binding(f)),
-        (Prelude::Kv, Some(WeightFormat::F16)) => KV_F16.to_string(),
-        (Prelude::Kv, Some(WeightFormat::F32)) => KV_F32.to_string(),
-        (Prelude::Kv, Some(f)) => panic!("the KV cache cannot be stored as {}", f.name()),
-        (_, None) => panic!("kernel {} needs a storage format", shader.name),
+        (Prelude::Weights, Some(Packed::Weights(f))) => {
+            format!("{}\n{}", f.prelude(), store.binding(f))
+        }
+        (Prelude::Kv, Some(Packed::Kv(f))) => f.prelude().to_string(),
+        (_, p) => panic!(
+            "kernel {} takes a {:?} prelude, given {p:?}",
+            shader.name, shader.prelude
+        ),
     };
     let (enables, body): (Vec<&str>, Vec<&str>) =
         shader.body.lines().partition(|l| l.starts_with("enable "));
@@ -442,12 +265,7 @@ pub fn sources_hash(store: WeightStore) -> u64 {
     use std::hash::{Hash, Hasher};
     let mut h = std::collections::hash_map::DefaultHasher::new();
     for shader in all() {
-        let formats: Vec<Option<WeightFormat>> = match shader.prelude {
-            Prelude::None => vec![None],
-            Prelude::Weights => WeightFormat::ALL.iter().copied().map(Some).collect(),
-            Prelude::Kv => vec![Some(WeightFormat::F16), Some(WeightFormat::F32)],
-        };
-        for f in formats {
+        for f in formats(shader) {
             source(shader, f, store).hash(&mut h);
         }
     }
@@ -462,11 +280,11 @@ pub fn uses_cooperative_matrices(shader: &Shader) -> bool {
 /// Every format a kernel can be assembled with by [`source`]: None for a
 /// kernel without a prelude, every weight format for weights, f16 and f32
 /// for the KV cache.
-pub fn formats(shader: &Shader) -> Vec<Option<WeightFormat>> {
+pub fn formats(shader: &Shader) -> Vec<Option<Packed>> {
     match shader.prelude {
         Prelude::None => vec![None],
-        Prelude::Weights => WeightFormat::ALL.iter().copied().map(Some).collect(),
-        Prelude::Kv => vec![Some(WeightFormat::F16), Some(WeightFormat::F32)],
+        Prelude::Weights => WeightFormat::ALL.map(|f| Some(f.into())).to_vec(),
+        Prelude::Kv => KvFormat::ALL.map(|f| Some(f.into())).to_vec(),
     }
 }
 
@@ -560,36 +378,6 @@ pub fn workgroup_bytes(
 mod tests {
     use super::*;
 
-    /// Every format has one row (the match fails to compile when a format
-    /// is added without being listed here), its name parses back to it,
-    /// and the block words the table gives hold a block's bytes.
-    #[test]
-    fn every_format_has_one_row() {
-        for f in WeightFormat::ALL {
-            let listed = match f {
-                WeightFormat::F16
-                | WeightFormat::F32
-                | WeightFormat::Q8_0
-                | WeightFormat::Q4_0
-                | WeightFormat::Q4_1
-                | WeightFormat::Q5_0
-                | WeightFormat::Q4_K
-                | WeightFormat::Q5_K
-                | WeightFormat::Q6_K => f,
-            };
-            assert_eq!(FORMATS.iter().filter(|r| r.format == listed).count(), 1);
-            assert_eq!(WeightFormat::parse(f.name()), Some(f));
-            if let Some(b) = f.block() {
-                assert!(
-                    b.words * 4 >= b.group * b.ggml.block_bytes() as usize,
-                    "{f:?}"
-                );
-                assert_eq!(b.values as u64, b.ggml.block_size(), "{f:?}");
-            }
-        }
-        assert_eq!(WeightFormat::ALL.len(), 9);
-    }
-
     /// Only sieve's own kernels are compiled without wgpu's loop bounding:
     /// a kernel with another body or other shared declarations is not one.
     #[test]
@@ -620,21 +408,25 @@ mod tests {
             )
             .unwrap()
         };
-        let (f16, q4) = (Some(WeightFormat::F16), Some(WeightFormat::Q4_0));
+        let kv16 = Some(KvFormat::F16.into());
+        let (f16, q4) = (
+            Some(WeightFormat::F16.into()),
+            Some(WeightFormat::Q4_0.into()),
+        );
         // The `gpu` decode attentions: 16 KiB, what Vulkan and WebGPU promise.
         for shader in [&ATTENTION_DECODE, &ATTENTION_DECODE_LANES] {
             assert_eq!(
-                bytes(shader, f16, "decode_partial", &[("GROUP", 4.0)]),
+                bytes(shader, kv16, "decode_partial", &[("GROUP", 4.0)]),
                 16384
             );
         }
         // attention.wgsl: the decode entry uses its workgroup arrays, the
         // prefill entry (one query per lane) none.
         assert_eq!(
-            bytes(&ATTENTION, f16, "decode_partial", &[]),
+            bytes(&ATTENTION, kv16, "decode_partial", &[]),
             4096 + 8192 + 64
         );
-        assert_eq!(bytes(&ATTENTION, f16, "prefill_partial", &[]), 0);
+        assert_eq!(bytes(&ATTENTION, kv16, "prefill_partial", &[]), 0);
         // Sized by override constants.
         let staged = |wide| bytes(&MATMUL_COOP_STAGED, q4, "matmul", &[("WIDE", wide)]);
         assert_eq!((staged(1.0), staged(2.0)), (16384, 20480));
@@ -665,7 +457,7 @@ fn other() { unused[0] = 1.0; }";
             16 + 64
         );
         let e = workgroup_bytes(
-            &source(&ATTENTION, f16, WeightStore::Buffer),
+            &source(&ATTENTION, kv16, WeightStore::Buffer),
             "attention.wgsl",
             "nope",
             &[],

@@ -10,10 +10,10 @@ use std::path::Path;
 use std::sync::Arc;
 
 use crate::config::ModelConfig;
+use crate::formats::WeightFormat;
 use crate::gpu::Gpu;
 use crate::kernels::random_fill::{reference_value, Distribution, RandomFill};
 use crate::model::{LoadOptions, Model};
-use crate::shaders::WeightFormat;
 use crate::weights::{GpuMatrix, WeightSource};
 
 /// The built-in shapes: (name, config.json of the model it copies).

@@ -12,8 +12,9 @@ use safetensors::{Dtype, SafeTensors};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
+use crate::formats::WeightFormat;
 use crate::gpu::Gpu;
-use crate::shaders::{WeightFormat, WeightStore};
+use crate::shaders::WeightStore;
 
 /// A memory-mapped set of safetensors files and the tensor names each holds.
 pub struct TensorStore {
@@ -221,8 +222,8 @@ pub fn encode(values: &[f32], cols: usize, format: WeightFormat, what: &str) -> 
             Ok(out)
         }
         quantized => {
-            let words =
-                crate::quant::encode(quantized, values, cols).with_context(|| what.to_string())?;
+            let words = crate::formats::repack::encode(quantized, values, cols)
+                .with_context(|| what.to_string())?;
             Ok(bytemuck::cast_slice(&words).to_vec())
         }
     }
@@ -566,7 +567,7 @@ impl GpuMatrix {
                 );
             }
             let mut words = Vec::new();
-            crate::quant::repack(
+            crate::formats::repack::repack(
                 format,
                 &blocks[lo * row_in..hi * row_in],
                 self.cols,

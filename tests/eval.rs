@@ -8,8 +8,8 @@ use serde_json::Value;
 use sieve::cache::CacheOptions;
 use sieve::eval::fidelity::{fidelity_document, RunConfig};
 use sieve::eviction::Policy;
+use sieve::formats::WeightFormat;
 use sieve::model::{LoadOptions, Model};
-use sieve::shaders::WeightFormat;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 

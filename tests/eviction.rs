@@ -12,8 +12,8 @@ use common::*;
 use sieve::cache::{BoundedCache, CacheOptions, FeedOutput};
 use sieve::engine::Engine;
 use sieve::eviction::Policy;
+use sieve::formats::WeightFormat;
 use sieve::model::{LoadOptions, Model};
-use sieve::shaders::WeightFormat;
 use std::sync::Arc;
 
 fn load(name: &str) -> Arc<Model> {

@@ -121,8 +121,8 @@ const TAGS: [&str; 8] = [
 /// 1e-3, the README's tolerance for f32 arithmetic.
 #[test]
 fn every_format_converted_matches_its_reference_logits() {
+    use sieve::formats::WeightFormat;
     use sieve::model::{LoadOptions, Model};
-    use sieve::shaders::WeightFormat;
     for tag in TAGS {
         let out = converted_quant_gguf(tag, &format!("dequant-{tag}"));
         let opts = LoadOptions {
@@ -143,9 +143,9 @@ fn every_format_converted_matches_its_reference_logits() {
 #[test]
 fn every_format_loaded_directly_matches_its_reference_logits() {
     use sieve::device::KernelSet;
+    use sieve::formats::WeightFormat;
     use sieve::gpu::GpuOptions;
     use sieve::model::{LoadOptions, Model};
-    use sieve::shaders::WeightFormat;
     let dir = golden_dir().join("quant");
     for kernels in [KernelSet::Cpu, KernelSet::Gpu, KernelSet::Tuned] {
         // `tuned` times the candidates of every weight shape first (about

@@ -29,10 +29,10 @@ use common::*;
 use sieve::convert::{convert_gguf, OutDtype};
 use sieve::device::KernelSet;
 use sieve::engine::{Engine, EngineOptions, StepOutput};
+use sieve::formats::{KvFormat, WeightFormat};
 use sieve::gpu::GpuOptions;
 use sieve::model::{LoadOptions, Model};
 use sieve::session::{GenerateOptions, Llm, SessionOptions};
-use sieve::shaders::WeightFormat;
 use sieve::tokenizer::{Message, Tokenizer};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
@@ -140,15 +140,15 @@ fn tokenizer_and_chat_template_match() {
 }
 
 fn model(dtype: OutDtype) -> Option<Arc<Model>> {
-    model_with_kv(dtype, WeightFormat::F32)
+    model_with_kv(dtype, KvFormat::F32)
 }
 
-fn model_with_kv(dtype: OutDtype, kv: WeightFormat) -> Option<Arc<Model>> {
+fn model_with_kv(dtype: OutDtype, kv: KvFormat) -> Option<Arc<Model>> {
     model_with(dtype, kv, None)
 }
 
 /// `kernels`: None for the device's own choice (auto, or $SIEVE_KERNELS).
-fn model_with(dtype: OutDtype, kv: WeightFormat, kernels: Option<KernelSet>) -> Option<Arc<Model>> {
+fn model_with(dtype: OutDtype, kv: KvFormat, kernels: Option<KernelSet>) -> Option<Arc<Model>> {
     let dir = converted(dtype)?;
     let fmt = if dtype == OutDtype::F32 {
         WeightFormat::F32
@@ -229,10 +229,10 @@ fn run_prompt(m: &Arc<Model>, g: &Npz) -> (Vec<Vec<f32>>, Vec<Vec<f32>>) {
 }
 
 fn check_logits(dtype: OutDtype, tol: f32, files: &[&str]) {
-    check_logits_kv(dtype, WeightFormat::F32, tol, files)
+    check_logits_kv(dtype, KvFormat::F32, tol, files)
 }
 
-fn check_logits_kv(dtype: OutDtype, kv: WeightFormat, tol: f32, files: &[&str]) {
+fn check_logits_kv(dtype: OutDtype, kv: KvFormat, tol: f32, files: &[&str]) {
     let Some(m) = model_with_kv(dtype, kv) else {
         return;
     };
@@ -303,7 +303,7 @@ fn f16_logits_and_greedy_match() {
 /// about what f16 weights cost). A chat prompt and a 116-token one here.
 #[test]
 fn f16_kv_cache_logits_and_greedy_match() {
-    check_logits_kv(OutDtype::F32, WeightFormat::F16, 0.06, &[ALL[1], ALL[4]]);
+    check_logits_kv(OutDtype::F32, KvFormat::F16, 0.06, &[ALL[1], ALL[4]]);
 }
 
 /// The `gpu` kernel set (its fixed rules; `auto` picks it, timed, on a GPU): f32
@@ -312,13 +312,13 @@ fn f16_kv_cache_logits_and_greedy_match() {
 #[test]
 fn gpu_kernels_logits_and_greedy_match() {
     let gpu = Some(KernelSet::Gpu);
-    let Some(m) = model_with(OutDtype::F32, WeightFormat::F32, gpu) else {
+    let Some(m) = model_with(OutDtype::F32, KvFormat::F32, gpu) else {
         return;
     };
     assert_eq!(m.gpu.kernels.set, KernelSet::Gpu);
     check_logits_on(&m, 2e-3, &ALL[1..2]);
     drop(m);
-    let m = model_with(OutDtype::F16, WeightFormat::F16, gpu).unwrap();
+    let m = model_with(OutDtype::F16, KvFormat::F16, gpu).unwrap();
     check_logits_on(&m, 0.1, &ALL[3..4]);
 }
 

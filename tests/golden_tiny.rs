@@ -12,10 +12,10 @@ mod common;
 use common::*;
 use sieve::device::KernelSet;
 use sieve::engine::{Engine, EngineOptions, StepOutput};
+use sieve::formats::WeightFormat;
 use sieve::gpu::GpuOptions;
 use sieve::kernels::sample::SamplingParams;
 use sieve::model::{LoadOptions, Model};
-use sieve::shaders::WeightFormat;
 use std::sync::Arc;
 
 fn load(name: &str, gpu: GpuOptions) -> Arc<Model> {

@@ -13,9 +13,9 @@ use common::*;
 use sieve::cache::{BoundedCache, CacheOptions, FeedOutput};
 use sieve::engine::Engine;
 use sieve::eviction::Policy;
+use sieve::formats::{KvFormat, WeightFormat};
 use sieve::gpu::GpuOptions;
 use sieve::model::{LoadOptions, Model};
-use sieve::shaders::WeightFormat;
 use std::sync::Arc;
 
 const PREFILL: usize = 700;
@@ -23,11 +23,11 @@ const DECODE: usize = 40;
 /// Slots per page in the paged runs (the smallest a page can be: one key chunk).
 const PAGE: usize = 256;
 
-fn load(name: &str, kv: WeightFormat) -> Arc<Model> {
+fn load(name: &str, kv: KvFormat) -> Arc<Model> {
     load_with(name, GpuOptions::default(), kv)
 }
 
-fn load_with(name: &str, gpu: GpuOptions, kv: WeightFormat) -> Arc<Model> {
+fn load_with(name: &str, gpu: GpuOptions, kv: KvFormat) -> Arc<Model> {
     let opts = LoadOptions {
         dtype: Some(WeightFormat::F32),
         kv_dtype: Some(kv),
@@ -82,7 +82,7 @@ fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
 
 /// Runs both tiny models with and without pages; returns the fewest
 /// refreshes either made.
-fn same_with_pages(opts: CacheOptions, what: &str, kv: WeightFormat) -> usize {
+fn same_with_pages(opts: CacheOptions, what: &str, kv: KvFormat) -> usize {
     let mut refreshes = usize::MAX;
     for name in ["tiny-llama-gqa", "tiny-qwen2"] {
         let model = load(name, kv);
@@ -99,7 +99,7 @@ fn same_with_pages(opts: CacheOptions, what: &str, kv: WeightFormat) -> usize {
 
 #[test]
 fn full_cache_over_three_pages() {
-    for kv in [WeightFormat::F32, WeightFormat::F16] {
+    for kv in [KvFormat::F32, KvFormat::F16] {
         same_with_pages(CacheOptions::new(Policy::Full, 0, 1), "full cache", kv);
     }
 }
@@ -119,7 +119,7 @@ fn every_policy_with_compaction_across_pages() {
             recent: 32,
             ..CacheOptions::new(policy, 500, 64)
         };
-        let refreshes = same_with_pages(opts, name, WeightFormat::F32);
+        let refreshes = same_with_pages(opts, name, KvFormat::F32);
         assert!(refreshes >= 3, "{name}: {refreshes} refreshes");
     }
     // Compaction moves f16 rows (half the bytes) just the same.
@@ -128,7 +128,7 @@ fn every_policy_with_compaction_across_pages() {
         recent: 32,
         ..CacheOptions::new(Policy::H2o, 500, 64)
     };
-    same_with_pages(opts, "h2o, f16 KV", WeightFormat::F16);
+    same_with_pages(opts, "h2o, f16 KV", KvFormat::F16);
     // The materialized attention matrix covers every slot; its kernels read the keys page by page.
     let opts = CacheOptions {
         sinks: 4,
@@ -136,7 +136,7 @@ fn every_policy_with_compaction_across_pages() {
         materialize: true,
         ..CacheOptions::new(Policy::H2o, 500, 64)
     };
-    same_with_pages(opts, "h2o materialized", WeightFormat::F32);
+    same_with_pages(opts, "h2o materialized", KvFormat::F32);
 }
 
 /// On a device whose storage bindings hold 96 KiB, a 2,100-token context of
@@ -149,7 +149,7 @@ fn every_policy_with_compaction_across_pages() {
 fn small_bindings_split_the_cache_and_shorten_deep_steps() {
     const N: usize = 2100;
     let run_on = |gpu: GpuOptions| -> (Vec<f32>, usize) {
-        let model = load_with("tiny-llama-gqa", gpu, WeightFormat::F32);
+        let model = load_with("tiny-llama-gqa", gpu, KvFormat::F32);
         let vocab = model.config.vocab_size;
         let ids: Vec<u32> = (0..N).map(|i| ((i * 7919 + 13) % vocab) as u32).collect();
         let mut cache = BoundedCache::new(CacheOptions::new(Policy::Full, 0, 1), 3).unwrap();
@@ -179,15 +179,12 @@ fn small_bindings_split_the_cache_and_shorten_deep_steps() {
 /// by exactly half of the f32 cache (3 layers x keys and values).
 #[test]
 fn f16_cache_takes_half_the_bytes() {
-    let bytes = |kv: WeightFormat| {
+    let bytes = |kv: KvFormat| {
         let model = load("tiny-llama-gqa", kv);
         let cache = BoundedCache::new(CacheOptions::new(Policy::Full, 0, 1), 3).unwrap();
         let e = Engine::new(model, cache.engine_options(1024, 16, 1)).unwrap();
         e.buffer_bytes
     };
     let f32_cache = 1024 * 3 * 2 * (2 * 32 * 4) as u64;
-    assert_eq!(
-        bytes(WeightFormat::F32) - bytes(WeightFormat::F16),
-        f32_cache / 2
-    );
+    assert_eq!(bytes(KvFormat::F32) - bytes(KvFormat::F16), f32_cache / 2);
 }

@@ -2,7 +2,7 @@
 //! parsed and validated by naga and translated to SPIR-V (Vulkan), MSL (Metal)
 //! and HLSL (DX12), so a shader that would break on another backend fails here.
 
-use sieve::shaders::{self, WeightFormat, WeightStore};
+use sieve::shaders::{self, WeightStore};
 
 /// (name, source, uses cooperative matrices) for every kernel and format.
 fn variants() -> Vec<(String, String, bool)> {
@@ -161,7 +161,8 @@ fn host_uniform_structs_match_their_wgsl_layout() {
     );
     for layout in &layouts {
         for shader in &layout.shaders {
-            let format = (shader.prelude != shaders::Prelude::None).then_some(WeightFormat::F16);
+            // f16: the first format of each list.
+            let format = shaders::formats(shader)[0];
             let src = shaders::source(shader, format, WeightStore::Buffer);
             let module = naga::front::wgsl::parse_str(&src)
                 .unwrap_or_else(|e| panic!("{}: {}", shader.file, e.emit_to_string(&src)));

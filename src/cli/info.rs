@@ -5,10 +5,10 @@ use anyhow::Result;
 use clap::Args;
 use std::path::PathBuf;
 
+use sieve::formats::WeightFormat;
 use sieve::gpu::GpuOptions;
 use sieve::kernels::runtime::Runtime;
 use sieve::model::{LoadOptions, Model};
-use sieve::shaders::WeightFormat;
 
 #[derive(Args, Debug)]
 pub struct InfoArgs {

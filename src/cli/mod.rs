@@ -15,9 +15,9 @@ use std::path::PathBuf;
 use sieve::cache::CacheOptions;
 use sieve::device::KernelSet;
 use sieve::eviction::Policy;
+use sieve::formats::WeightFormat;
 use sieve::gpu::GpuOptions;
 use sieve::model::LoadOptions;
-use sieve::shaders::WeightFormat;
 
 /// The directory `scripts/setup.sh` creates.
 pub const DEFAULT_MODEL: &str = "models/smollm2-135m-instruct";
@@ -43,7 +43,7 @@ pub struct ModelArgs {
     #[arg(long, value_parser = dtype_names(), default_value = "auto")]
     pub dtype: String,
     /// Storage format of the KV cache (f16 halves its memory and bandwidth).
-    #[arg(long, value_parser = ["f16", "f32"], default_value = "f32")]
+    #[arg(long, value_parser = sieve::formats::KvFormat::ALL.map(|f| f.name()), default_value = "f32")]
     pub kv_dtype: String,
     /// Graphics backend: vulkan, metal, dx12 or gl (default: any; also $SIEVE_BACKEND).
     #[arg(long)]
@@ -93,7 +93,7 @@ impl ModelArgs {
     pub fn load_options(&self) -> Result<LoadOptions> {
         Ok(LoadOptions {
             dtype: WeightFormat::parse(&self.dtype),
-            kv_dtype: WeightFormat::parse(&self.kv_dtype),
+            kv_dtype: sieve::formats::KvFormat::parse(&self.kv_dtype),
             gpu: self.gpu()?,
             progress: Some(sieve::Progress::new(progress_bar_tick)),
         })

@@ -17,7 +17,8 @@ use super::runtime::Runtime;
 use super::tune::{Candidate, TuneKey};
 use super::variants::{AttnDecodeVariant, AttnPrefillVariant};
 use super::{ceil_div, dispatch};
-use crate::shaders::{self, WeightFormat};
+use crate::formats::KvFormat;
+use crate::shaders;
 
 /// Cache slots per key chunk (CHUNK in attention_io.wgsl) of every kernel
 /// but the short-chunk decode ([`AttnDecodeVariant::key_chunk`]); cache
@@ -349,7 +350,7 @@ fn decode_pipeline(
     variant: AttnDecodeVariant,
     heads: Heads,
 ) -> Result<Arc<wgpu::ComputePipeline>> {
-    let kv = Some(heads.kv_format);
+    let kv = Some(heads.kv_format.into());
     let [group] = group_constant(heads);
     let [hd4] = head_dim_constant(heads);
     let (shader, value_batch) = match variant {
@@ -377,7 +378,7 @@ fn merge_pipeline(gpu: &Runtime, heads: Heads, chunk: u32) -> Result<Arc<wgpu::C
     let constants: Vec<_> = chunk_constant(chunk).into_iter().collect();
     gpu.pipeline(
         &shaders::ATTENTION,
-        Some(heads.kv_format),
+        Some(heads.kv_format.into()),
         "merge",
         &constants,
     )
@@ -396,7 +397,7 @@ fn prefill_pipeline(
         AttnPrefillVariant::Tiled => &shaders::ATTENTION_PREFILL,
         AttnPrefillVariant::Coop => {
             anyhow::ensure!(
-                heads.head_dim.is_multiple_of(16) && heads.kv_format == WeightFormat::F16,
+                heads.head_dim.is_multiple_of(16) && heads.kv_format == KvFormat::F16,
                 "attention_prefill_coop takes heads of a multiple of 16 values and an f16 cache, not {} values in {}",
                 heads.head_dim,
                 heads.kv_format.name()
@@ -405,7 +406,7 @@ fn prefill_pipeline(
         }
     };
     let constants = prefill_constants(gpu, variant, heads);
-    gpu.pipeline(shader, Some(heads.kv_format), entry, &constants)
+    gpu.pipeline(shader, Some(heads.kv_format.into()), entry, &constants)
 }
 
 /// A prefill variant's override constants: head_dim / 4, and the
@@ -590,7 +591,7 @@ fn time_on_first_page<V: Copy + std::fmt::Debug>(
 /// runs this first (`Gpu::new`): that kernel counts on the subgroup layout
 /// Vulkan does not promise.
 pub fn check_decode_variant(gpu: &Runtime, variant: AttnDecodeVariant) -> Result<()> {
-    let heads = Heads::new(8, 2, 80, crate::shaders::WeightFormat::F32);
+    let heads = Heads::new(8, 2, 80, KvFormat::F32);
     let run = WaveRun {
         heads,
         slots: 600,
@@ -617,7 +618,7 @@ pub fn check_decode_variant(gpu: &Runtime, variant: AttnDecodeVariant) -> Result
 /// `tuned` set would time the matrix-unit prefill runs this first
 /// (`Gpu::new`): it rests on an experimental wgpu feature.
 pub fn check_prefill_variant(gpu: &Runtime, variant: AttnPrefillVariant) -> Result<()> {
-    let heads = Heads::new(8, 2, 128, crate::shaders::WeightFormat::F16);
+    let heads = Heads::new(8, 2, 128, KvFormat::F16);
     let slots = 300;
     let chunks = (slots as u32).div_ceil(KEY_CHUNK);
     let qslots: &[u32] = &[0, 7, 255, 256, 298];
@@ -701,7 +702,7 @@ impl WaveRun<'_> {
         let mut k = wave(slots * row, 0.91, 2.0);
         let mut v = wave(slots * row, 1.3, 1.0);
         let (k_cache, v_cache) = match heads.kv_format {
-            crate::shaders::WeightFormat::F16 => {
+            KvFormat::F16 => {
                 let bits = |x: &mut Vec<f32>| -> Vec<u16> {
                     x.iter_mut()
                         .map(|x| {
@@ -881,9 +882,9 @@ pub fn anticausal_reference(
 mod tests {
     use super::*;
     use crate::device::KernelSet;
+    use crate::formats::KvFormat;
     use crate::kernels::testutil::*;
     use crate::kernels::Step;
-    use crate::shaders::WeightFormat;
 
     /// Head shapes past the kernels' limits (their override constants) are
     /// refused with an error naming them, before anything is compiled.
@@ -898,9 +899,9 @@ mod tests {
             (4, 4, 132, "head_dim 132"),
             (4, 4, 66, "head_dim 66"),
         ] {
-            let h = Heads::new(nh, nkv, hd, WeightFormat::F32);
-            let (kb, _) = kv_pages(&gpu, &vec![0.0; nkv * hd], nkv * hd, 1, WeightFormat::F32);
-            let (vb, _) = kv_pages(&gpu, &vec![0.0; nkv * hd], nkv * hd, 1, WeightFormat::F32);
+            let h = Heads::new(nh, nkv, hd, KvFormat::F32);
+            let (kb, _) = kv_pages(&gpu, &vec![0.0; nkv * hd], nkv * hd, 1, KvFormat::F32);
+            let (vb, _) = kv_pages(&gpu, &vec![0.0; nkv * hd], nkv * hd, 1, KvFormat::F32);
             let err = Attention::new(&gpu, &step, h, 1, &buf, &kb, &vb, &buf, &buf, &buf, &buf)
                 .err()
                 .unwrap_or_else(|| panic!("{what}: accepted"))
@@ -912,7 +913,7 @@ mod tests {
     /// Attention of `n` queries from slot `start` against a cache in pages of
     /// `page` slots (0: one page), stored in f32 and in f16.
     fn check(gpu: &Runtime, nh: usize, nkv: usize, hd: usize, n: usize, start: usize, page: usize) {
-        for format in [WeightFormat::F32, WeightFormat::F16] {
+        for format in [KvFormat::F32, KvFormat::F16] {
             check_format(gpu, nh, nkv, hd, n, start, page, format);
         }
     }
@@ -926,7 +927,7 @@ mod tests {
         n: usize,
         start: usize,
         page: usize,
-        format: WeightFormat,
+        format: KvFormat,
     ) -> Attention {
         let h = Heads::new(nh, nkv, hd, format);
         let slots = start + n;
@@ -992,7 +993,7 @@ mod tests {
         let cands = gpu.kernels.attn_decode_candidates();
         let serial = cands.len() - 1;
         assert_eq!(cands[serial], AttnDecodeVariant::Serial);
-        let heads = Heads::new(4, 2, 32, WeightFormat::F32);
+        let heads = Heads::new(4, 2, 32, KvFormat::F32);
         let key = |keys| TuneKey::Attention {
             op: "attention decode",
             heads,
@@ -1001,7 +1002,7 @@ mod tests {
         };
         gpu.tuner.force(key(1024), labels(&cands), serial);
         gpu.tuner.force(key(1300), labels(&cands), 0);
-        let a = check_format(&gpu, 4, 2, 32, 1, 1299, 0, WeightFormat::F32);
+        let a = check_format(&gpu, 4, 2, 32, 1, 1299, 0, KvFormat::F32);
         assert_eq!(
             a.decode_variants(),
             [(1024, AttnDecodeVariant::Serial), (u32::MAX, cands[0])]
@@ -1011,7 +1012,7 @@ mod tests {
         assert_eq!(a.decode_variant_at(1025), cands[0]);
         assert_eq!(a.decode_variant_at(100_000), cands[0]);
         // The same choice at both depths: one kernel for all.
-        let heads = Heads::new(4, 2, 16, WeightFormat::F32);
+        let heads = Heads::new(4, 2, 16, KvFormat::F32);
         for keys in [1024, 1300] {
             let key = TuneKey::Attention {
                 op: "attention decode",
@@ -1021,7 +1022,7 @@ mod tests {
             };
             gpu.tuner.force(key, labels(&cands), serial);
         }
-        let a = check_format(&gpu, 4, 2, 16, 1, 1299, 0, WeightFormat::F32);
+        let a = check_format(&gpu, 4, 2, 16, 1, 1299, 0, KvFormat::F32);
         assert_eq!(a.decode_variants(), [(u32::MAX, AttnDecodeVariant::Serial)]);
     }
 
@@ -1142,9 +1143,9 @@ mod tests {
         let gpu = gpu_with(KernelSet::Tuned);
         // A decode step deep enough to time decode; its one-row query
         // buffer holds no prefill chunk.
-        check_format(&gpu, 8, 2, 128, 1, 600, 0, WeightFormat::F16);
+        check_format(&gpu, 8, 2, 128, 1, 600, 0, KvFormat::F16);
         // A prefill step: decode is timed at its 147 slots.
-        check_format(&gpu, 4, 1, 64, 130, 17, 0, WeightFormat::F32);
+        check_format(&gpu, 4, 1, 64, 130, 17, 0, KvFormat::F32);
         let results = gpu.tuner.results();
         let ops: Vec<_> = results.iter().map(|t| t.key.op()).collect();
         let timed: Vec<_> = results.iter().map(|t| t.untimed.is_none()).collect();
@@ -1163,7 +1164,7 @@ mod tests {
             decode.key,
             TuneKey::Attention {
                 op: "attention decode",
-                heads: Heads::new(8, 2, 128, WeightFormat::F16),
+                heads: Heads::new(8, 2, 128, KvFormat::F16),
                 queries: 1,
                 keys: 601
             }
@@ -1215,8 +1216,8 @@ mod tests {
             "{t:?}"
         );
         // The same shapes again: nothing new is timed or recorded.
-        check_format(&gpu, 8, 2, 128, 1, 600, 0, WeightFormat::F16);
-        check_format(&gpu, 4, 1, 64, 130, 17, 0, WeightFormat::F32);
+        check_format(&gpu, 8, 2, 128, 1, 600, 0, KvFormat::F16);
+        check_format(&gpu, 4, 1, 64, 130, 17, 0, KvFormat::F32);
         assert_eq!(gpu.tuner.results().len(), 4);
     }
 
@@ -1261,7 +1262,7 @@ mod tests {
             body: leak(body),
             ..*shader
         };
-        use WeightFormat::F16;
+        use KvFormat::F16;
         // (query heads, KV heads, head_dim, cache format (f16: the only one
         // the launcher gives it), slots, queries,
         // counter-causal query slots)
@@ -1281,7 +1282,7 @@ mod tests {
                 None => "prefill_partial",
             };
             let pipeline = gpu
-                .pipeline(&emulated, Some(format), entry, &constants)
+                .pipeline(&emulated, Some(format.into()), entry, &constants)
                 .unwrap();
             let groups = (
                 ceil_div(n as u32, 64),
@@ -1338,7 +1339,7 @@ mod tests {
 
     fn anticausal_cases(gpu: &Runtime) {
         // The last case holds the cache in pages of 256 slots.
-        use WeightFormat::{F16, F32};
+        use KvFormat::{F16, F32};
         for &(nh, nkv, hd, n_present, ref qslots, page, format) in &[
             (
                 2usize,

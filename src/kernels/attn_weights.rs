@@ -76,7 +76,7 @@ impl AttnWeights {
         max_tokens: usize,
         matrix: Option<&wgpu::Buffer>,
     ) -> Result<Self> {
-        let kv = Some(heads.kv_format);
+        let kv = Some(heads.kv_format.into());
         let accumulate = gpu.pipeline(&shaders::ATTN_WEIGHTS, kv, "accumulate", &[])?;
         let reduce = gpu.pipeline(&shaders::ATTN_WEIGHTS, kv, "reduce", &[])?;
         let params = gpu.uniform(
@@ -172,10 +172,10 @@ pub fn reference(q: &[f32], k: &[f32], h: Heads, start_slot: usize, mode: Weight
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::formats::KvFormat;
     use crate::kernels::attention::Attention;
     use crate::kernels::testutil::*;
     use crate::kernels::Step;
-    use crate::shaders::WeightFormat;
 
     #[test]
     fn weights_from_lse_match_softmax() {
@@ -191,9 +191,9 @@ mod tests {
         ] {
             // Odd start slots store the cache in f16.
             let format = if start % 2 == 1 {
-                WeightFormat::F16
+                KvFormat::F16
             } else {
-                WeightFormat::F32
+                KvFormat::F32
             };
             let h = Heads::new(nh, nkv, hd, format);
             let slots = start + n;

@@ -24,7 +24,7 @@ impl Embed {
         x: &wgpu::Buffer,
     ) -> Result<Self> {
         let format = table.single_format("the embedding table")?;
-        let pipeline = gpu.pipeline(&shaders::EMBED, Some(format), "main", &[])?;
+        let pipeline = gpu.pipeline(&shaders::EMBED, Some(format.into()), "main", &[])?;
         let hidden4 = (table.cols / 4) as u32;
         let groups = table_part_groups(gpu, &pipeline, step, table, &[ids, x]);
         Ok(Embed {
@@ -60,9 +60,10 @@ pub fn reference(table: &[f32], hidden: usize, ids: &[u32]) -> Vec<f32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::formats::WeightFormat;
     use crate::kernels::testutil::*;
     use crate::kernels::Step;
-    use crate::shaders::{WeightFormat, WeightStore};
+    use crate::shaders::WeightStore;
 
     #[test]
     fn gathers_rows_across_table_parts() {
@@ -121,7 +122,7 @@ mod tests {
         let (vocab, hidden) = (37, 256);
         let ids = vec![36u32, 0, 8, 7, 9, 16, 35];
         for (store, format) in WeightStore::ALL.into_iter().flat_map(|s| {
-            crate::quant::tests::quantized()
+            crate::formats::repack::tests::quantized()
                 .into_iter()
                 .map(move |f| (s, f))
         }) {

@@ -14,7 +14,8 @@ use super::variants::{
     MatmulKernel, MatmulVariant, MatvecVariant, MATVEC_LANES, MATVEC_ROWS_MAX, MATVEC_STEPS,
 };
 use super::{ceil_div, dispatch, Rows};
-use crate::shaders::{self, Shader, WeightFormat};
+use crate::formats::WeightFormat;
+use crate::shaders::{self, Shader};
 use crate::weights::{GpuMatrix, MatrixPart};
 
 #[repr(C)]
@@ -179,7 +180,7 @@ fn matvec_pipeline(
 ) -> Result<Arc<wgpu::ComputePipeline>> {
     let (shader, entry) = v.kernel();
     match v {
-        MatvecVariant::Rows8 => gpu.pipeline(shader, Some(format), entry, &[]),
+        MatvecVariant::Rows8 => gpu.pipeline(shader, Some(format.into()), entry, &[]),
         _ => {
             let (lanes, rows) = v.shape();
             let steps = v.steps();
@@ -196,7 +197,7 @@ fn matvec_pipeline(
                 ("ROWS", rows as f64),
                 ("STEPS", steps as f64),
             ];
-            gpu.pipeline(shader, Some(format), entry, &constants)
+            gpu.pipeline(shader, Some(format.into()), entry, &constants)
         }
     }
 }
@@ -216,7 +217,12 @@ fn matmul_pipeline(
         );
     }
     let constants = kernel.constants(subgroup);
-    gpu.pipeline(kernel.shader, Some(format), MatmulKernel::ENTRY, &constants)
+    gpu.pipeline(
+        kernel.shader,
+        Some(format.into()),
+        MatmulKernel::ENTRY,
+        &constants,
+    )
 }
 
 /// Flag bits of `MatmulParams` (FLAG_* in matmul_io.wgsl; the test
@@ -827,7 +833,7 @@ fn scratch_or_error(scratch: &Result<Scratch>) -> Result<&Scratch> {
 pub fn check_variant(
     gpu: &Runtime,
     variant: MatmulVariant,
-    format: crate::shaders::WeightFormat,
+    format: crate::formats::WeightFormat,
 ) -> Result<()> {
     let block = format.block();
     let rows = if block.is_some() { 136usize } else { 128 };
@@ -845,8 +851,8 @@ pub fn check_variant(
     match block {
         // The reference multiplies the values the blocks hold.
         Some(block) => {
-            let blocks = crate::quant::quantize(format, &w)?;
-            crate::gguf::dequantize_blocks(block.ggml, &blocks, &mut w)?;
+            let blocks = crate::formats::repack::quantize(format, &w)?;
+            crate::formats::dequant::dequantize_blocks(block.ggml, &blocks, &mut w)?;
             m.write_blocks(gpu, 0, &blocks, "check-w")?;
         }
         None => m.write_rows(gpu, 0, &w, "check-w")?,
@@ -929,13 +935,14 @@ pub fn reference(
 mod tests {
     use super::*;
     use crate::device::KernelSet;
+    use crate::formats::WeightFormat;
     use crate::gpu::Gpu;
     use crate::gpu::GpuOptions;
     use crate::kernels::rmsnorm::RmsNorm;
     use crate::kernels::testutil::*;
     use crate::kernels::variants::KernelVariants;
     use crate::kernels::Step;
-    use crate::shaders::{Shader, WeightFormat, WeightStore};
+    use crate::shaders::{Shader, WeightStore};
 
     /// The mat-mul the `gpu` set's rule picks on this device (with its
     /// weights in buffers): `Coop` where it has cooperative matrices.
@@ -1016,7 +1023,7 @@ mod tests {
     fn flag_bits_match_the_shaders() {
         let src = shaders::source(
             &shaders::MATMUL_TILED,
-            Some(WeightFormat::F16),
+            Some(WeightFormat::F16.into()),
             WeightStore::Buffer,
         );
         let module = naga::front::wgsl::parse_str(&src).unwrap();
@@ -1184,7 +1191,7 @@ mod tests {
     #[test]
     fn quantized_formats_match_reference() {
         for (store, format) in WeightStore::ALL.into_iter().flat_map(|s| {
-            crate::quant::tests::quantized()
+            crate::formats::repack::tests::quantized()
                 .into_iter()
                 .map(move |f| (s, f))
         }) {
@@ -1245,7 +1252,7 @@ mod tests {
         assert_eq!(m.format_at(20), Some(WeightFormat::Q6_K));
         assert!(m.single_format("w").is_err());
         // Blocks of one format cannot run on into rows stored in another.
-        let q4 = crate::quant::tests::random_blocks(WeightFormat::Q4_K, 2 * 20, 1);
+        let q4 = crate::formats::repack::tests::random_blocks(WeightFormat::Q4_K, 2 * 20, 1);
         let err = m.write_blocks(&gpu, 0, &q4, "w").unwrap_err();
         assert!(err.to_string().contains("stored as q6_k"), "{err}");
     }
@@ -1663,7 +1670,7 @@ mod tests {
                 body: leak(body),
                 ..*shader
             };
-            let fmt = (shader.prelude == shaders::Prelude::Weights).then_some(format);
+            let fmt = (shader.prelude == shaders::Prelude::Weights).then_some(format.into());
             let constants = variant.kernel().constants(gpu.profile.subgroup_max);
             let pipeline = gpu.pipeline(&emulated, fmt, "matmul", &constants).unwrap();
             let m = GpuMatrix::new(&gpu, "w", rows, cols, format).unwrap();

@@ -213,8 +213,8 @@ pub(crate) mod testutil {
     use super::runtime::Runtime;
     use super::Step;
     use crate::device::KernelSet;
+    use crate::formats::{KvFormat, WeightFormat};
     use crate::gpu::{Gpu, GpuOptions};
-    use crate::shaders::WeightFormat;
     use std::sync::Arc;
 
     /// A device for the kernel tests: the timings of `tuned` are not kept
@@ -504,14 +504,14 @@ fn emu_store_{name}(c: u32, at: u32, stride: u32) {{
         data: &[f32],
         row_len: usize,
         page: usize,
-        format: WeightFormat,
+        format: KvFormat,
     ) -> (SlotPages, Vec<f32>) {
         match format {
-            WeightFormat::F32 => (
+            KvFormat::F32 => (
                 SlotPages::from_rows(gpu, data, row_len, page),
                 data.to_vec(),
             ),
-            WeightFormat::F16 => {
+            KvFormat::F16 => {
                 let bits: Vec<u16> = data
                     .iter()
                     .map(|&x| half::f16::from_f32(x).to_bits())
@@ -522,21 +522,19 @@ fn emu_store_{name}(c: u32, at: u32, stride: u32) {{
                     .collect();
                 (SlotPages::from_rows(gpu, &bits, row_len, page), stored)
             }
-            q => panic!("a KV cache is f16 or f32, not {}", q.name()),
         }
     }
 
     /// Rows `0..n` of a cache stored in `format`, as f32.
-    pub fn read_kv(gpu: &Gpu, pages: &SlotPages, n: usize, format: WeightFormat) -> Vec<f32> {
+    pub fn read_kv(gpu: &Gpu, pages: &SlotPages, n: usize, format: KvFormat) -> Vec<f32> {
         match format {
-            WeightFormat::F32 => pages.read(gpu, n).unwrap(),
-            WeightFormat::F16 => pages
+            KvFormat::F32 => pages.read(gpu, n).unwrap(),
+            KvFormat::F16 => pages
                 .read::<u16>(gpu, n)
                 .unwrap()
                 .into_iter()
                 .map(|b| half::f16::from_bits(b).to_f32())
                 .collect(),
-            q => panic!("a KV cache is f16 or f32, not {}", q.name()),
         }
     }
 
@@ -550,10 +548,13 @@ fn emu_store_{name}(c: u32, at: u32, stride: u32) {{
             let (n, seed) = (part.rows * m.cols, seed + i as u64);
             let w = match part.format.block() {
                 Some(b) => {
-                    let blocks =
-                        crate::quant::tests::random_blocks(part.format, n / b.values, seed);
+                    let blocks = crate::formats::repack::tests::random_blocks(
+                        part.format,
+                        n / b.values,
+                        seed,
+                    );
                     let mut w = vec![0f32; n];
-                    crate::gguf::dequantize_blocks(b.ggml, &blocks, &mut w).unwrap();
+                    crate::formats::dequant::dequantize_blocks(b.ggml, &blocks, &mut w).unwrap();
                     m.write_blocks(gpu, part.row0, &blocks, "w").unwrap();
                     w
                 }

@@ -6,8 +6,9 @@ use bytemuck::{Pod, Zeroable};
 use std::sync::Arc;
 
 use super::{ceil_div, dispatch};
+use crate::formats::WeightFormat;
 use crate::gpu::Gpu;
-use crate::shaders::{self, WeightFormat};
+use crate::shaders;
 
 #[repr(C)]
 #[derive(Clone, Copy, Pod, Zeroable)]

@@ -6,8 +6,9 @@ use std::sync::Arc;
 
 use super::paging::{PageUniform, SlotPages};
 use super::{ceil_div, dispatch};
+use crate::formats::KvFormat;
 use crate::gpu::Gpu;
-use crate::shaders::{self, WeightFormat};
+use crate::shaders;
 
 #[repr(C)]
 #[derive(Clone, Copy, Pod, Zeroable)]
@@ -32,11 +33,11 @@ pub struct Heads {
     pub n_kv: usize,
     pub head_dim: usize,
     /// Storage format of the cached keys and values.
-    pub kv_format: WeightFormat,
+    pub kv_format: KvFormat,
 }
 
 impl Heads {
-    pub fn new(n_heads: usize, n_kv: usize, head_dim: usize, kv_format: WeightFormat) -> Self {
+    pub fn new(n_heads: usize, n_kv: usize, head_dim: usize, kv_format: KvFormat) -> Self {
         Heads {
             n_heads,
             n_kv,
@@ -72,7 +73,8 @@ impl RopeKv {
         q: &wgpu::Buffer,
         cache: Option<(&SlotPages, &SlotPages)>,
     ) -> Result<Self> {
-        let pipeline = gpu.pipeline(&shaders::ROPE_KV, Some(heads.kv_format), "main", &[])?;
+        let pipeline =
+            gpu.pipeline(&shaders::ROPE_KV, Some(heads.kv_format.into()), "main", &[])?;
         let params = gpu.uniform(
             "rope-params",
             &Params {
@@ -182,7 +184,7 @@ mod tests {
             (6, 2, 32, 20, 3, 8),
             (4, 2, 16, 9, 13, 4),
         ];
-        for format in [WeightFormat::F32, WeightFormat::F16] {
+        for format in [KvFormat::F32, KvFormat::F16] {
             for &(nh, nkv, hd, n, start, page) in &cases {
                 let h = Heads::new(nh, nkv, hd, format);
                 let slots = start + n;
@@ -220,11 +222,7 @@ mod tests {
                 // Angles up to ~8000 rad: f32 cos/sin on the GPU differ from f64 by ~1e-4 there;
                 // f16 storage rounds values below 1 by up to 2^-12.
                 let tol = if start > 1000 { 2e-3 } else { 2e-5 };
-                let kv_tol = if format == WeightFormat::F16 {
-                    5e-4
-                } else {
-                    tol
-                };
+                let kv_tol = if format == KvFormat::F16 { 5e-4 } else { tol };
                 let what = format!("{nh}/{nkv}/{hd} n {n} start {start} page {page} {format:?}");
                 assert!(
                     max_abs_diff(&gq, &wq) < tol,

@@ -178,11 +178,11 @@ mod tests {
     #[test]
     fn timings_are_kept_between_processes() {
         use crate::device::KernelSet;
+        use crate::formats::WeightFormat;
         use crate::gpu::{Gpu, GpuOptions};
         use crate::kernels::matmul::{Matmul, MatmulOptions};
         use crate::kernels::testutil::{fill_test_weights, step_buffer};
         use crate::kernels::{Rows, Step};
-        use crate::shaders::WeightFormat;
         use crate::weights::GpuMatrix;
         use std::sync::Arc;
         let dir = std::env::temp_dir().join(format!("sieve-tune-cache-{}", std::process::id()));

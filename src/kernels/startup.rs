@@ -41,8 +41,8 @@ fn run_start_up_checks(rt: &mut Runtime) {
     // the tiled kernel (the fallback always works) with a warning, for
     // the weights that kernel serves.
     if rt.kernels.matmul == MatmulVariant::Coop {
+        use crate::formats::WeightFormat;
         use crate::kernels::matmul::check_variant;
-        use crate::shaders::WeightFormat;
         let device = rt.info.name.clone();
         let warn = |variant: MatmulVariant, format: WeightFormat, e: anyhow::Error, then: &str| {
             eprintln!(

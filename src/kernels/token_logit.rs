@@ -24,7 +24,7 @@ impl TokenLogit {
         out: &wgpu::Buffer,
     ) -> Result<Self> {
         let format = head.single_format("the LM head")?;
-        let pipeline = gpu.pipeline(&shaders::TOKEN_LOGIT, Some(format), "main", &[])?;
+        let pipeline = gpu.pipeline(&shaders::TOKEN_LOGIT, Some(format.into()), "main", &[])?;
         let groups = table_part_groups(gpu, &pipeline, step, head, &[ids, x, out]);
         Ok(TokenLogit { pipeline, groups })
     }
@@ -53,16 +53,17 @@ pub fn reference(head: &[f32], hidden: usize, ids: &[u32], x: &[f32]) -> Vec<f32
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::formats::WeightFormat;
     use crate::kernels::testutil::*;
     use crate::kernels::Step;
-    use crate::shaders::{WeightFormat, WeightStore};
+    use crate::shaders::WeightStore;
 
     #[test]
     fn own_token_logits_across_head_parts() {
         // f32 rows of 36 values; quantized rows of one K-quant super-block
         // or eight 32-value blocks; weights in buffers and in textures.
         let formats = [(WeightFormat::F32, 36)].into_iter().chain(
-            crate::quant::tests::quantized()
+            crate::formats::repack::tests::quantized()
                 .into_iter()
                 .map(|f| (f, 256)),
         );

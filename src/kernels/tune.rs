@@ -49,8 +49,8 @@ use std::sync::{Arc, Mutex};
 
 use super::dispatch;
 use super::read_bandwidth::{Probe, Source};
+use crate::formats::WeightFormat;
 use crate::gpu::Gpu;
-use crate::shaders::WeightFormat;
 
 /// What a timing is kept for: one op on one shape.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]

@@ -13,7 +13,8 @@
 
 use super::ceil_div;
 use crate::device::{CompileOptions, DeviceProfile, KernelSet, SpirvPath};
-use crate::shaders::{self, Shader, WeightFormat, WeightStore};
+use crate::formats::{KvFormat, WeightFormat};
+use crate::shaders::{self, Shader, WeightStore};
 
 /// Mat-vec (decode, one token) variants.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -689,11 +690,11 @@ impl KernelVariants {
     pub fn attn_prefill_candidates(
         &self,
         head_dim: usize,
-        kv_format: WeightFormat,
+        kv_format: KvFormat,
     ) -> Vec<AttnPrefillVariant> {
         let mut out = vec![self.attn_prefill];
         if self.tuned() {
-            let coop = head_dim.is_multiple_of(16) && kv_format == WeightFormat::F16;
+            let coop = head_dim.is_multiple_of(16) && kv_format == KvFormat::F16;
             if self.attn_prefill_coop && coop {
                 out.push(AttnPrefillVariant::Coop);
             }
@@ -753,7 +754,7 @@ impl KernelVariants {
         );
         // (Heads of a multiple of 16 values: every candidate.)
         let prefill = attention(
-            self.attn_prefill_candidates(128, WeightFormat::F16)
+            self.attn_prefill_candidates(128, KvFormat::F16)
                 .iter()
                 .map(|v| format!("{v:?}"))
                 .collect(),
@@ -1071,7 +1072,6 @@ mod tests {
     /// fixed sets.
     #[test]
     fn attention_candidates_start_with_the_rule() {
-        use crate::shaders::WeightFormat::{F16, F32};
         use AttnDecodeVariant::*;
         use AttnPrefillVariant::*;
         let subgroups = DeviceProfile::for_tests(false, true, false);
@@ -1086,25 +1086,37 @@ mod tests {
                 Serial
             ]
         );
-        assert_eq!(v.attn_prefill_candidates(128, F16), [Tiled, RowPerLane]);
+        assert_eq!(
+            v.attn_prefill_candidates(128, KvFormat::F16),
+            [Tiled, RowPerLane]
+        );
         // With cooperative matrices, the matrix-unit prefill where the
         // head is whole 16-value blocks.
         let coop = DeviceProfile::for_tests(false, true, true);
         let mut v = select(&coop, KernelSet::Tuned);
         assert_eq!(
-            v.attn_prefill_candidates(128, F16),
+            v.attn_prefill_candidates(128, KvFormat::F16),
             [Tiled, Coop, RowPerLane]
         );
         assert_eq!(
-            v.attn_prefill_candidates(64, F16),
+            v.attn_prefill_candidates(64, KvFormat::F16),
             [Tiled, Coop, RowPerLane]
         );
-        assert_eq!(v.attn_prefill_candidates(36, F16), [Tiled, RowPerLane]);
-        assert_eq!(v.attn_prefill_candidates(128, F32), [Tiled, RowPerLane]);
+        assert_eq!(
+            v.attn_prefill_candidates(36, KvFormat::F16),
+            [Tiled, RowPerLane]
+        );
+        assert_eq!(
+            v.attn_prefill_candidates(128, KvFormat::F32),
+            [Tiled, RowPerLane]
+        );
         v.attn_prefill_coop = false;
-        assert_eq!(v.attn_prefill_candidates(128, F16), [Tiled, RowPerLane]);
+        assert_eq!(
+            v.attn_prefill_candidates(128, KvFormat::F16),
+            [Tiled, RowPerLane]
+        );
         let fixed = select(&coop, KernelSet::Gpu);
-        assert_eq!(fixed.attn_prefill_candidates(128, F16), [Tiled]);
+        assert_eq!(fixed.attn_prefill_candidates(128, KvFormat::F16), [Tiled]);
         let small = DeviceProfile {
             subgroup_min: 4,
             ..subgroups.clone()
@@ -1122,9 +1134,9 @@ mod tests {
         );
         let v = select(&subgroups, KernelSet::Gpu);
         assert_eq!(v.attn_decode_candidates(), [Parallel]);
-        assert_eq!(v.attn_prefill_candidates(128, F16), [Tiled]);
+        assert_eq!(v.attn_prefill_candidates(128, KvFormat::F16), [Tiled]);
         let v = select(&subgroups, KernelSet::Cpu);
         assert_eq!(v.attn_decode_candidates(), [Serial]);
-        assert_eq!(v.attn_prefill_candidates(128, F16), [RowPerLane]);
+        assert_eq!(v.attn_prefill_candidates(128, KvFormat::F16), [RowPerLane]);
     }
 }

@@ -1,6 +1,7 @@
-//! Quantized weight matrices on the GPU: the block layouts sieve keeps them
-//! in, the repacking of llama.cpp's blocks into those layouts, and the
-//! quantizers behind `--dtype q8_0|q4_0`.
+//! The block layouts sieve keeps quantized weight matrices in on the GPU,
+//! the repacking of llama.cpp's blocks into those layouts (each format's
+//! function is in its row of `FORMATS`), and the quantizers behind
+//! `--dtype q8_0|q4_0`.
 //!
 //! A GGUF block is copied into whole 32-bit words, because WGSL reads storage
 //! buffers in words and llama.cpp's 18-, 22- and 210-byte blocks would
@@ -20,7 +21,7 @@
 //! product of 32 values (one block, or one sub-block of a K-quant) with x,
 //! which the `cpu` mat-vec uses: whole quant words, the scale applied once,
 //! and an offset such as Q4_1's `m` applied once to the sum of x. The CPU reference of
-//! every layout is llama.cpp's dequantization in src/gguf.rs (checked against
+//! every layout is llama.cpp's dequantization in src/formats/dequant.rs (checked against
 //! gguf-py), applied to the GGUF block before repacking.
 //!
 //! | format | values/block | GGUF bytes | GPU words | GPU layout (words) |
@@ -36,58 +37,7 @@
 use anyhow::{bail, Result};
 use half::f16;
 
-use crate::gguf::GgmlType;
-pub use crate::shaders::Block;
-use crate::shaders::WeightFormat;
-
-impl WeightFormat {
-    /// The weight format that keeps a GGUF tensor of type `t` as it is
-    /// stored (bf16 has no GPU layout of its own: f32 holds it exactly).
-    pub fn of_ggml(t: GgmlType) -> Option<WeightFormat> {
-        Some(match t {
-            GgmlType::F32 | GgmlType::BF16 => WeightFormat::F32,
-            GgmlType::F16 => WeightFormat::F16,
-            GgmlType::Q8_0 => WeightFormat::Q8_0,
-            GgmlType::Q4_0 => WeightFormat::Q4_0,
-            GgmlType::Q4_1 => WeightFormat::Q4_1,
-            GgmlType::Q5_0 => WeightFormat::Q5_0,
-            GgmlType::Q4_K => WeightFormat::Q4_K,
-            GgmlType::Q5_K => WeightFormat::Q5_K,
-            GgmlType::Q6_K => WeightFormat::Q6_K,
-            _ => return None,
-        })
-    }
-
-    /// Bytes of one row of `cols` values on the GPU (`cols` must be a
-    /// multiple of the block, see [`WeightFormat::check_cols`]).
-    pub fn row_bytes(self, cols: usize) -> u64 {
-        match self.block() {
-            None => cols as u64 * self.bytes_per_value(),
-            Some(b) => ((cols / b.values).div_ceil(b.group) * b.words * 4) as u64,
-        }
-    }
-
-    /// Bytes of one row of `cols` values in llama.cpp's own blocks (a GGUF
-    /// file's), beside [`WeightFormat::row_bytes`] on the GPU.
-    pub fn gguf_row_bytes(self, cols: usize) -> u64 {
-        match self.block() {
-            None => self.row_bytes(cols),
-            Some(b) => (cols / b.values) as u64 * b.ggml.block_bytes(),
-        }
-    }
-
-    /// Quantized rows must hold whole blocks.
-    pub fn check_cols(self, cols: usize, what: &str) -> Result<()> {
-        match self.block() {
-            Some(b) if !cols.is_multiple_of(b.values) => bail!(
-                "{what}: rows of {cols} values cannot be stored as {}, whose blocks hold {} values",
-                self.name(),
-                b.values
-            ),
-            _ => Ok(()),
-        }
-    }
-}
+use super::WeightFormat;
 
 /// Appends the GPU words of `data`, whole rows of `cols` values in GGUF
 /// blocks of `format`'s type.
@@ -98,75 +48,74 @@ pub fn repack(format: WeightFormat, data: &[u8], cols: usize, out: &mut Vec<u32>
     for row in data.chunks_exact(row_bytes) {
         for group in row.chunks(b.group * bytes) {
             let start = out.len();
-            repack_group(format, group, bytes, out);
+            (b.repack)(group, out);
             debug_assert_eq!(out.len() - start, b.words);
         }
     }
 }
 
-/// One group of blocks (one block, or Q4_0's eight: fewer at a row's end,
-/// padded with zero blocks).
-fn repack_group(format: WeightFormat, group: &[u8], bytes: usize, out: &mut Vec<u32>) {
-    if format == WeightFormat::Q4_0 {
-        let blocks: Vec<&[u8]> = group.chunks_exact(bytes).collect();
-        let scale = |j: usize| blocks.get(j).map_or(0, |b| u16_at(b, 0));
-        out.extend((0..4).map(|i| scale(2 * i) | scale(2 * i + 1) << 16));
-        for j in 0..8 {
-            match blocks.get(j) {
-                Some(block) => push_nibbles(out, 32, |v| split_nibble(&block[2..18], v)),
-                None => out.extend([0; 4]),
-            }
+/// Q4_0: a group of up to eight 18-byte blocks (fewer at a row's end,
+/// padded with zero blocks): the eight scales, then each block's quants.
+pub(super) fn q4_0(group: &[u8], out: &mut Vec<u32>) {
+    let blocks: Vec<&[u8]> = group.chunks_exact(18).collect();
+    let scale = |j: usize| blocks.get(j).map_or(0, |b| u16_at(b, 0));
+    out.extend((0..4).map(|i| scale(2 * i) | scale(2 * i + 1) << 16));
+    for j in 0..8 {
+        match blocks.get(j) {
+            Some(block) => push_nibbles(out, 32, |v| split_nibble(&block[2..18], v)),
+            None => out.extend([0; 4]),
         }
-        return;
     }
-    let block = group;
-    match format {
-        WeightFormat::Q8_0 => {
-            out.push(u16_at(block, 0));
-            out.extend(block[2..34].chunks_exact(4).map(word));
-        }
-        WeightFormat::Q4_1 => {
-            out.push(word(&block[0..4]));
-            push_nibbles(out, 32, |v| split_nibble(&block[4..20], v));
-        }
-        WeightFormat::Q5_0 => {
-            out.push(u16_at(block, 0));
-            out.push(word(&block[2..6]));
-            push_nibbles(out, 32, |v| split_nibble(&block[6..22], v));
-        }
-        WeightFormat::Q4_K => {
-            out.extend(block[0..16].chunks_exact(4).map(word));
-            push_nibbles(out, 256, |v| k_nibble(&block[16..144], v));
-        }
-        WeightFormat::Q5_K => {
-            out.extend(block[0..16].chunks_exact(4).map(word));
-            let qh = &block[16..48];
-            push_bits(out, 1, 256, |v| {
-                let (pair, within) = (v / 64, v % 64);
-                let bit = 2 * pair + within / 32;
-                u32::from(qh[within % 32] >> bit) & 1
-            });
-            push_nibbles(out, 256, |v| k_nibble(&block[48..176], v));
-        }
-        WeightFormat::Q6_K => {
-            out.push(u16_at(block, 208));
-            out.extend(block[192..208].chunks_exact(4).map(word));
-            // Value v = 128 half + 32 k + l (l < 32) takes its low bits
-            // from ql[64 half + l + 32 (k odd)] (low nibble for k < 2) and
-            // its high bits from bits 2k of qh[32 half + l].
-            let (ql, qh) = (&block[0..128], &block[128..192]);
-            let q6 = |v: usize| {
-                let (half, k, l) = (v / 128, (v % 128) / 32, v % 32);
-                let low = ql[64 * half + l + 32 * (k % 2)];
-                let low = if k < 2 { low & 0x0F } else { low >> 4 };
-                let high = (qh[32 * half + l] >> (2 * k)) & 3;
-                (u32::from(low), u32::from(high))
-            };
-            push_nibbles(out, 256, |v| q6(v).0);
-            push_bits(out, 2, 256, |v| q6(v).1);
-        }
-        WeightFormat::Q4_0 | WeightFormat::F16 | WeightFormat::F32 => unreachable!(),
-    }
+}
+
+pub(super) fn q8_0(block: &[u8], out: &mut Vec<u32>) {
+    out.push(u16_at(block, 0));
+    out.extend(block[2..34].chunks_exact(4).map(word));
+}
+
+pub(super) fn q4_1(block: &[u8], out: &mut Vec<u32>) {
+    out.push(word(&block[0..4]));
+    push_nibbles(out, 32, |v| split_nibble(&block[4..20], v));
+}
+
+pub(super) fn q5_0(block: &[u8], out: &mut Vec<u32>) {
+    out.push(u16_at(block, 0));
+    out.push(word(&block[2..6]));
+    push_nibbles(out, 32, |v| split_nibble(&block[6..22], v));
+}
+
+pub(super) fn q4_k(block: &[u8], out: &mut Vec<u32>) {
+    out.extend(block[0..16].chunks_exact(4).map(word));
+    push_nibbles(out, 256, |v| k_nibble(&block[16..144], v));
+}
+
+pub(super) fn q5_k(block: &[u8], out: &mut Vec<u32>) {
+    out.extend(block[0..16].chunks_exact(4).map(word));
+    let qh = &block[16..48];
+    push_bits(out, 1, 256, |v| {
+        let (pair, within) = (v / 64, v % 64);
+        let bit = 2 * pair + within / 32;
+        u32::from(qh[within % 32] >> bit) & 1
+    });
+    push_nibbles(out, 256, |v| k_nibble(&block[48..176], v));
+}
+
+pub(super) fn q6_k(block: &[u8], out: &mut Vec<u32>) {
+    out.push(u16_at(block, 208));
+    out.extend(block[192..208].chunks_exact(4).map(word));
+    // Value v = 128 half + 32 k + l (l < 32) takes its low bits
+    // from ql[64 half + l + 32 (k odd)] (low nibble for k < 2) and
+    // its high bits from bits 2k of qh[32 half + l].
+    let (ql, qh) = (&block[0..128], &block[128..192]);
+    let q6 = |v: usize| {
+        let (half, k, l) = (v / 128, (v % 128) / 32, v % 32);
+        let low = ql[64 * half + l + 32 * (k % 2)];
+        let low = if k < 2 { low & 0x0F } else { low >> 4 };
+        let high = (qh[32 * half + l] >> (2 * k)) & 3;
+        (u32::from(low), u32::from(high))
+    };
+    push_nibbles(out, 256, |v| q6(v).0);
+    push_bits(out, 2, 256, |v| q6(v).1);
 }
 
 fn word(b: &[u8]) -> u32 {
@@ -269,7 +218,7 @@ pub fn encode(format: WeightFormat, values: &[f32], cols: usize) -> Result<Vec<u
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::gguf::dequantize_blocks;
+    use crate::formats::dequant::dequantize_blocks;
 
     /// Every quantized format, for tests.
     pub fn quantized() -> Vec<WeightFormat> {

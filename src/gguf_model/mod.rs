@@ -1,14 +1,17 @@
 //! A GGUF file loaded directly (`--model FILE.gguf`): its config, tokenizer
-//! and special tokens built from its metadata exactly as `convert-gguf`
-//! builds them, and its tensors read straight from the mapped file.
+//! and special tokens built from its metadata (`meta.rs`, `vocab.rs`; the
+//! same documents `convert-gguf` writes), its tensors found by their
+//! Hugging Face names (`names.rs`) and read straight from the mapped file.
 //!
-//! Quantized tensors stay quantized on the GPU (src/quant.rs) when a
-//! matrix's source tensors share one type with a GPU layout (bf16 is held
-//! as f32). A matrix stacked from tensors of different types (llama.cpp's
-//! `_M` mixes put `attn_v` in a wider type than `attn_q`) is dequantized to
-//! f32, exactly but at 4 bytes a value: per-part formats, so that q, k and v
-//! each keep their type, are not built yet. `LoadOptions::dtype` overrides
-//! the choice for every matrix.
+//! Quantized tensors stay quantized on the GPU (src/formats) where the
+//! tensor's type has a GPU layout (bf16 is held as f32). A matrix stacked
+//! from tensors of different types (llama.cpp's `_M` mixes put `attn_v` in
+//! a wider type than `attn_q`) keeps each part's own format.
+//! `LoadOptions::dtype` overrides the choice for every matrix.
+
+pub mod meta;
+pub mod names;
+pub mod vocab;
 
 use anyhow::{bail, Context, Result};
 use serde_json::Value;
@@ -20,13 +23,15 @@ use crate::formats::WeightFormat;
 use crate::gguf::GgufFile;
 use crate::gpu::Gpu;
 use crate::weights::{GpuMatrix, WeightSource};
+use meta::{Documents, ModelMeta};
+use names::unpermute_rows;
 
 /// An opened, checked GGUF model.
 pub struct GgufModel {
     pub file: GgufFile,
     pub config: ModelConfig,
     /// The JSON documents a converted folder would hold, by file name.
-    documents: crate::convert::Documents,
+    documents: Documents,
     /// Hugging Face tensor name -> (index into `file.tensors`, heads whose
     /// q/k rows llama.cpp permuted).
     tensors: HashMap<String, (usize, Option<usize>)>,
@@ -40,7 +45,15 @@ pub fn is_gguf(path: &Path) -> bool {
 impl GgufModel {
     pub fn open(path: &Path) -> Result<Self> {
         let file = GgufFile::open(path)?;
-        let (tensors, documents) = crate::convert::plan_for_loading(&file)?;
+        let meta = ModelMeta::read(&file)?;
+        let tensors = meta
+            .tensors(&file)?
+            .into_iter()
+            .map(|t| (t.name, (t.index, t.qk_heads)))
+            .collect();
+        // Weights are read as f32 (or kept in their blocks), whatever
+        // config.json would say.
+        let documents = meta.documents(&file, "float32")?;
         let config = ModelConfig::from_json(&documents[0].1, path)
             .with_context(|| format!("{}: the configuration its metadata gives", path.display()))?;
         Ok(GgufModel {
@@ -96,21 +109,6 @@ impl GgufModel {
         }
         Ok(unpermute_rows(&values, shape[0], heads))
     }
-}
-
-/// Rows in Hugging Face order: llama.cpp permuted the q/k rows of each of
-/// `heads` heads (see `convert::hf_source_row`).
-fn unpermute_rows<T: Copy>(data: &[T], rows: usize, heads: Option<usize>) -> Vec<T> {
-    let Some(heads) = heads else {
-        return data.to_vec();
-    };
-    let row_len = data.len() / rows;
-    (0..rows)
-        .flat_map(|r| {
-            let src = crate::convert::hf_source_row(r, rows / heads);
-            data[src * row_len..(src + 1) * row_len].iter().copied()
-        })
-        .collect()
 }
 
 impl WeightSource for GgufModel {

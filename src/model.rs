@@ -130,29 +130,11 @@ impl Model {
             sources.iter().map(|(n, r)| (*r, format_of(n))).collect()
         };
         let plan = matrix_plan(c);
-        // Weights no device of this kind can hold are refused before the
-        // first buffer is created (sizes in u128: no overflow).
-        let bytes: u128 = plan
+        let parts: Vec<MatrixParts> = plan
             .iter()
-            .flat_map(|m| blocks_of(&m.sources).into_iter().map(|b| (b, m.cols)))
-            .map(|((rows, f), cols)| rows as u128 * f.row_bytes(cols) as u128)
-            .sum();
-        let ceiling = gpu.memory_ceiling();
-        if bytes > ceiling as u128 {
-            let gib = |b: u128| b as f64 / (1u64 << 30) as f64;
-            let formats: std::collections::BTreeSet<&str> = plan
-                .iter()
-                .flat_map(|m| blocks_of(&m.sources))
-                .map(|(_, f)| f.name())
-                .collect();
-            bail!(
-                "{}: the weights need {:.1} GiB as {}, more than this device can hold ({:.1} GiB at most)",
-                dir.display(),
-                gib(bytes),
-                formats.into_iter().collect::<Vec<_>>().join(" and "),
-                gib(ceiling as u128)
-            );
-        }
+            .map(|m| (blocks_of(&m.sources), m.cols))
+            .collect();
+        check_fits(&gpu, &parts, dir)?;
         let h = c.hidden_size;
         let total = 3 + c.num_layers;
         let mut done = 0;
@@ -304,6 +286,36 @@ impl Model {
             .chain([self.head()])
     }
 }
+
+/// Refuses weights no device of this kind can hold before the first
+/// buffer is created (sizes in u128: no overflow).
+fn check_fits(gpu: &Gpu, parts: &[MatrixParts], dir: &Path) -> Result<()> {
+    let bytes: u128 = parts
+        .iter()
+        .flat_map(|(blocks, cols)| blocks.iter().map(move |&b| (b, *cols)))
+        .map(|((rows, f), cols)| rows as u128 * f.row_bytes(cols) as u128)
+        .sum();
+    let ceiling = gpu.memory_ceiling();
+    if bytes > ceiling as u128 {
+        let gib = |b: u128| b as f64 / (1u64 << 30) as f64;
+        let formats: std::collections::BTreeSet<&str> = parts
+            .iter()
+            .flat_map(|(blocks, _)| blocks)
+            .map(|(_, f)| f.name())
+            .collect();
+        bail!(
+            "{}: the weights need {:.1} GiB as {}, more than this device can hold ({:.1} GiB at most)",
+            dir.display(),
+            gib(bytes),
+            formats.into_iter().collect::<Vec<_>>().join(" and "),
+            gib(ceiling as u128)
+        );
+    }
+    Ok(())
+}
+
+/// A matrix's (rows, format) parts and its columns.
+type MatrixParts = (Vec<(usize, WeightFormat)>, usize);
 
 /// One weight matrix of the model: its rows stacked from source tensors.
 struct MatrixPlan {

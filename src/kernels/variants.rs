@@ -172,6 +172,21 @@ pub enum MatmulVariant {
 }
 
 impl MatmulVariant {
+    pub const ALL: [MatmulVariant; 12] = [
+        MatmulVariant::Blocked4x4,
+        MatmulVariant::Tiled,
+        MatmulVariant::TiledWide,
+        MatmulVariant::Coop,
+        MatmulVariant::CoopStaged,
+        MatmulVariant::CoopStagedWide,
+        MatmulVariant::CoopPadded,
+        MatmulVariant::CoopStagedPadded,
+        MatmulVariant::CoopStagedPrefetch,
+        MatmulVariant::CoopTokensFast,
+        MatmulVariant::CoopStagedTokensFast,
+        MatmulVariant::CoopX16,
+    ];
+
     /// The variant for one row part of a weight matrix (`rows` rows of
     /// `cols` values in `format`): `Coop` takes f16 parts of whole 64 x 64
     /// tiles, becomes `CoopStaged` for block formats (whose rows hold whole
@@ -963,6 +978,27 @@ mod tests {
 
     /// The candidates timed per matrix: the fixed rule's choice first, only
     /// variants that take the part, none beyond the rule on the `cpu` set.
+    /// Every override constant a mat-mul variant sets is declared by its
+    /// shader (a misspelt name would otherwise be set on nothing), and
+    /// only the cooperative kernels take the subgroup size.
+    #[test]
+    fn matmul_constants_are_overrides_of_their_shaders() {
+        for v in MatmulVariant::ALL {
+            let k = v.kernel();
+            let constants = k.constants(32);
+            for (name, _) in &constants {
+                let declared = format!("override {name}:");
+                assert!(
+                    k.shader.body.contains(&declared),
+                    "{v:?}: {} declares no {name}",
+                    k.shader.file
+                );
+            }
+            let sized = constants.iter().any(|(n, _)| *n == "SUBGROUP_SIZE");
+            assert_eq!(sized, v.cooperative(), "{v:?}");
+        }
+    }
+
     #[test]
     fn candidates_start_with_the_rule() {
         let coop = DeviceProfile::for_tests(false, true, true);

@@ -10,6 +10,7 @@ mod eviction;
 use anyhow::Result;
 use clap::Args;
 use serde_json::json;
+use sieve::kernels::read_bandwidth::Bandwidth;
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -139,103 +140,16 @@ pub fn run(model: &std::sync::Arc<Model>, a: &BenchArgs) -> Result<serde_json::V
             wall * 1e3
         );
     }
-    // The bound is the faster of the two ways a kernel can stream weights
-    // (src/kernels/read_bandwidth.rs).
-    let paths = sieve::kernels::read_bandwidth::measure(&gpu, 5)?;
-    let best = sieve::kernels::read_bandwidth::fastest(&paths)
-        .ok_or_else(|| anyhow::anyhow!("the read-bandwidth probe measured no path"))?;
+    let (paths, best) = read_bandwidth(&gpu)?;
     let bw = best.bytes_per_second;
-    let each: Vec<String> = paths
-        .iter()
-        .map(|p| format!("{} {:.2} GB/s", p.path.name(), p.bytes_per_second / 1e9))
-        .collect();
-    println!(
-        "streaming read bandwidth: {:.2} GB/s, through a {} ({}; each the median of 5 reads of {} MiB, {} clock)",
-        bw / 1e9,
-        best.path.name(),
-        each.join(", "),
-        best.bytes >> 20,
-        if best.gpu_timed { "GPU" } else { "host" }
-    );
     // Token ids do not change the work; use a fixed spread of ids.
     let ids = |n: usize| -> Vec<u32> {
         (0..n)
             .map(|i| ((i * 7919 + 13) % c.vocab_size) as u32)
             .collect()
     };
-    let mut prefill = vec![];
-    println!("| test | tokens/s | ms/token |");
-    println!("|---|---|---|");
-    for &n in &a.prefill {
-        let mut times = vec![];
-        for run in 0..=a.prefill_runs.max(1) {
-            e.reset();
-            let pos: Vec<u32> = (0..n as u32).collect();
-            let t = Instant::now();
-            e.step(&ids(n), &pos, StepOutput::last(n))?;
-            e.sync()?;
-            if run > 0 {
-                times.push(t.elapsed().as_secs_f64());
-            }
-        }
-        times.sort_by(f64::total_cmp);
-        let s = times[times.len() / 2];
-        println!(
-            "| prefill {n} | {:.2} | {:.1} |",
-            n as f64 / s,
-            s * 1e3 / n as f64
-        );
-        prefill.push(json!({
-            "tokens": n, "seconds": s, "tokens_per_second": n as f64 / s,
-            "runs_seconds": times, "warm_up_runs": 1
-        }));
-    }
-    let mut decode = vec![];
-    let kv_row_bytes = 2 * c.num_layers as u64 * model.heads().kv_row_bytes();
-    for &d in &a.depths {
-        // Decode cost does not depend on the cached values: start at depth d
-        // without prefilling (the slots hold whatever an earlier run left).
-        e.reset();
-        e.n_cached = d;
-        let greedy = SamplingParams::default();
-        let mut tok = 1u32;
-        let mut time = 0.0;
-        let mut record = 0.0;
-        for s in 0..=a.decode_steps {
-            let t = Instant::now();
-            let out = StepOutput {
-                sample: Some((greedy, s as u32)),
-                ..StepOutput::last(1)
-            };
-            tok = e.step(&[tok], &[(d + s) as u32], out)?.unwrap_or(0);
-            if s > 0 {
-                time += t.elapsed().as_secs_f64();
-                record += e.last_record_seconds;
-            }
-        }
-        let sync_tps = a.decode_steps as f64 / time;
-        let record_ms = record * 1e3 / a.decode_steps as f64;
-        // The headline: steps submitted while the GPU runs the one before,
-        // as a generation decodes; the synchronous step (record, submit,
-        // wait) beside it counts the host's recording as idle GPU time.
-        let tps = a.decode_steps as f64 / decode_ahead(&mut e, d, a.decode_steps)?;
-        let bytes =
-            model.decode_weight_bytes() + kv_row_bytes * (d as u64 + a.decode_steps as u64 / 2);
-        let bound = bw / bytes as f64;
-        println!(
-            "| decode at depth {d} | {tps:.2} | {:.1} | ({:.0}% of the {:.2} tok/s read-bandwidth bound, {:.0} MB/token; steps submitted ahead; {sync_tps:.2} tok/s one synchronous step at a time, {record_ms:.2} ms of each recording and submitting commands on the CPU)",
-            1e3 / tps,
-            100.0 * tps / bound,
-            bound,
-            bytes as f64 / 1e6
-        );
-        decode.push(json!({
-            "depth": d, "tokens_per_second": tps, "bytes_per_token": bytes,
-            "bandwidth_bound_tokens_per_second": bound, "fraction_of_bound": tps / bound,
-            "record_ms_per_step": record_ms, "submitted_ahead_tokens_per_second": tps,
-            "synchronous_tokens_per_second": sync_tps
-        }));
-    }
+    let prefill = prefill_table(&mut e, a, &ids)?;
+    let decode = decode_table(&mut e, model, a, bw)?;
     let kernels = kernel_breakdown(&mut e, &ids(max_prefill), a.depths.first().copied())?;
     let step_ms = decode
         .first()
@@ -282,6 +196,125 @@ pub fn run(model: &std::sync::Arc<Model>, a: &BenchArgs) -> Result<serde_json::V
         "long_context": long_context,
         "kernel_breakdown": kernels,
     }))
+}
+
+/// The streaming read bandwidth of each path a kernel can read weights
+/// through, and the fastest (the decode bound; printed).
+fn read_bandwidth(gpu: &sieve::gpu::Gpu) -> Result<(Vec<Bandwidth>, Bandwidth)> {
+    // The bound is the faster of the two ways a kernel can stream weights
+    // (src/kernels/read_bandwidth.rs).
+    let paths = sieve::kernels::read_bandwidth::measure(gpu, 5)?;
+    let best = sieve::kernels::read_bandwidth::fastest(&paths)
+        .ok_or_else(|| anyhow::anyhow!("the read-bandwidth probe measured no path"))?;
+    let each: Vec<String> = paths
+        .iter()
+        .map(|p| format!("{} {:.2} GB/s", p.path.name(), p.bytes_per_second / 1e9))
+        .collect();
+    println!(
+        "streaming read bandwidth: {:.2} GB/s, through a {} ({}; each the median of 5 reads of {} MiB, {} clock)",
+        best.bytes_per_second / 1e9,
+        best.path.name(),
+        each.join(", "),
+        best.bytes >> 20,
+        if best.gpu_timed { "GPU" } else { "host" }
+    );
+    Ok((paths, best))
+}
+
+/// The prefill rows of the table: the median of `prefill_runs` runs of
+/// each prompt length, after a warm-up run.
+fn prefill_table(
+    e: &mut Engine,
+    a: &BenchArgs,
+    ids: &dyn Fn(usize) -> Vec<u32>,
+) -> Result<Vec<serde_json::Value>> {
+    let mut prefill = vec![];
+    println!("| test | tokens/s | ms/token |");
+    println!("|---|---|---|");
+    for &n in &a.prefill {
+        let mut times = vec![];
+        for run in 0..=a.prefill_runs.max(1) {
+            e.reset();
+            let pos: Vec<u32> = (0..n as u32).collect();
+            let t = Instant::now();
+            e.step(&ids(n), &pos, StepOutput::last(n))?;
+            e.sync()?;
+            if run > 0 {
+                times.push(t.elapsed().as_secs_f64());
+            }
+        }
+        times.sort_by(f64::total_cmp);
+        let s = times[times.len() / 2];
+        println!(
+            "| prefill {n} | {:.2} | {:.1} |",
+            n as f64 / s,
+            s * 1e3 / n as f64
+        );
+        prefill.push(json!({
+            "tokens": n, "seconds": s, "tokens_per_second": n as f64 / s,
+            "runs_seconds": times, "warm_up_runs": 1
+        }));
+    }
+    Ok(prefill)
+}
+
+/// The decode rows of the table: steps submitted ahead (the headline) and
+/// one synchronous step at a time, at each depth, against the
+/// read-bandwidth bound `bw` (bytes per second).
+fn decode_table(
+    e: &mut Engine,
+    model: &Model,
+    a: &BenchArgs,
+    bw: f64,
+) -> Result<Vec<serde_json::Value>> {
+    let c = &model.config;
+    let mut decode = vec![];
+    let kv_row_bytes = 2 * c.num_layers as u64 * model.heads().kv_row_bytes();
+    for &d in &a.depths {
+        // Decode cost does not depend on the cached values: start at depth d
+        // without prefilling (the slots hold whatever an earlier run left).
+        e.reset();
+        e.n_cached = d;
+        let greedy = SamplingParams::default();
+        let mut tok = 1u32;
+        let mut time = 0.0;
+        let mut record = 0.0;
+        for s in 0..=a.decode_steps {
+            let t = Instant::now();
+            let out = StepOutput {
+                sample: Some((greedy, s as u32)),
+                ..StepOutput::last(1)
+            };
+            tok = e.step(&[tok], &[(d + s) as u32], out)?.unwrap_or(0);
+            if s > 0 {
+                time += t.elapsed().as_secs_f64();
+                record += e.last_record_seconds;
+            }
+        }
+        let sync_tps = a.decode_steps as f64 / time;
+        let record_ms = record * 1e3 / a.decode_steps as f64;
+        // The headline: steps submitted while the GPU runs the one before,
+        // as a generation decodes; the synchronous step (record, submit,
+        // wait) beside it counts the host's recording as idle GPU time.
+        let tps = a.decode_steps as f64 / decode_ahead(e, d, a.decode_steps)?;
+        let bytes =
+            model.decode_weight_bytes() + kv_row_bytes * (d as u64 + a.decode_steps as u64 / 2);
+        let bound = bw / bytes as f64;
+        println!(
+            "| decode at depth {d} | {tps:.2} | {:.1} | ({:.0}% of the {:.2} tok/s read-bandwidth bound, {:.0} MB/token; steps submitted ahead; {sync_tps:.2} tok/s one synchronous step at a time, {record_ms:.2} ms of each recording and submitting commands on the CPU)",
+            1e3 / tps,
+            100.0 * tps / bound,
+            bound,
+            bytes as f64 / 1e6
+        );
+        decode.push(json!({
+            "depth": d, "tokens_per_second": tps, "bytes_per_token": bytes,
+            "bandwidth_bound_tokens_per_second": bound, "fraction_of_bound": tps / bound,
+            "record_ms_per_step": record_ms, "submitted_ahead_tokens_per_second": tps,
+            "synchronous_tokens_per_second": sync_tps
+        }));
+    }
+    Ok(decode)
 }
 
 /// Seconds for `steps` decode steps at depth `d`, each submitted while the

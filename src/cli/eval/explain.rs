@@ -78,27 +78,7 @@ pub fn main(a: ExplainArgs) -> Result<()> {
         policies.push(p);
     }
     let llm = Llm::load(&a.model.dir()?, &a.model.load_options()?)?;
-    let limit = a.max_tokens.unwrap_or(usize::MAX);
-    let (name, ids) = match (&a.text, &a.dataset) {
-        (Some(_), Some(_)) => bail!("give --text or --dataset, not both"),
-        (Some(path), None) => {
-            let text = std::fs::read_to_string(path)
-                .with_context(|| format!("reading --text {}", path.display()))?;
-            let mut ids = llm.tokenizer.encode(&text)?;
-            ids.truncate(limit);
-            let name = path.file_name().unwrap_or_default().to_string_lossy();
-            (name.to_string(), ids)
-        }
-        (None, dataset) => {
-            let source = DocumentSource::parse(dataset.as_deref(), None)?;
-            let data = data_dir(a.data.as_deref())?;
-            let docs = source.documents(&llm.tokenizer, &data, a.doc.saturating_add(1), limit)?;
-            match docs.into_iter().nth(a.doc) {
-                Some(d) => (d.id, d.tokens),
-                None => bail!("--doc {}: {} has fewer documents", a.doc, source.name()),
-            }
-        }
-    };
+    let (name, ids) = document(&a, &llm)?;
     // The full-cache run's attention, with a row at every refresh.
     let step = refresh_step(&[opts.budget], opts.chunk);
     let future = record_future_attention(&llm.model, &ids, step)?;
@@ -178,6 +158,32 @@ pub fn main(a: ExplainArgs) -> Result<()> {
         f.iter().filter(|x| x.evicted_at.is_none()).count(),
     );
     Ok(())
+}
+
+/// The document explained: --text's tokens or --dataset's document --doc,
+/// at most --max-tokens of it, with its name.
+fn document(a: &ExplainArgs, llm: &Llm) -> Result<(String, Vec<u32>)> {
+    let limit = a.max_tokens.unwrap_or(usize::MAX);
+    Ok(match (&a.text, &a.dataset) {
+        (Some(_), Some(_)) => bail!("give --text or --dataset, not both"),
+        (Some(path), None) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("reading --text {}", path.display()))?;
+            let mut ids = llm.tokenizer.encode(&text)?;
+            ids.truncate(limit);
+            let name = path.file_name().unwrap_or_default().to_string_lossy();
+            (name.to_string(), ids)
+        }
+        (None, dataset) => {
+            let source = DocumentSource::parse(dataset.as_deref(), None)?;
+            let data = data_dir(a.data.as_deref())?;
+            let docs = source.documents(&llm.tokenizer, &data, a.doc.saturating_add(1), limit)?;
+            match docs.into_iter().nth(a.doc) {
+                Some(d) => (d.id, d.tokens),
+                None => bail!("--doc {}: {} has fewer documents", a.doc, source.name()),
+            }
+        }
+    })
 }
 
 /// Runs `ids` through `opts`' policy and diagnoses its refreshes.

@@ -30,14 +30,14 @@
 // Bindings (group 0), all entry points (declared in attention_io.wgsl):
 //   0 step  uniform Step
 //   1 p     uniform AttnParams
-//   2 q     storage read  [n_tokens, n_heads * head_dim/4] vec4<f32> (after RoPE)
+//   2 q     storage read  [row0 + n_tokens, n_heads * head_dim/4] vec4<f32> (after RoPE)
 //   3 kc    storage read  [page.len, n_kv * head_dim/4] KvPacked  one page of the key cache
 //   4 vc    storage read  [page.len, n_kv * head_dim/4] KvPacked  the same page of the values
 // (KvPacked: four values in the cache's format, from the kv_f16/kv_f32 prelude)
 //   5 part  storage rw    [n_tokens, n_heads, n_chunks, head_dim/4 + 1] vec4<f32>
 //                         (accumulator, then (max, sum, 0, 0))
-//   6 out   storage rw    [n_tokens, n_heads * head_dim/4] vec4<f32>
-//   7 lse   storage rw    [n_tokens, n_heads] f32  log-sum-exp of the scaled scores
+//   6 out   storage rw    [row0 + n_tokens, n_heads * head_dim/4] vec4<f32>
+//   7 lse   storage rw    [row0 + n_tokens, n_heads] f32  log-sum-exp of the scaled scores
 //   8 qslot storage read  [n_tokens] u32  (anticausal_partial only) each query's own slot
 //   9 page  uniform Page  the slots kc/vc hold (page.first a multiple of CHUNK)
 // Limits: head_dim <= 128 (a multiple of 4), n_heads / n_kv <= 8.
@@ -52,7 +52,7 @@ fn partial_row(t: u32, h: u32, c: u32, k_begin: u32, k_end: u32) {
 
     var qv: array<vec4<f32>, HD4_MAX>;
     var acc: array<vec4<f32>, HD4_MAX>;
-    let qbase = (t * p.n_heads + h) * hd4;
+    let qbase = (row(t) * p.n_heads + h) * hd4;
     for (var d = 0u; d < hd4; d++) {
         qv[d] = q[qbase + d] * p.scale;
         acc[d] = vec4<f32>(0.0);
@@ -138,7 +138,7 @@ fn decode_partial(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocati
     let k0 = c * CHUNK;
 
     for (var i = lid; i < bounded(g_n * hd4); i += 64u) {
-        qs[i] = q[kvh * g_n * hd4 + i] * p.scale;
+        qs[i] = q[row(0u) * p.n_heads * hd4 + kvh * g_n * hd4 + i] * p.scale;
     }
     workgroupBarrier();
     for (var j = lid; j < CHUNK; j += 64u) {
@@ -219,9 +219,9 @@ fn merge(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index)
             let b = part_base(t, h, c);
             a += part[b + d] * exp(part[b + hd4].x - m);
         }
-        out[(t * p.n_heads + h) * hd4 + d] = a / l;
+        out[(row(t) * p.n_heads + h) * hd4 + d] = a / l;
     }
     if (lid == 0u) {
-        lse[t * p.n_heads + h] = m + log(l);
+        lse[row(t) * p.n_heads + h] = m + log(l);
     }
 }

@@ -47,7 +47,7 @@ fn kv_word(slot: u32, kvh: u32, d: u32) -> u32 {
 fn load_group_queries(kvh: u32, lid: u32) {
     let n = GROUP * p.hd4;
     for (var i = lid; i < n; i += CHUNK) { // loop bound: n <= 256
-        qs[i] = q[kvh * n + i] * p.scale;
+        qs[i] = q[row(0u) * p.n_heads * p.hd4 + kvh * n + i] * p.scale;
     }
     workgroupBarrier();
 }

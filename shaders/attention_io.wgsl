@@ -7,14 +7,14 @@
 // Bindings (group 0), all entry points:
 //   0 step  uniform Step
 //   1 p     uniform AttnParams
-//   2 q     storage read  [n_tokens, n_heads * head_dim/4] vec4<f32> (after RoPE)
+//   2 q     storage read  [row0 + n_tokens, n_heads * head_dim/4] vec4<f32> (after RoPE)
 //   3 kc    storage read  [page.len, n_kv * head_dim/4] KvPacked  one page of the key cache
 //   4 vc    storage read  [page.len, n_kv * head_dim/4] KvPacked  the same page of the values
 // (KvPacked: four values in the cache's format, from the kv_f16/kv_f32 prelude)
 //   5 part  storage rw    [n_tokens, n_heads, n_chunks, head_dim/4 + 1] vec4<f32>
 //                         (accumulator, then (max, sum, 0, 0))
-//   6 out   storage rw    [n_tokens, n_heads * head_dim/4] vec4<f32>
-//   7 lse   storage rw    [n_tokens, n_heads] f32  log-sum-exp of the scaled scores
+//   6 out   storage rw    [row0 + n_tokens, n_heads * head_dim/4] vec4<f32>
+//   7 lse   storage rw    [row0 + n_tokens, n_heads] f32  log-sum-exp of the scaled scores
 //   8 qslot storage read  [n_tokens] u32  (anticausal_partial only) each query's own slot
 //   9 page  uniform Page  the slots kc/vc hold (page.first a multiple of CHUNK)
 // Limits: head_dim <= 128 (a multiple of 4), n_heads / n_kv <= 8.
@@ -59,6 +59,11 @@ override GROUP: u32 = 1u;
 // queries at a constant offset is one load, at a run-time offset a loop over
 // the SIMD lanes: docs/ARCHITECTURE.md, "lavapipe facts").
 override HD4: u32 = HD4_MAX;
+
+// Row of query t in q, out and lse: its sequence's rows start at step.row0.
+fn row(t: u32) -> u32 {
+    return step.row0 + t;
+}
 
 fn n_chunks() -> u32 {
     return (step.start_slot + step.n_tokens + CHUNK - 1u) / CHUNK;

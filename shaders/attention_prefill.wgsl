@@ -47,7 +47,7 @@ fn tiled_partial(t0: u32, lid: u32, h: u32, c: u32, k_lo: u32, k_hi: u32, own_lo
         let d = r + 4u * i;
         qv[i] = vec4<f32>(0.0);
         if (live && d < hd4) {
-            qv[i] = q[(t * p.n_heads + h) * hd4 + d] * p.scale;
+            qv[i] = q[(row(t) * p.n_heads + h) * hd4 + d] * p.scale;
         }
         acc[i] = vec4<f32>(0.0);
     }

@@ -140,7 +140,7 @@ fn coop_partial(
         if (d < HD4) {
             var v = vec4<f32>(0.0);
             if (t0 + qi < step.n_tokens) {
-                v = q[((t0 + qi) * p.n_heads + h) * HD4 + d] * p.scale;
+                v = q[(row(t0 + qi) * p.n_heads + h) * HD4 + d] * p.scale;
             }
             let at = qi * HD_MAX + d * 4u;
             q_tile[at] = f16(v.x);

@@ -25,9 +25,9 @@
 // Bindings (group 0):
 //   0 step   uniform Step
 //   1 p      uniform WeightParams
-//   2 q      storage read  [n_tokens, n_heads * head_dim/4] vec4<f32> (after RoPE)
+//   2 q      storage read  [row0 + n_tokens, n_heads * head_dim/4] vec4<f32> (after RoPE)
 //   3 kc     storage read  [page.len, n_kv * head_dim/4] KvPacked  one page of the key cache (kv prelude)
-//   4 lse    storage read  [n_tokens, n_heads] f32
+//   4 lse    storage read  [row0 + n_tokens, n_heads] f32
 //   5 cell   storage rw    [n_heads, slots] f32  (zero between steps)
 //   6 score  storage rw    [slots] f32
 //   7 matrix storage rw    [n_heads, max_tokens, slots] f32 (materialize only; a
@@ -75,12 +75,12 @@ fn first_row(i: u32) -> u32 {
 fn weight(t: u32, a: u32, i: u32) -> f32 {
     let kvh = a / (p.n_heads / p.n_kv);
     let kb = (i - page.first) * p.n_kv * p.hd4 + kvh * p.hd4;
-    let qb = (t * p.n_heads + a) * p.hd4;
+    let qb = ((step.row0 + t) * p.n_heads + a) * p.hd4;
     var s = 0.0;
     for (var d = 0u; d < p.hd4; d++) {
         s += dot(q[qb + d], unpack_kv(kc[kb + d]));
     }
-    return exp(s * p.scale - lse[t * p.n_heads + a]);
+    return exp(s * p.scale - lse[(step.row0 + t) * p.n_heads + a]);
 }
 
 @compute @workgroup_size(64)

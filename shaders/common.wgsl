@@ -5,11 +5,20 @@
 //   start_slot cache slot of the first of those tokens (= entries cached before the step)
 //   logit_row0 first row (within the step) whose logits are computed
 //   n_logits   number of rows whose logits are computed
+//   row0       first activation row of these tokens, for the kernels that
+//              work on one sequence's rows of a step shared by several
+//              (RoPE and cache append, attention, attention weights: row
+//              row0 + t of q, qkv, pos, out and lse is token t); 0 for one
+//              sequence, and ignored by the kernels that take every row
 struct Step {
     n_tokens: u32,
     start_slot: u32,
     logit_row0: u32,
     n_logits: u32,
+    row0: u32,
+    _p0: u32,
+    _p1: u32,
+    _p2: u32,
 }
 
 // `Page` says which cache slots a bound per-slot buffer holds: a long KV cache

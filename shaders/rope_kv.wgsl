@@ -5,14 +5,14 @@
 // Bindings (group 0):
 //   0 step      uniform Step
 //   1 p         uniform RopeParams
-//   2 qkv       storage read  [n_tokens, (n_heads + 2 n_kv) * head_dim] f32  (q | k | v per row)
-//   3 pos       storage read  [n_tokens] u32   original positions of the step's tokens
+//   2 qkv       storage read  [row0 + n_tokens, (n_heads + 2 n_kv) * head_dim] f32  (q | k | v per row)
+//   3 pos       storage read  [row0 + n_tokens] u32   original positions of the step's tokens
 //   4 inv_freq  storage read  [head_dim/2] f32 (rope_theta and rope_scaling folded in on the host)
-//   5 q         storage rw    [n_tokens, n_heads * head_dim] f32  rotated queries
+//   5 q         storage rw    [row0 + n_tokens, n_heads * head_dim] f32  rotated queries
 //   6 kc        storage rw    [page.len, n_kv * head_dim/4] KvPacked  one page of this layer's key cache (keys after RoPE)
 //   7 vc        storage rw    [page.len, n_kv * head_dim/4] KvPacked  the same page of its value cache
 //   8 page      uniform Page  the slots kc/vc hold
-// Token t goes to cache slot step.start_slot + t, written only by the dispatch
+// Token t (row step.row0 + t) goes to cache slot step.start_slot + t, written only by the dispatch
 // whose page holds that slot (dispatch once per page the step's slots touch;
 // every dispatch rotates q, which is the same each time). A page of len 0
 // writes no key or value (the counter-causal pass needs only the queries).
@@ -46,7 +46,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     }
     let g = gid.x % hd4;
     let half = p.head_dim / 2u;
-    let src = t * (p.n_heads + 2u * p.n_kv) * p.head_dim + head * p.head_dim;
+    let r = step.row0 + t; // this token's row of qkv, pos and q
+    let src = r * (p.n_heads + 2u * p.n_kv) * p.head_dim + head * p.head_dim;
     var out: vec4<f32>;
     for (var e = 0u; e < 4u; e++) {
         let d = g * 4u + e;
@@ -55,7 +56,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
             let j = select(d - half, d, d < half);
             let a = qkv[src + j];
             let b = qkv[src + j + half];
-            let angle = f32(pos[t]) * inv_freq[j];
+            let angle = f32(pos[r]) * inv_freq[j];
             let c = cos(angle);
             let s = sin(angle);
             out[e] = select(b * c + a * s, a * c - b * s, d < half);
@@ -64,7 +65,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
         }
     }
     if (head < p.n_heads) {
-        let dst = (t * p.n_heads + head) * p.head_dim + g * 4u;
+        let dst = (r * p.n_heads + head) * p.head_dim + g * 4u;
         for (var e = 0u; e < 4u; e++) {
             q[dst + e] = out[e];
         }

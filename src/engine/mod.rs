@@ -403,6 +403,7 @@ impl Engine {
             start_slot: self.n_cached as u32,
             logit_row0: out.logit_row0 as u32,
             n_logits: out.n_logits as u32,
+            ..Default::default()
         };
         let a = &self.acts;
         gpu.write(&a.step, 0, bytemuck::bytes_of(&step));

@@ -492,6 +492,7 @@ impl Engine {
                 start_slot: n_present - m,
                 logit_row0: 0,
                 n_logits: m,
+                ..Default::default()
             };
             gpu.write(&a.step, 0, bytemuck::bytes_of(&step));
             let col =

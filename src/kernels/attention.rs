@@ -1135,6 +1135,83 @@ mod tests {
         check(&gpu, 6, 3, 64, 1, 300, 256);
     }
 
+    /// Sequences sharing a step: each has its own cache and depth and its
+    /// own `Step` (n_tokens, start_slot, row0), and reads its queries from
+    /// and writes its outputs to rows row0.. of buffers all of them share.
+    /// Every row must match its own sequence's reference: a kernel that
+    /// ignored row0 would read the first sequence's queries and overwrite
+    /// its outputs.
+    fn check_shared_step(gpu: &Runtime, nh: usize, nkv: usize, hd: usize, seqs: &[(usize, usize)]) {
+        let h = Heads::new(nh, nkv, hd, KvFormat::F32);
+        let rows: usize = seqs.iter().map(|&(n, _)| n).sum();
+        let q = rand_vec(rows * nh * hd, 7, 1.0);
+        let qb = gpu.storage_from("q", &q);
+        let ob = gpu.storage("o", (rows * nh * hd * 4) as u64);
+        let lb = gpu.storage("lse", (rows * nh * 4) as u64);
+        let qslot = gpu.storage("qslot", 16);
+        let mut row0 = 0;
+        let mut runs = vec![];
+        for (i, &(n, start)) in seqs.iter().enumerate() {
+            let slots = start + n;
+            let k = rand_vec(slots * nkv * hd, 20 + i as u64, 2.0);
+            let v = rand_vec(slots * nkv * hd, 30 + i as u64, 1.0);
+            let step = Step {
+                n_tokens: n as u32,
+                start_slot: start as u32,
+                row0: row0 as u32,
+                ..Default::default()
+            };
+            let step = step_buffer(gpu, step);
+            let (kb, k) = kv_pages(gpu, &k, nkv * hd, slots, KvFormat::F32);
+            let (vb, v) = kv_pages(gpu, &v, nkv * hd, slots, KvFormat::F32);
+            let part = gpu.storage("part", Attention::partials_bytes(h, n, slots));
+            let a = Attention::new(gpu, &step, h, slots, &qb, &kb, &vb, &part, &ob, &lb, &qslot)
+                .unwrap();
+            let want = reference(&q[row0 * nh * hd..(row0 + n) * nh * hd], &k, &v, h, start);
+            runs.push((a, (step, kb, vb, part), n, start, row0, want));
+            row0 += n;
+        }
+        run_pass(gpu, |pass| {
+            for (a, _, n, start, _, _) in &runs {
+                a.encode(pass, *n as u32, *start as u32);
+            }
+        });
+        let got: Vec<f32> = gpu.read(&ob, 0, rows * nh * hd).unwrap();
+        let got_lse: Vec<f32> = gpu.read(&lb, 0, rows * nh).unwrap();
+        for (i, (_, _, n, start, row0, (want, want_lse))) in runs.iter().enumerate() {
+            let what = format!(
+                "sequence {i} of {seqs:?} (rows {row0}.., start {start}) on {:?}",
+                gpu.kernels.attn_decode
+            );
+            let out = &got[row0 * nh * hd..(row0 + n) * nh * hd];
+            assert!(
+                max_abs_diff(out, want) < 2e-5,
+                "{what}: out err {}",
+                max_abs_diff(out, want)
+            );
+            let lse = &got_lse[row0 * nh..(row0 + n) * nh];
+            assert!(max_abs_diff(lse, want_lse) < 1e-4, "{what}: lse err");
+        }
+    }
+
+    /// Decode (one token each) and prefill (several) sequences sharing a
+    /// step, with every decode variant and both prefill variants.
+    #[test]
+    fn sequences_sharing_a_step_stay_apart() {
+        let mut devices = decode_devices();
+        devices.push(gpu_with_variants(KernelSet::Gpu, |v| {
+            v.attn_decode = AttnDecodeVariant::ParallelShort;
+        }));
+        for gpu in &devices {
+            check_shared_step(gpu, 8, 2, 64, &[(1, 300), (1, 40), (1, 0)]);
+        }
+        for prefill in [AttnPrefillVariant::RowPerLane, AttnPrefillVariant::Tiled] {
+            let gpu = gpu_with_variants(KernelSet::Gpu, |v| v.attn_prefill = prefill);
+            check_shared_step(&gpu, 4, 2, 32, &[(5, 10), (70, 3), (2, 300)]);
+        }
+        check_shared_step(&gpu_with(KernelSet::Cpu), 4, 2, 32, &[(5, 10), (70, 3)]);
+    }
+
     /// With `tuned`, each attention shape's decode and prefill candidates
     /// are timed once, on the engine's own buffers, and the chosen kernels
     /// still match the reference.

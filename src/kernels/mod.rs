@@ -31,6 +31,13 @@ pub struct Step {
     pub start_slot: u32,
     pub logit_row0: u32,
     pub n_logits: u32,
+    /// First activation row of these tokens, for the kernels that work on
+    /// one sequence's rows of a step several sequences share (RoPE and the
+    /// cache append, attention, attention weights); 0 for one sequence.
+    pub row0: u32,
+    pub _p0: u32,
+    pub _p1: u32,
+    pub _p2: u32,
 }
 
 /// A host-side uniform struct as the GPU reads it: each field's name, byte
@@ -105,7 +112,7 @@ pub fn uniform_layouts() -> Vec<UniformLayout> {
     use crate::shaders as s;
     vec![
         uniform_layout!(Step as "Step" in [s::RMSNORM, s::MATMUL, s::ATTENTION, s::ROPE_KV] {
-            n_tokens, start_slot, logit_row0, n_logits
+            n_tokens, start_slot, logit_row0, n_logits, row0, _p0, _p1, _p2
         }),
         uniform_layout!(TablePartParams as "EmbedParams" in [s::EMBED] {
             hidden4, row_begin, row_end, _p

@@ -107,6 +107,7 @@ mod tests {
                     start_slot: 0,
                     logit_row0: n as u32 - 1,
                     n_logits: 1,
+                    ..Default::default()
                 },
             );
             let all = RmsNorm::new(&gpu, &step, dim, 1e-5, &wb, &xb, &yb, Rows::Tokens).unwrap();

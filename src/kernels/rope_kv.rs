@@ -234,4 +234,49 @@ mod tests {
             }
         }
     }
+
+    /// A sequence's rows of a step several sequences share: with row0 = 3,
+    /// rows 3.. of qkv and pos are its tokens and rows 3.. of q get their
+    /// rotated queries, while its keys and values go to its own cache from
+    /// its start slot; the rows before are left alone (a kernel that
+    /// ignored row0 would rotate the other sequence's rows).
+    #[test]
+    fn a_sequence_takes_its_rows_from_row0() {
+        let gpu = gpu();
+        let (nh, nkv, hd, n, start, row0) = (4, 2, 16, 3, 5, 3);
+        let h = Heads::new(nh, nkv, hd, KvFormat::F32);
+        let rows = row0 + n;
+        let qkv = rand_vec(rows * (nh + 2 * nkv) * hd, 9, 1.0);
+        let pos: Vec<u32> = (0..rows as u32).map(|i| 7 * i + 1).collect();
+        let inv: Vec<f32> = (0..hd / 2)
+            .map(|j| 1.0 / 10000f32.powf(2.0 * j as f32 / hd as f32))
+            .collect();
+        let step = step_buffer(
+            &gpu,
+            Step {
+                n_tokens: n as u32,
+                start_slot: start as u32,
+                row0: row0 as u32,
+                ..Default::default()
+            },
+        );
+        let qkvb = gpu.storage_from("qkv", &qkv);
+        let posb = gpu.storage_from("pos", &pos);
+        let invb = gpu.storage_from("inv", &inv);
+        let qb = gpu.storage_from("q", &vec![0f32; rows * nh * hd]);
+        let zeros = vec![0f32; (start + n) * nkv * hd];
+        let (kc, _) = kv_pages(&gpu, &zeros, nkv * hd, start + n, KvFormat::F32);
+        let (vc, _) = kv_pages(&gpu, &zeros, nkv * hd, start + n, KvFormat::F32);
+        let k = RopeKv::new(&gpu, &step, h, &qkvb, &posb, &invb, &qb, Some((&kc, &vc))).unwrap();
+        run_pass(&gpu, |pass| k.encode(pass, n as u32, start as u32));
+        let row = (nh + 2 * nkv) * hd;
+        let (wq, wk, wv) = reference(&qkv[row0 * row..], h, &pos[row0..], &inv);
+        let gq: Vec<f32> = gpu.read(&qb, 0, rows * nh * hd).unwrap();
+        assert!(gq[..row0 * nh * hd].iter().all(|&x| x == 0.0));
+        assert!(max_abs_diff(&gq[row0 * nh * hd..], &wq) < 2e-5);
+        let all_k = read_kv(&gpu, &kc, start + n, KvFormat::F32);
+        let all_v = read_kv(&gpu, &vc, start + n, KvFormat::F32);
+        assert!(max_abs_diff(&all_k[start * nkv * hd..], &wk) < 2e-5);
+        assert!(max_abs_diff(&all_v[start * nkv * hd..], &wv) < 2e-5);
+    }
 }

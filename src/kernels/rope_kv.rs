@@ -171,6 +171,13 @@ mod tests {
     use crate::kernels::testutil::*;
     use crate::kernels::Step;
 
+    /// RoPE's inverse frequencies for base 10,000.
+    fn inv_freq(hd: usize) -> Vec<f32> {
+        (0..hd / 2)
+            .map(|j| 1.0 / 10000f32.powf(2.0 * j as f32 / hd as f32))
+            .collect()
+    }
+
     #[test]
     fn rotates_and_appends_at_the_start_slot() {
         let gpu = gpu();
@@ -191,9 +198,7 @@ mod tests {
                 let qkv = rand_vec(n * (nh + 2 * nkv) * hd, 6, 1.0);
                 // Positions need not be contiguous (eviction keeps original positions).
                 let pos: Vec<u32> = (0..n as u32).map(|i| start as u32 * 2 + 3 * i).collect();
-                let inv: Vec<f32> = (0..hd / 2)
-                    .map(|j| 1.0 / 10000f32.powf(2.0 * j as f32 / hd as f32))
-                    .collect();
+                let inv = inv_freq(hd);
                 let step = step_buffer(
                     &gpu,
                     Step {
@@ -248,9 +253,7 @@ mod tests {
         let rows = row0 + n;
         let qkv = rand_vec(rows * (nh + 2 * nkv) * hd, 9, 1.0);
         let pos: Vec<u32> = (0..rows as u32).map(|i| 7 * i + 1).collect();
-        let inv: Vec<f32> = (0..hd / 2)
-            .map(|j| 1.0 / 10000f32.powf(2.0 * j as f32 / hd as f32))
-            .collect();
+        let inv = inv_freq(hd);
         let step = step_buffer(
             &gpu,
             Step {

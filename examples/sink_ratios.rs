@@ -49,7 +49,7 @@ fn main() -> Result<()> {
                     track_layers: vec![layer],
                     ..Default::default()
                 },
-                kv_page_slots: None,
+                ..Default::default()
             },
         )?;
         let mut g = vec![];

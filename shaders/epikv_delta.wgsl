@@ -7,8 +7,9 @@
 // Bindings (group 0):
 //   0 step  uniform Step
 //   1 p     uniform DeltaParams   (hidden/4, column of this layer in g, tracked layers)
-//   2 x     storage read  [n_tokens, hidden/4] vec4<f32>  residual after the layer
-//   3 pos   storage read  [n_tokens] u32                  positions of the step
+//   2 x     storage read  [row0 + n_tokens, hidden/4] vec4<f32>  residual after the layer
+//   3 pos   storage read  [row0 + n_tokens] u32                  positions of the step
+// (row row0 + t of x and pos is token t: a sequence's rows of a shared step)
 //   4 prev  storage rw    [hidden/4] vec4<f32>            h of the position before the step
 //   5 g     storage rw    [n_tokens, n_tracked] f32
 // Entry points and Dispatch:
@@ -44,9 +45,9 @@ fn delta(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index)
         if (t == 0u) {
             before = prev[i];
         } else {
-            before = x[(t - 1u) * p.hidden4 + i];
+            before = x[(step.row0 + t - 1u) * p.hidden4 + i];
         }
-        let d = x[t * p.hidden4 + i] - before;
+        let d = x[(step.row0 + t) * p.hidden4 + i] - before;
         ss += dot(d, d);
     }
     partial[lid] = ss;
@@ -58,13 +59,13 @@ fn delta(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index)
         workgroupBarrier();
     }
     if (lid == 0u) {
-        g[t * p.n_tracked + p.column] = select(sqrt(partial[0]), 0.0, pos[t] == 0u);
+        g[t * p.n_tracked + p.column] = select(sqrt(partial[0]), 0.0, pos[step.row0 + t] == 0u);
     }
 }
 
 @compute @workgroup_size(64)
 fn save_last(@builtin(local_invocation_index) lid: u32) {
-    let last = step.n_tokens - 1u;
+    let last = step.row0 + step.n_tokens - 1u;
     for (var i = lid; i < bounded(p.hidden4); i += 64u) {
         prev[i] = x[last * p.hidden4 + i];
     }

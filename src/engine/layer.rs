@@ -38,6 +38,20 @@ pub(super) enum LayerAttention<'a> {
         n_present: u32,
         o: Option<&'a Matmul>,
     },
+    /// A step several sequences share (`Batch`): each sequence's RoPE and
+    /// attention, bound to its own cache and its own `Step` (whose row0
+    /// places its rows), over its rows, causally as `Causal`.
+    Batch(&'a [SeqAttention<'a>]),
+}
+
+/// One sequence's attention kernels of one layer in a batched step.
+pub(super) struct SeqAttention<'a> {
+    pub rope: &'a RopeKv,
+    pub attn: &'a Attention,
+    pub weights: Option<&'a AttnWeights>,
+    /// Its tokens in the step, and the cache slot of the first.
+    pub n: u32,
+    pub start: u32,
 }
 
 impl LayerKernels {
@@ -71,6 +85,16 @@ impl LayerKernels {
                     w.encode_accumulate(p, n, start);
                     mark(p, "attention weights (h2o/tova)");
                 }
+            }
+            LayerAttention::Batch(seqs) => {
+                for s in seqs {
+                    s.rope.encode(p, s.n, s.start);
+                    s.attn.encode(p, s.n, s.start);
+                    if let Some(w) = s.weights {
+                        w.encode_accumulate(p, s.n, s.start);
+                    }
+                }
+                mark(p, "rope + kv write + attention per sequence");
             }
             LayerAttention::AntiCausal {
                 rope,

@@ -9,8 +9,11 @@
 use anyhow::{bail, Context, Result};
 use std::sync::Arc;
 
+mod batch;
 mod layer;
 mod signals;
+
+pub use batch::{Batch, SeqStep};
 
 pub use signals::{CcsMode, Signals};
 
@@ -49,6 +52,25 @@ pub struct EngineOptions {
     /// the device allows, so a cache that fits one binding is one buffer.
     /// Smaller pages change no result; the tests use them to exercise paging.
     pub kv_page_slots: Option<usize>,
+    /// The activations of a [`Batch`] this engine's sequence steps in (set
+    /// by `Batch::sequence`): its kernels read and write those buffers,
+    /// its own `Step` uniform placing its rows; None: its own buffers.
+    pub shared_activations: Option<SharedActivations>,
+}
+
+/// The activation buffers of a [`Batch`], which its sequences' engines
+/// share (`EngineOptions::shared_activations`).
+#[derive(Clone)]
+pub struct SharedActivations {
+    acts: Activations,
+    /// Which batch: its engines, and no other, step with it.
+    batch: u64,
+}
+
+impl std::fmt::Debug for SharedActivations {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "SharedActivations(batch {})", self.batch)
+    }
 }
 
 /// Which rows of a step get logits, and whether to sample from the last one.
@@ -143,7 +165,9 @@ impl Readbacks {
 }
 
 /// The buffers a step's kernels read and write, one set per engine (every
-/// layer uses them in turn).
+/// layer uses them in turn), or one set per [`Batch`] shared by its
+/// sequences' engines, each with its own `step`.
+#[derive(Clone)]
 pub(crate) struct Activations {
     /// The `Step` uniform: token count, first cache slot, logit rows.
     step: wgpu::Buffer,
@@ -174,6 +198,8 @@ pub struct Engine {
     pub model: Arc<Model>,
     pub opts: EngineOptions,
     acts: Activations,
+    /// The batch whose activations this engine shares, if any.
+    batch: Option<u64>,
     embed: Embed,
     layers: Vec<LayerKernels>,
     final_norm: RmsNorm,
@@ -207,12 +233,19 @@ pub struct Engine {
 
 impl Engine {
     pub fn new(model: Arc<Model>, opts: EngineOptions) -> Result<Self> {
+        let key_slots = opts.max_slots;
+        Self::new_with(model, opts, key_slots)
+    }
+
+    /// As `new`, with the attention partials sized for queries over
+    /// `key_slots` keys (a batch's trunk: the most slots of its sequences).
+    fn new_with(model: Arc<Model>, opts: EngineOptions, key_slots: usize) -> Result<Self> {
         // Buffers the device cannot allocate (out of memory, or larger than
         // its largest buffer) become an error here, not a crash later.
         let device = model.gpu.device.clone();
         let oom = device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
         let invalid = device.push_error_scope(wgpu::ErrorFilter::Validation);
-        let built = Self::build(model, opts);
+        let built = Self::build(model, opts, key_slots);
         let invalid = pollster::block_on(invalid.pop());
         let oom = pollster::block_on(oom.pop());
         let engine = built?;
@@ -227,14 +260,28 @@ impl Engine {
         Ok(engine)
     }
 
-    fn build(model: Arc<Model>, opts: EngineOptions) -> Result<Self> {
+    fn build(model: Arc<Model>, opts: EngineOptions, key_slots: usize) -> Result<Self> {
         let gpu = model.gpu.clone();
         if opts.max_tokens == 0 || opts.max_slots == 0 {
             bail!("the cache and the prefill chunk need at least one slot");
         }
         check_sizes(&model, &opts)?;
         let mut bytes = 0u64;
-        let (acts, partials_capacity) = Activations::new(&gpu, &model, &opts, &mut bytes)?;
+        let (acts, partials_capacity, batch) = match &opts.shared_activations {
+            Some(shared) => {
+                let acts = Activations {
+                    step: gpu.uniform("step", &Step::default()),
+                    ..shared.acts.clone()
+                };
+                let capacity = acts.part.size();
+                (acts, capacity, Some(shared.batch))
+            }
+            None => {
+                let (acts, capacity) =
+                    Activations::new(&gpu, &model, &opts, key_slots, &mut bytes)?;
+                (acts, capacity, None)
+            }
+        };
         let (k_cache, v_cache) = kv_cache(&gpu, &model, &opts, &mut bytes)?;
         let layers = model
             .layers
@@ -291,6 +338,7 @@ impl Engine {
             model,
             opts,
             acts,
+            batch,
             embed,
             layers,
             final_norm,
@@ -544,7 +592,7 @@ impl Engine {
                 copy_between_passes(
                     enc,
                     &mut pass,
-                    &a.x,
+                    (&a.x, 0),
                     store,
                     start as u64 * row,
                     hidden_bytes,
@@ -552,7 +600,7 @@ impl Engine {
             }
             if let Some(cap) = &self.capture {
                 let at = l as u64 * capture_stride;
-                copy_between_passes(enc, &mut pass, &a.x, cap, at, hidden_bytes);
+                copy_between_passes(enc, &mut pass, (&a.x, 0), cap, at, hidden_bytes);
             }
             let p = pass.as_mut().unwrap();
             mark!(p, "copies");
@@ -572,7 +620,7 @@ impl Engine {
             });
         if let Some(cap) = &self.capture {
             let at = c.num_layers as u64 * capture_stride;
-            copy_between_passes(enc, &mut pass, &a.x, cap, at, hidden_bytes);
+            copy_between_passes(enc, &mut pass, (&a.x, 0), cap, at, hidden_bytes);
         }
         {
             let p = pass.as_mut().unwrap();
@@ -736,6 +784,7 @@ impl Activations {
         gpu: &Runtime,
         model: &Model,
         opts: &EngineOptions,
+        key_slots: usize,
         bytes: &mut u64,
     ) -> Result<(Self, u64)> {
         let c = &model.config;
@@ -747,12 +796,12 @@ impl Activations {
             Ok(gpu.storage(label, size))
         };
         let q_row = (c.num_heads * c.head_dim) as u64 * 4;
-        let partials_one = Attention::partials_bytes(heads, 1, opts.max_slots);
+        let partials_one = Attention::partials_bytes(heads, 1, key_slots);
         gpu.check_binding(
             "attention partials of one query over the whole cache",
             partials_one,
         )?;
-        let partials_capacity = Attention::partials_bytes(heads, opts.max_tokens, opts.max_slots)
+        let partials_capacity = Attention::partials_bytes(heads, opts.max_tokens, key_slots)
             .min(gpu.max_binding / 16 * 16);
         let acts = Activations {
             step: gpu.uniform("step", &Step::default()),
@@ -952,13 +1001,13 @@ fn check_sizes(model: &Model, opts: &EngineOptions) -> Result<()> {
 fn copy_between_passes(
     enc: &mut wgpu::CommandEncoder,
     pass: &mut Option<wgpu::ComputePass<'static>>,
-    src: &wgpu::Buffer,
+    (src, src_offset): (&wgpu::Buffer, u64),
     dst: &wgpu::Buffer,
     offset: u64,
     bytes: u64,
 ) {
     drop(pass.take());
-    enc.copy_buffer_to_buffer(src, 0, dst, offset, bytes);
+    enc.copy_buffer_to_buffer(src, src_offset, dst, offset, bytes);
     *pass = Some(
         enc.begin_compute_pass(&Default::default())
             .forget_lifetime(),

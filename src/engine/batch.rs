@@ -1,0 +1,320 @@
+//! Several sequences in one step. A decode step of one sequence is a
+//! mat-vec per weight matrix, bound by reading the weights; B sequences
+//! stepped together read them once for B rows. A [`Batch`] runs the
+//! embedding, every norm and mat-mul, the final norm and the LM head once
+//! over all the step's rows (so the mat-mul variants, not the mat-vec ones,
+//! apply as soon as two rows are in a step), and each sequence's RoPE,
+//! cache append, attention and policy signals over its own rows, against
+//! its own cache.
+//!
+//! Each sequence is an ordinary [`Engine`] made by [`Batch::sequence`]: its
+//! own KV cache, compaction, policy signals, sampler and `Step` uniform,
+//! with its kernels bound to the batch's activation buffers. The `Step`
+//! uniform's `row0` says where its rows start in them, so its kernels are
+//! those of a single sequence. It can also step alone (`Engine::step`: its
+//! rows then start at 0), as a bounded cache's refresh and the
+//! counter-causal pass do, between batched steps.
+//!
+//! The rows of a step are the sequences' tokens in the order given. Logits
+//! are computed for the rows from the first to the last row that samples:
+//! put the sequences that sample (decode) together, and a prompt chunk that
+//! does not sample before or after them.
+
+use anyhow::{bail, Context, Result};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use super::layer::{LayerAttention, SeqAttention};
+use super::{copy_between_passes, Engine, EngineOptions, SharedActivations, StepIds};
+use super::{StepOutput, Submitted};
+use crate::kernels::sample::SamplingParams;
+use crate::kernels::Step;
+use crate::model::Model;
+
+/// One sequence's part of a batched step.
+#[derive(Clone, Copy, Debug)]
+pub struct SeqStep<'a> {
+    /// Its tokens, which go to its cache slots `n_cached..`.
+    pub ids: &'a [u32],
+    pub positions: &'a [u32],
+    /// Sample its next token from its last row, with these settings and
+    /// step counter.
+    pub sample: Option<(SamplingParams, u32)>,
+}
+
+/// The shared part of a batched step: activation buffers for every row of
+/// a step, and the kernels that run once over all of them.
+pub struct Batch {
+    /// An engine whose embedding, layers' norms and mat-muls, final norm and
+    /// LM head run over the whole step (its own cache is never used).
+    trunk: Engine,
+    /// The most cache slots of a sequence (the attention partials' size).
+    max_slots: usize,
+}
+
+/// Tells batches apart (an engine steps only in its own).
+static NEXT_BATCH: AtomicU64 = AtomicU64::new(1);
+
+impl Batch {
+    /// A batch of steps of up to `rows` tokens in all, with logits for up
+    /// to `logit_rows` of them, for sequences of up to `max_slots` cache
+    /// slots each.
+    pub fn new(
+        model: Arc<Model>,
+        rows: usize,
+        logit_rows: usize,
+        max_slots: usize,
+    ) -> Result<Batch> {
+        let opts = EngineOptions {
+            // The trunk's own cache is never written; one slot.
+            max_slots: 1,
+            max_tokens: rows,
+            max_logit_rows: logit_rows,
+            ..Default::default()
+        };
+        let trunk = Engine::new_with(model, opts, max_slots)?;
+        let mut trunk = trunk;
+        trunk.batch = Some(NEXT_BATCH.fetch_add(1, Ordering::Relaxed));
+        Ok(Batch { trunk, max_slots })
+    }
+
+    /// Tokens a step takes in all.
+    pub fn rows(&self) -> usize {
+        self.trunk.opts.max_tokens
+    }
+
+    /// An engine for one sequence of this batch, with `opts` (its cache
+    /// slots, policy signals, compaction scratch; its tokens per step and
+    /// logit rows at most the batch's).
+    pub fn sequence(&self, opts: EngineOptions) -> Result<Engine> {
+        let t = &self.trunk.opts;
+        if opts.max_tokens > t.max_tokens
+            || opts.max_logit_rows > t.max_logit_rows
+            || opts.max_slots > self.max_slots
+        {
+            bail!(
+                "a sequence of this batch takes at most {} tokens and {} logit rows a step and {} cache slots (asked for {}, {} and {})",
+                t.max_tokens,
+                t.max_logit_rows,
+                self.max_slots,
+                opts.max_tokens,
+                opts.max_logit_rows,
+                opts.max_slots
+            );
+        }
+        let batch = self.trunk.batch.expect("a batch's trunk has its batch id");
+        let shared = SharedActivations {
+            acts: self.trunk.acts.clone(),
+            batch,
+        };
+        Engine::new(
+            self.trunk.model.clone(),
+            EngineOptions {
+                shared_activations: Some(shared),
+                ..opts
+            },
+        )
+    }
+
+    /// Runs one step of every sequence in `seqs` together and returns each
+    /// one's sampled token (None where it does not sample). Every check of
+    /// `Engine::step` applies to each sequence; the rows of all of them
+    /// must fit the batch.
+    pub fn step(&mut self, seqs: &mut [(&mut Engine, SeqStep)]) -> Result<Vec<Option<u32>>> {
+        let submitted = self.submit(seqs)?;
+        let mut tokens = Vec::with_capacity(seqs.len());
+        let mut first_error = None;
+        // Every sequence's step is completed (its readbacks freed) even
+        // after one fails.
+        for ((engine, _), s) in seqs.iter_mut().zip(submitted) {
+            match engine.complete(s) {
+                Ok(t) => tokens.push(t),
+                Err(e) => {
+                    tokens.push(None);
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        match first_error {
+            Some(e) => Err(e),
+            None => Ok(tokens),
+        }
+    }
+
+    /// Records and submits one batched step; each sequence's `Submitted`
+    /// is completed by its own engine, in the order of `seqs`.
+    fn submit(&mut self, seqs: &mut [(&mut Engine, SeqStep)]) -> Result<Vec<Submitted>> {
+        let trunk = &mut self.trunk;
+        let batch = trunk.batch;
+        if seqs.is_empty() {
+            bail!("a batched step needs at least one sequence");
+        }
+        // Each sequence's checks (token count, cache room, vocabulary), and
+        // its rows in the step.
+        let mut rows = Vec::with_capacity(seqs.len());
+        let mut row0 = 0usize;
+        for (i, (engine, s)) in seqs.iter().enumerate() {
+            if engine.batch != batch {
+                bail!("sequence {i} of the step was not made by this batch (Batch::sequence)");
+            }
+            let out = StepOutput {
+                logit_row0: s.ids.len().saturating_sub(1),
+                n_logits: usize::from(s.sample.is_some()),
+                sample: s.sample,
+            };
+            let n = engine
+                .check_step(&StepIds::Host(s.ids), s.positions, &out)
+                .with_context(|| format!("sequence {i} of the batched step"))?;
+            rows.push((row0, n));
+            row0 += n;
+        }
+        let total = row0;
+        if total > trunk.opts.max_tokens {
+            bail!(
+                "the batched step has {total} tokens; the batch takes {} (Batch::new)",
+                trunk.opts.max_tokens
+            );
+        }
+        // Logits for the rows from the first to the last that samples.
+        let sampled_rows: Vec<usize> = seqs
+            .iter()
+            .zip(&rows)
+            .filter(|((_, s), _)| s.sample.is_some())
+            .map(|(_, &(r0, n))| r0 + n - 1)
+            .collect();
+        let (logit_row0, n_logits) = match (sampled_rows.first(), sampled_rows.last()) {
+            (Some(&a), Some(&b)) => (a, b - a + 1),
+            _ => (0, 0),
+        };
+        if n_logits > trunk.opts.max_logit_rows {
+            bail!(
+                "the batched step needs logits for rows {logit_row0}..={}, {n_logits} rows; the batch computes at most {} (put the sequences that sample together)",
+                logit_row0 + n_logits - 1,
+                trunk.opts.max_logit_rows
+            );
+        }
+
+        let gpu = trunk.model.gpu.clone();
+        let a = &trunk.acts;
+        let step = Step {
+            n_tokens: total as u32,
+            logit_row0: logit_row0 as u32,
+            n_logits: n_logits as u32,
+            ..Default::default()
+        };
+        gpu.write(&a.step, 0, bytemuck::bytes_of(&step));
+        let ids: Vec<u32> = seqs.iter().flat_map(|(_, s)| s.ids).copied().collect();
+        let positions: Vec<u32> = seqs
+            .iter()
+            .flat_map(|(_, s)| s.positions)
+            .copied()
+            .collect();
+        gpu.write(&a.ids, 0, bytemuck::cast_slice(&ids));
+        gpu.write(&a.positions, 0, bytemuck::cast_slice(&positions));
+        for ((engine, s), &(r0, n)) in seqs.iter().zip(&rows) {
+            let own = Step {
+                n_tokens: n as u32,
+                start_slot: engine.n_cached as u32,
+                row0: r0 as u32,
+                ..Default::default()
+            };
+            gpu.write(&engine.acts.step, 0, bytemuck::bytes_of(&own));
+            if let Some((params, counter)) = &s.sample {
+                let row = (r0 + n - 1 - logit_row0) as u32;
+                engine.sampler.set_params(&gpu, params, row, *counter);
+            }
+        }
+
+        let mut enc = gpu.device.create_command_encoder(&Default::default());
+        let c = &trunk.model.config;
+        let row_bytes = (c.hidden_size * 4) as u64;
+        let mut pass = Some(
+            enc.begin_compute_pass(&Default::default())
+                .forget_lifetime(),
+        );
+        let mut no_mark = |_: &mut wgpu::ComputePass, _: &'static str| {};
+        trunk.embed.encode(pass.as_mut().unwrap(), total as u32);
+        let n_layers = trunk.layers.len();
+        for l in 0..n_layers {
+            if l + 1 == n_layers {
+                // The residual stream entering the last layer, kept per slot
+                // for the counter-causal pass of the sequences that run it.
+                for ((engine, _), &(r0, n)) in seqs.iter().zip(&rows) {
+                    if let Some(store) = engine.signals.last_layer_inputs() {
+                        copy_between_passes(
+                            &mut enc,
+                            &mut pass,
+                            (&a.x, r0 as u64 * row_bytes),
+                            store,
+                            engine.n_cached as u64 * row_bytes,
+                            n as u64 * row_bytes,
+                        );
+                    }
+                }
+            }
+            let attention: Vec<SeqAttention> = seqs
+                .iter()
+                .zip(&rows)
+                .map(|((engine, _), &(_, n))| SeqAttention {
+                    rope: &engine.layers[l].rope,
+                    attn: &engine.layers[l].attn,
+                    weights: engine.signals.weights_of(l),
+                    n: n as u32,
+                    start: engine.n_cached as u32,
+                })
+                .collect();
+            let p = pass.as_mut().unwrap();
+            let batched = LayerAttention::Batch(&attention);
+            trunk.layers[l].encode(p, total as u32, batched, &mut no_mark);
+            for ((engine, _), &(_, n)) in seqs.iter().zip(&rows) {
+                for d in engine.signals.deltas_after(l) {
+                    d.encode(p, n as u32);
+                }
+            }
+        }
+        {
+            let p = pass.as_mut().unwrap();
+            for ((engine, _), &(_, n)) in seqs.iter().zip(&rows) {
+                engine
+                    .signals
+                    .encode_reduce(p, n as u32, engine.n_cached as u32, &mut no_mark);
+            }
+            if n_logits > 0 {
+                trunk.final_norm.encode(p, n_logits as u32);
+                trunk.lm_head.encode(p, n_logits as u32);
+            }
+            for (engine, s) in seqs.iter() {
+                if s.sample.is_some() {
+                    engine.sampler.encode(p);
+                }
+            }
+        }
+        drop(pass);
+        let mut staged = Vec::with_capacity(seqs.len());
+        for ((engine, s), &(_, n)) in seqs.iter_mut().zip(&rows) {
+            let sampler = &engine.sampler.result;
+            let staging = s
+                .sample
+                .map(|_| engine.sample_staging.stage(&mut enc, sampler, 4));
+            staged.push((staging, engine.signals.stage_deltas(&mut enc, n)));
+        }
+        let index = gpu.queue.submit([enc.finish()]);
+        let mut submitted = Vec::with_capacity(seqs.len());
+        for (((engine, s), &(_, n)), (staging, delta_staging)) in
+            seqs.iter_mut().zip(&rows).zip(staged)
+        {
+            engine.last_step_sampled = s.sample.is_some();
+            let first_slot = engine.n_cached;
+            engine.n_cached += n;
+            submitted.push(Submitted {
+                index: index.clone(),
+                staging,
+                delta_staging,
+                saved_state: false,
+                first_slot,
+                n_tokens: n,
+            });
+        }
+        Ok(submitted)
+    }
+}

@@ -4,6 +4,7 @@
 //! weights generated on the GPU); with eviction (`eviction.rs`) and at long
 //! contexts (`context.rs`).
 
+mod batch;
 mod context;
 mod eviction;
 
@@ -80,6 +81,10 @@ pub struct BenchArgs {
     /// (the materialized matrix grows with it: heads x step x (J + h)).
     #[arg(long, default_value_t = 256)]
     pub fill_step: usize,
+    /// Batched decode: numbers of sequences stepped together (each one
+    /// token a step), timed at each --depths depth; empty = none.
+    #[arg(long, value_delimiter = ',')]
+    pub batch: Vec<usize>,
 }
 
 /// Peak resident memory of this process (VmHWM), where the OS reports it.
@@ -162,6 +167,7 @@ pub fn run(model: &std::sync::Arc<Model>, a: &BenchArgs) -> Result<serde_json::V
     let refresh = eviction::refresh(model, &policies, &a.refresh_sizes, a.chunk, step_ms)?;
     let generation = eviction::decode(model, &policies, a.budget, a.chunk, a.generate)?;
     let long_context = context::sweep(model, &policies, a)?;
+    let batched = batch::sweep(model, &a.batch, &a.depths, a.decode_steps)?;
     let gpu_bytes = model.weight_bytes + e.buffer_bytes;
     let rss = peak_rss_bytes();
     println!(
@@ -194,6 +200,7 @@ pub fn run(model: &std::sync::Arc<Model>, a: &BenchArgs) -> Result<serde_json::V
         "refresh": refresh,
         "decode_with_eviction": generation,
         "long_context": long_context,
+        "batched_decode": batched,
         "kernel_breakdown": kernels,
     }))
 }

@@ -417,12 +417,35 @@ impl BoundedCache {
     /// submitted ahead, `Engine::submit`, once completed), in order: the
     /// entry joins the cache and the policy observes the step, as in `feed`.
     pub fn record_fed(&mut self, engine: &Engine, token: u32, position: u32) -> Result<()> {
-        self.slots.push(Slot { position, token });
-        self.fed += 1;
+        self.record_step(engine, &[token], &[position])
+    }
+
+    /// Records a step of `tokens` at `positions` that ran outside `feed`
+    /// (a batched step, `engine::Batch`), as `feed` records its steps.
+    pub fn record_step(
+        &mut self,
+        engine: &Engine,
+        tokens: &[u32],
+        positions: &[u32],
+    ) -> Result<()> {
+        self.slots.extend(
+            tokens
+                .iter()
+                .zip(positions)
+                .map(|(&token, &position)| Slot { position, token }),
+        );
+        self.fed += tokens.len();
         match self.scorer.as_mut() {
-            Some(scorer) => scorer.observe(engine, &[position]),
+            Some(scorer) => scorer.observe(engine, positions),
             None => Ok(()),
         }
+    }
+
+    /// Tokens that fit the cache now (after `make_room`): its capacity, or
+    /// the engine's slots for the full cache, less what it holds.
+    pub fn room(&self, engine: &Engine) -> usize {
+        let capacity = self.capacity().unwrap_or(engine.opts.max_slots);
+        capacity.saturating_sub(self.slots.len())
     }
 
     /// Writes the refresh records as JSON (atomically).

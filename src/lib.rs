@@ -68,6 +68,7 @@ pub mod kernels;
 pub mod model;
 pub mod profile;
 pub mod progress;
+pub mod scheduler;
 pub mod session;
 pub mod shaders;
 mod spirv;

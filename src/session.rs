@@ -747,7 +747,7 @@ impl Session {
 /// The text of a generation as it streams: pieces are decoded token by
 /// token, cut before the first stop string, and a tail that could still
 /// become one is held back.
-struct StopText {
+pub(crate) struct StopText {
     decoder: StreamDecoder,
     stop_strings: Vec<String>,
     /// The longest stop string's length in bytes.
@@ -759,7 +759,7 @@ struct StopText {
 }
 
 impl StopText {
-    fn new(stop_strings: &[String]) -> Self {
+    pub(crate) fn new(stop_strings: &[String]) -> Self {
         StopText {
             decoder: StreamDecoder::new(),
             stop_strings: stop_strings.to_vec(),
@@ -772,7 +772,7 @@ impl StopText {
     /// Adds an emitted token; passes on what is safe. Returns the reason to
     /// stop after this token: a stop string reached, or the callback
     /// returned false.
-    fn push(
+    pub(crate) fn push(
         &mut self,
         tokenizer: &Tokenizer,
         id: u32,
@@ -808,7 +808,11 @@ impl StopText {
 
     /// Passes on the held-back tail (none after a stop string) and returns
     /// the whole text.
-    fn finish(mut self, stop: StopReason, on_text: &mut impl FnMut(&str) -> bool) -> String {
+    pub(crate) fn finish(
+        mut self,
+        stop: StopReason,
+        on_text: &mut impl FnMut(&str) -> bool,
+    ) -> String {
         if stop != StopReason::StopString && !self.pending.is_empty() {
             self.text.push_str(&self.pending);
             on_text(&self.pending);

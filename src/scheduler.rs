@@ -1,0 +1,455 @@
+//! Many generations on one model, stepped together (continuous batching):
+//! sequences join and leave between steps, each step carries one token of
+//! every decoding sequence and, with the tokens left of the step's budget,
+//! a chunk of one sequence's prompt (so a long prompt does not stall the
+//! others), and every sequence keeps its own bounded cache, policy,
+//! sampling, stop strings, callback and cancel token. The steps are
+//! `engine::Batch` steps: the weights are read once for all sequences.
+//!
+//! ```no_run
+//! use sieve::scheduler::{Scheduler, SchedulerOptions};
+//! use sieve::session::{GenerateOptions, Llm};
+//! use sieve::tokenizer::Message;
+//! let llm = Llm::load(std::path::Path::new("models/smollm2-135m-instruct"), &Default::default())?;
+//! let mut scheduler = Scheduler::new(&llm, SchedulerOptions::default())?;
+//! for question in ["What is the capital of France?", "Name a prime number."] {
+//!     let prompt = llm.chat_prompt(&[Message::new("user", question)])?;
+//!     scheduler.add(&prompt, GenerateOptions::default(), None, |piece| {
+//!         print!("{piece}");
+//!         true
+//!     })?;
+//! }
+//! for (id, generation) in scheduler.run()? {
+//!     eprintln!("{id:?}: {} tokens", generation.stats.generated_tokens);
+//! }
+//! # anyhow::Ok(())
+//! ```
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use crate::cache::{BoundedCache, CacheOptions};
+use crate::engine::{Batch, Engine, SeqStep};
+use crate::error::{bail_kind, Error, ErrorKind, Result};
+use crate::eviction::Policy;
+use crate::model::Model;
+use crate::session::{
+    CancelToken, GenerateOptions, Generation, GenerationStats, Llm, StopReason, StopText,
+};
+use crate::tokenizer::Tokenizer;
+
+/// Sizes of a scheduler, fixed when it is made: the KV memory of every
+/// sequence comes from them.
+#[derive(Clone, Copy, Debug)]
+pub struct SchedulerOptions {
+    /// Most sequences at once.
+    pub max_sequences: usize,
+    /// Tokens of one step in all (one per decoding sequence, the rest for a
+    /// prompt chunk); at least `max_sequences`.
+    pub step_tokens: usize,
+    /// Cache slots of a sequence with the full cache (its longest context);
+    /// a sequence with a bounded cache takes budget + chunk slots, at most
+    /// this many.
+    pub max_context: usize,
+    /// The cache of a sequence added without one of its own (None: full).
+    pub cache: Option<CacheOptions>,
+}
+
+impl Default for SchedulerOptions {
+    fn default() -> Self {
+        SchedulerOptions {
+            max_sequences: 8,
+            step_tokens: 256,
+            max_context: 4096,
+            cache: None,
+        }
+    }
+}
+
+/// A sequence of a [`Scheduler`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SequenceId(pub u64);
+
+/// Many generations stepped together on one model. `Send`: it can live on
+/// a worker thread that steps it while requests come and go.
+pub struct Scheduler {
+    model: Arc<Model>,
+    tokenizer: Arc<Tokenizer>,
+    opts: SchedulerOptions,
+    batch: Batch,
+    sequences: Vec<Sequence>,
+    next_id: u64,
+}
+
+/// Where a sequence is.
+enum Phase {
+    /// Reading its prompt: `fed` tokens of it so far.
+    Prompt { fed: usize },
+    /// Decoding: `next` was sampled and is emitted (and fed) next.
+    Decode { next: u32 },
+}
+
+struct Sequence {
+    id: SequenceId,
+    engine: Engine,
+    cache: BoundedCache,
+    prompt: Vec<u32>,
+    /// Every token fed so far (position = index).
+    tokens: Vec<u32>,
+    opts: GenerateOptions,
+    phase: Phase,
+    /// Sampling steps so far (each sampling step's counter).
+    steps: u32,
+    ids: Vec<u32>,
+    text: Option<StopText>,
+    on_text: Box<dyn FnMut(&str) -> bool + Send>,
+    cancel: CancelToken,
+    started: Instant,
+    prefill_seconds: f64,
+    decode_started: Option<Instant>,
+}
+
+/// One sequence's part of the next step.
+struct Part {
+    index: usize,
+    ids: Vec<u32>,
+    positions: Vec<u32>,
+    /// Whether the step samples its next token (decode, or the prompt's last chunk).
+    samples: bool,
+    /// A stop found when emitting the token this step feeds: it ends after.
+    stop_after: Option<StopReason>,
+}
+
+impl Scheduler {
+    /// A scheduler for `llm`'s model. Errors are [`ErrorKind::InvalidOptions`]
+    /// or [`ErrorKind::GpuOutOfMemory`].
+    pub fn new(llm: &Llm, opts: SchedulerOptions) -> Result<Scheduler> {
+        let build = || -> anyhow::Result<Scheduler> {
+            if opts.max_sequences == 0 || opts.step_tokens < opts.max_sequences {
+                anyhow::bail!(
+                    "a scheduler needs at least one sequence and a step of at least one token per sequence (max_sequences {}, step_tokens {})",
+                    opts.max_sequences,
+                    opts.step_tokens
+                );
+            }
+            let batch = Batch::new(
+                llm.model.clone(),
+                opts.step_tokens,
+                opts.step_tokens,
+                opts.max_context,
+            )?;
+            Ok(Scheduler {
+                model: llm.model.clone(),
+                tokenizer: llm.tokenizer.clone(),
+                opts,
+                batch,
+                sequences: vec![],
+                next_id: 0,
+            })
+        };
+        build().map_err(|e| Error::classify(e, ErrorKind::InvalidOptions))
+    }
+
+    /// Sequences not finished.
+    pub fn active(&self) -> usize {
+        self.sequences.len()
+    }
+
+    /// Adds a generation of `prompt` with `opts`, its own cache (None: the
+    /// scheduler's), and `on_text` called with each new piece of its text
+    /// (false stops it). Its prompt is read from the next step on. Errors:
+    /// [`ErrorKind::InvalidOptions`] (an empty prompt, a token outside the
+    /// vocabulary, sampling settings, a cache larger than the scheduler's
+    /// sequences, every sequence busy: the error names the numbers) or
+    /// [`ErrorKind::PromptTooLong`].
+    pub fn add(
+        &mut self,
+        prompt: &[u32],
+        opts: GenerateOptions,
+        cache: Option<CacheOptions>,
+        on_text: impl FnMut(&str) -> bool + Send + 'static,
+    ) -> Result<SequenceId> {
+        self.add_inner(prompt, opts, cache, Box::new(on_text))
+            .map_err(|e| Error::classify(e, ErrorKind::InvalidOptions))
+    }
+
+    fn add_inner(
+        &mut self,
+        prompt: &[u32],
+        opts: GenerateOptions,
+        cache: Option<CacheOptions>,
+        on_text: Box<dyn FnMut(&str) -> bool + Send>,
+    ) -> anyhow::Result<SequenceId> {
+        if self.sequences.len() >= self.opts.max_sequences {
+            bail_kind!(
+                ErrorKind::InvalidOptions,
+                "all {} sequences of the scheduler are busy (max_sequences); wait for one to finish",
+                self.opts.max_sequences
+            );
+        }
+        if prompt.is_empty() {
+            bail_kind!(ErrorKind::InvalidOptions, "the prompt is empty");
+        }
+        let vocab = self.model.config.vocab_size;
+        if let Some(&bad) = prompt.iter().find(|&&t| t as usize >= vocab) {
+            bail_kind!(
+                ErrorKind::InvalidOptions,
+                "prompt token id {bad} is outside the model's vocabulary of {vocab} tokens"
+            );
+        }
+        opts.sampling.validate()?;
+        let cache_opts = cache
+            .or(self.opts.cache)
+            .unwrap_or(CacheOptions::new(Policy::Full, 0, 0));
+        let layers = self.model.config.num_layers;
+        let cache = BoundedCache::new(cache_opts, layers)?;
+        if cache.capacity().is_none() && prompt.len() > self.opts.max_context {
+            bail_kind!(
+                ErrorKind::PromptTooLong,
+                "the prompt has {} tokens; a sequence of this scheduler holds {} (max_context), or give it a bounded cache",
+                prompt.len(),
+                self.opts.max_context
+            );
+        }
+        let rows = self.opts.step_tokens;
+        let engine_opts = cache.engine_options(self.opts.max_context, rows, 1);
+        let engine = self.batch.sequence(engine_opts)?;
+        engine.reset_seen(prompt);
+        let id = SequenceId(self.next_id);
+        self.next_id += 1;
+        self.sequences.push(Sequence {
+            id,
+            engine,
+            cache,
+            prompt: prompt.to_vec(),
+            tokens: vec![],
+            text: Some(StopText::new(&opts.stop_strings)),
+            opts,
+            phase: Phase::Prompt { fed: 0 },
+            steps: 0,
+            ids: vec![],
+            on_text,
+            cancel: CancelToken::default(),
+            started: Instant::now(),
+            prefill_seconds: 0.0,
+            decode_started: None,
+        });
+        Ok(id)
+    }
+
+    /// The token that cancels a sequence from any thread (it ends within a
+    /// step, with [`StopReason::Cancelled`], and its cache is freed).
+    pub fn cancel_token(&self, id: SequenceId) -> Option<CancelToken> {
+        self.sequences
+            .iter()
+            .find(|s| s.id == id)
+            .map(|s| s.cancel.clone())
+    }
+
+    /// Steps until every sequence has finished; returns them in the order
+    /// they finished.
+    pub fn run(&mut self) -> Result<Vec<(SequenceId, Generation)>> {
+        let mut done = vec![];
+        while !self.sequences.is_empty() {
+            done.extend(self.step()?);
+        }
+        Ok(done)
+    }
+
+    /// One step of every sequence together; returns the sequences that
+    /// finished (their caches are freed). An error from the GPU fails the
+    /// step's sequences ([`ErrorKind::Gpu`]); they are removed.
+    pub fn step(&mut self) -> Result<Vec<(SequenceId, Generation)>> {
+        self.step_inner()
+            .map_err(|e| Error::classify(e, ErrorKind::Gpu))
+    }
+
+    fn step_inner(&mut self) -> anyhow::Result<Vec<(SequenceId, Generation)>> {
+        let mut finished = vec![];
+        // Ends decided before a token is fed: cancel, max tokens, end of
+        // sequence, a full context.
+        let mut i = 0;
+        while i < self.sequences.len() {
+            match self.end_before_step(i) {
+                Some(stop) => finished.push(self.finish(i, stop)),
+                None => i += 1,
+            }
+        }
+        let parts = self.plan()?;
+        if parts.is_empty() {
+            if !self.sequences.is_empty() {
+                // Cannot happen (every running sequence decodes one token or
+                // reads part of its prompt); an error rather than a hang.
+                bail_kind!(ErrorKind::Gpu, "no sequence could take a token this step");
+            }
+            return Ok(finished);
+        }
+        match self.run_parts(&parts) {
+            Ok(()) => {}
+            Err(e) => {
+                // The step's sequences are out of step with their caches.
+                let mut failed: Vec<usize> = parts.iter().map(|p| p.index).collect();
+                failed.sort_unstable();
+                for &i in failed.iter().rev() {
+                    self.sequences.remove(i);
+                }
+                return Err(e);
+            }
+        }
+        let mut ended: Vec<(usize, StopReason)> = parts
+            .iter()
+            .filter_map(|p| p.stop_after.map(|s| (p.index, s)))
+            .collect();
+        ended.sort_unstable_by_key(|&(i, _)| std::cmp::Reverse(i));
+        for (i, stop) in ended {
+            finished.push(self.finish(i, stop));
+        }
+        Ok(finished)
+    }
+
+    /// Why sequence `i` ends before this step feeds it anything, emitting
+    /// its sampled token where it goes on (as `Session::generate` does).
+    fn end_before_step(&mut self, i: usize) -> Option<StopReason> {
+        let s = &mut self.sequences[i];
+        if s.cancel.is_cancelled() {
+            return Some(StopReason::Cancelled);
+        }
+        let Phase::Decode { next } = s.phase else {
+            return None;
+        };
+        let full = s.cache.capacity().is_none() && s.tokens.len() >= self.opts.max_context;
+        if s.ids.len() >= s.opts.max_new_tokens {
+            Some(StopReason::MaxTokens)
+        } else if s.opts.stop_at_eos && self.tokenizer.eos_ids.contains(&next) {
+            Some(StopReason::Eos)
+        } else if full {
+            Some(StopReason::ContextFull)
+        } else {
+            None
+        }
+    }
+
+    /// The parts of the next step: a token of every decoding sequence
+    /// (emitted to its callback now), then prompt chunks with the tokens
+    /// left, oldest sequence first. Refreshes each full bounded cache first.
+    fn plan(&mut self) -> anyhow::Result<Vec<Part>> {
+        let mut parts = vec![];
+        let mut budget = self.opts.step_tokens;
+        for i in 0..self.sequences.len() {
+            let s = &mut self.sequences[i];
+            let Phase::Decode { next } = s.phase else {
+                continue;
+            };
+            let pos = s.tokens.len() as u32;
+            s.ids.push(next);
+            let text = s.text.as_mut().expect("a running sequence has its text");
+            let stop_after = text.push(&self.tokenizer, next, &mut s.on_text)?;
+            s.cache.make_room(&mut s.engine, pos)?;
+            parts.push(Part {
+                index: i,
+                ids: vec![next],
+                positions: vec![pos],
+                samples: true,
+                stop_after,
+            });
+            budget -= 1;
+        }
+        for i in 0..self.sequences.len() {
+            let s = &mut self.sequences[i];
+            let Phase::Prompt { fed } = s.phase else {
+                continue;
+            };
+            if budget == 0 {
+                break;
+            }
+            let pos = s.tokens.len() as u32;
+            s.cache.make_room(&mut s.engine, pos)?;
+            let room = s.cache.room(&s.engine);
+            let n = (s.prompt.len() - fed)
+                .min(budget)
+                .min(room)
+                .min(s.engine.max_step_tokens());
+            if n == 0 {
+                continue;
+            }
+            let ids = s.prompt[fed..fed + n].to_vec();
+            parts.push(Part {
+                index: i,
+                positions: (pos..pos + n as u32).collect(),
+                ids,
+                samples: fed + n == s.prompt.len(),
+                stop_after: None,
+            });
+            budget -= n;
+        }
+        Ok(parts)
+    }
+
+    /// Runs the planned step and records it: each sequence's cache entries,
+    /// its sampled token, its phase.
+    fn run_parts(&mut self, parts: &[Part]) -> anyhow::Result<()> {
+        // The engines in the parts' order (one part per sequence).
+        let mut sequences: Vec<Option<&mut Sequence>> =
+            self.sequences.iter_mut().map(Some).collect();
+        let mut work: Vec<(&mut Engine, SeqStep)> = Vec::with_capacity(parts.len());
+        for p in parts {
+            let s = sequences[p.index].take().expect("one part per sequence");
+            if p.samples {
+                s.steps += 1;
+            }
+            let step = SeqStep {
+                ids: &p.ids,
+                positions: &p.positions,
+                sample: p.samples.then_some((s.opts.sampling, s.steps)),
+            };
+            work.push((&mut s.engine, step));
+        }
+        let sampled = self.batch.step(&mut work)?;
+        drop(work);
+        for (p, token) in parts.iter().zip(sampled) {
+            let s = &mut self.sequences[p.index];
+            s.tokens.extend_from_slice(&p.ids);
+            s.cache.record_step(&s.engine, &p.ids, &p.positions)?;
+            if let Phase::Prompt { fed } = s.phase {
+                s.phase = Phase::Prompt {
+                    fed: fed + p.ids.len(),
+                };
+            }
+            if let Some(next) = token {
+                if matches!(s.phase, Phase::Prompt { .. }) {
+                    s.prefill_seconds = s.started.elapsed().as_secs_f64();
+                    s.decode_started = Some(Instant::now());
+                }
+                s.phase = Phase::Decode { next };
+            }
+        }
+        Ok(())
+    }
+
+    /// Removes sequence `i` (freeing its cache) and returns its generation.
+    fn finish(&mut self, i: usize, stop: StopReason) -> (SequenceId, Generation) {
+        let mut s = self.sequences.remove(i);
+        let text = s
+            .text
+            .take()
+            .expect("a running sequence has its text")
+            .finish(stop, &mut s.on_text);
+        let prompt_tokens = match s.phase {
+            Phase::Prompt { fed } => fed,
+            Phase::Decode { .. } => s.prompt.len(),
+        };
+        let decode_seconds = s.decode_started.map_or(0.0, |t| t.elapsed().as_secs_f64());
+        let generation = Generation {
+            text,
+            stats: GenerationStats {
+                prompt_tokens,
+                generated_tokens: s.ids.len(),
+                prefill_seconds: s.prefill_seconds,
+                decode_seconds,
+                stop,
+            },
+            ids: s.ids,
+        };
+        (s.id, generation)
+    }
+}

@@ -1,0 +1,223 @@
+//! The scheduler (many generations stepped together) against each
+//! generation run alone in a `Session`: the same tokens, text and stop
+//! reason, with different prompts, lengths, caches and policies, sequences
+//! joining when a place frees up, and a cancel; and its refusals.
+
+mod common;
+use common::golden_dir;
+use sieve::cache::CacheOptions;
+use sieve::eviction::Policy;
+use sieve::kernels::sample::SamplingParams;
+use sieve::model::{LoadOptions, Model};
+use sieve::scheduler::{Scheduler, SchedulerOptions, SequenceId};
+use sieve::session::{GenerateOptions, Generation, Llm, SessionOptions, StopReason};
+use sieve::tokenizer::Tokenizer;
+use sieve::ErrorKind;
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+fn llm() -> Llm {
+    let model = Model::load(
+        &golden_dir().join("tiny-llama-gqa"),
+        &LoadOptions::default(),
+    )
+    .unwrap();
+    let tokenizer = Arc::new(Tokenizer::load(&golden_dir().join("smollm2-135m"), &[]).unwrap());
+    Llm { model, tokenizer }
+}
+
+/// (prompt, options, cache) of each generation.
+fn jobs() -> Vec<(Vec<u32>, GenerateOptions, Option<CacheOptions>)> {
+    let opts = |max_new_tokens, repetition_penalty| GenerateOptions {
+        max_new_tokens,
+        sampling: SamplingParams {
+            repetition_penalty,
+            ..Default::default()
+        },
+        stop_at_eos: false,
+        ..Default::default()
+    };
+    let bounded = |policy: &str| CacheOptions {
+        sinks: 2,
+        recent: 4,
+        ..CacheOptions::new(Policy::parse(policy).unwrap(), 20, 6)
+    };
+    let prompt = |seed: u32, n: u32| -> Vec<u32> {
+        (0..n).map(|i| 100 + (seed * 37 + i * 11) % 400).collect()
+    };
+    vec![
+        (prompt(1, 9), opts(20, 1.0), None),
+        (prompt(2, 40), opts(30, 1.0), Some(bounded("window"))),
+        (prompt(3, 5), opts(12, 1.1), Some(bounded("epikv"))),
+        (prompt(4, 31), opts(25, 1.0), Some(bounded("tova"))),
+        (prompt(5, 17), opts(16, 1.0), None),
+    ]
+}
+
+#[test]
+fn stepped_together_each_generation_is_what_it_is_alone() {
+    let llm = llm();
+    let alone: Vec<Generation> = jobs()
+        .into_iter()
+        .map(|(prompt, opts, cache)| {
+            let mut session = llm
+                .session(SessionOptions {
+                    max_context: 256,
+                    prefill_chunk: 16,
+                    cache,
+                })
+                .unwrap();
+            session.generate(&prompt, &opts, |_| true).unwrap()
+        })
+        .collect();
+    let mut scheduler = Scheduler::new(
+        &llm,
+        SchedulerOptions {
+            max_sequences: 3,
+            step_tokens: 24,
+            max_context: 256,
+            cache: None,
+        },
+    )
+    .unwrap();
+    let streamed: Arc<Mutex<BTreeMap<u64, String>>> = Default::default();
+    let mut ids: Vec<SequenceId> = vec![];
+    let mut done: BTreeMap<SequenceId, Generation> = BTreeMap::new();
+    let mut pending = jobs().into_iter();
+    let mut next = pending.next();
+    while next.is_some() || scheduler.active() > 0 {
+        // Join whenever a place is free: the first three at once, the rest
+        // as others finish.
+        while let Some((prompt, opts, cache)) = next.take() {
+            let out = streamed.clone();
+            let n = ids.len() as u64;
+            match scheduler.add(&prompt, opts.clone(), cache, move |piece| {
+                out.lock().unwrap().entry(n).or_default().push_str(piece);
+                true
+            }) {
+                Ok(id) => {
+                    ids.push(id);
+                    next = pending.next();
+                }
+                Err(e) => {
+                    assert_eq!(e.kind(), ErrorKind::InvalidOptions);
+                    assert!(e.to_string().contains("all 3 sequences"), "{e}");
+                    next = Some((prompt, opts, cache));
+                    break;
+                }
+            }
+        }
+        done.extend(scheduler.step().unwrap());
+    }
+    assert_eq!(done.len(), alone.len());
+    let streamed = streamed.lock().unwrap();
+    for (i, want) in alone.iter().enumerate() {
+        let got = &done[&ids[i]];
+        assert_eq!(got.ids, want.ids, "generation {i}");
+        assert_eq!(got.text, want.text, "generation {i}");
+        assert_eq!(got.stats.stop, want.stats.stop, "generation {i}");
+        assert_eq!(
+            streamed.get(&(i as u64)).cloned().unwrap_or_default(),
+            want.text
+        );
+    }
+}
+
+/// A cancelled sequence ends within a step with `Cancelled` and frees its
+/// place; the others go on. Bad sequences are refused with their kind.
+#[test]
+fn cancels_and_refusals() {
+    let llm = llm();
+    let opts = SchedulerOptions {
+        max_sequences: 2,
+        step_tokens: 8,
+        max_context: 64,
+        cache: None,
+    };
+    let mut scheduler = Scheduler::new(&llm, opts).unwrap();
+    let long = GenerateOptions {
+        max_new_tokens: 40,
+        stop_at_eos: false,
+        ..Default::default()
+    };
+    let a = scheduler
+        .add(&[300, 301, 302], long.clone(), None, |_| true)
+        .unwrap();
+    let b = scheduler
+        .add(&[310, 311], long.clone(), None, |_| true)
+        .unwrap();
+    for _ in 0..3 {
+        assert!(scheduler.step().unwrap().is_empty());
+    }
+    scheduler.cancel_token(a).unwrap().cancel();
+    let finished = scheduler.step().unwrap();
+    assert_eq!(finished.len(), 1);
+    let (id, g) = &finished[0];
+    assert_eq!((*id, g.stats.stop), (a, StopReason::Cancelled));
+    assert!(g.stats.generated_tokens < 40);
+    assert_eq!(scheduler.active(), 1);
+    // Its place is free again.
+    let c = scheduler.add(&[320], long.clone(), None, |_| true).unwrap();
+    let rest: BTreeMap<SequenceId, Generation> = scheduler.run().unwrap().into_iter().collect();
+    assert_eq!(rest[&b].stats.stop, StopReason::MaxTokens);
+    assert_eq!(rest[&c].stats.stop, StopReason::MaxTokens);
+
+    let refused = |prompt: &[u32], opts: GenerateOptions| {
+        let mut s = Scheduler::new(
+            &llm,
+            SchedulerOptions {
+                max_context: 16,
+                ..opts_small()
+            },
+        )
+        .unwrap();
+        s.add(prompt, opts, None, |_| true).unwrap_err()
+    };
+    assert_eq!(refused(&[], long.clone()).kind(), ErrorKind::InvalidOptions);
+    assert_eq!(
+        refused(&[1_000_000], long.clone()).kind(),
+        ErrorKind::InvalidOptions
+    );
+    let too_long: Vec<u32> = (0..17).collect();
+    assert_eq!(
+        refused(&too_long, long.clone()).kind(),
+        ErrorKind::PromptTooLong
+    );
+    let bad_sampling = GenerateOptions {
+        sampling: SamplingParams {
+            temperature: -1.0,
+            ..Default::default()
+        },
+        ..long
+    };
+    assert_eq!(
+        refused(&[5], bad_sampling).kind(),
+        ErrorKind::InvalidOptions
+    );
+    let e = Scheduler::new(
+        &llm,
+        SchedulerOptions {
+            step_tokens: 1,
+            ..opts_small()
+        },
+    )
+    .err()
+    .unwrap();
+    assert!(e.to_string().contains("step_tokens 1"), "{e}");
+}
+
+fn opts_small() -> SchedulerOptions {
+    SchedulerOptions {
+        max_sequences: 2,
+        step_tokens: 8,
+        max_context: 64,
+        cache: None,
+    }
+}
+
+/// A scheduler can live on a worker thread.
+#[test]
+fn a_scheduler_is_send() {
+    fn send<T: Send>() {}
+    send::<Scheduler>();
+}

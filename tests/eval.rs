@@ -364,6 +364,53 @@ fn eval_commands_end_to_end_on_a_tiny_model() {
         assert!(prefix <= full["generated"].as_u64().unwrap());
     }
 
+    // Stepped together (--batch 4), generate and task give the records
+    // they give one at a time (in the order they finish).
+    let records = |dir: &str| -> std::collections::BTreeMap<String, Value> {
+        std::fs::read_to_string(work.join(dir).join("results.jsonl"))
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str::<Value>(l).unwrap())
+            .map(|mut r| {
+                let key = format!("{} {} {}", r["item"], r["policy"], r["budget"]);
+                r.as_object_mut().unwrap().remove("seconds");
+                (key, r)
+            })
+            .collect()
+    };
+    let args = with(
+        &["eval", "generate", "--dataset", "math500"],
+        &[
+            "--limit",
+            "1",
+            "--max-new-tokens",
+            "40",
+            "--batch",
+            "4",
+            "--out",
+            &w("generate-batched"),
+        ],
+    );
+    run(&args);
+    assert_eq!(records("generate-batched"), records("generate"));
+    let args = with(
+        &["eval", "task", "--dataset", "gsm8k"],
+        &[
+            "--limit",
+            "3",
+            "--shard",
+            "0/2",
+            "--max-new-tokens",
+            "8",
+            "--batch",
+            "4",
+            "--out",
+            &w("task-batched"),
+        ],
+    );
+    run(&args);
+    assert_eq!(records("task-batched"), records("task0"));
+
     // Explain: an HTML page with one span per token.
     let text = work.join("text.txt");
     std::fs::write(

@@ -12,9 +12,12 @@ pub mod needle;
 pub mod report;
 pub mod store;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
+use std::collections::HashMap;
+use std::time::Instant;
 
 use crate::cache::CacheOptions;
+use crate::scheduler::{Scheduler, SchedulerOptions};
 use crate::session::{GenerateOptions, Generation, Llm, SessionOptions};
 
 /// Greedy generation of up to `max_new` tokens after `prompt`, with a bounded
@@ -27,7 +30,7 @@ pub fn greedy(
 ) -> Result<Generation> {
     let mut session = llm.session(SessionOptions {
         max_context: prompt.len() + max_new + 1,
-        prefill_chunk: 256,
+        prefill_chunk: PROMPT_CHUNK,
         cache,
     })?;
     let opts = GenerateOptions {
@@ -35,6 +38,65 @@ pub fn greedy(
         ..Default::default()
     };
     Ok(session.generate(prompt, &opts, |_| true)?)
+}
+
+/// A greedy generation to run: its prompt and cache (None: the full one).
+pub type GreedyJob = (Vec<u32>, Option<CacheOptions>);
+
+/// Tokens of a prompt read in one step (as `greedy` reads it).
+const PROMPT_CHUNK: usize = 256;
+
+/// Greedy generations of `jobs` (prompt, cache), up to `max_new` tokens
+/// each, `batch` at a time stepped together (`Scheduler`: the weights read
+/// once a step for all of them); `done(job index, generation, seconds from
+/// its start to its end)` is called as each finishes, in that order. With
+/// `batch` 1 each runs alone, as `greedy`.
+pub fn greedy_jobs(
+    llm: &Llm,
+    jobs: &[GreedyJob],
+    max_new: usize,
+    batch: usize,
+    mut done: impl FnMut(usize, Generation, f64) -> Result<()>,
+) -> Result<()> {
+    if batch <= 1 {
+        for (i, (prompt, cache)) in jobs.iter().enumerate() {
+            let t = Instant::now();
+            let g = greedy(llm, prompt, *cache, max_new)?;
+            done(i, g, t.elapsed().as_secs_f64())?;
+        }
+        return Ok(());
+    }
+    let max_context = jobs.iter().map(|(p, _)| p.len() + max_new + 1).max();
+    let opts = SchedulerOptions {
+        max_sequences: batch,
+        step_tokens: PROMPT_CHUNK.max(batch),
+        max_context: max_context.unwrap_or(1),
+        cache: None,
+    };
+    let mut scheduler = Scheduler::new(llm, opts)?;
+    let generate = GenerateOptions {
+        max_new_tokens: max_new,
+        ..Default::default()
+    };
+    let mut running = HashMap::new();
+    let mut next = 0;
+    loop {
+        while next < jobs.len() && scheduler.active() < batch {
+            let (prompt, cache) = &jobs[next];
+            let id = scheduler.add(prompt, generate.clone(), *cache, |_| true)?;
+            running.insert(id, (next, Instant::now()));
+            next += 1;
+        }
+        if scheduler.active() == 0 {
+            return Ok(());
+        }
+        for (id, g) in scheduler.step()? {
+            let (i, t) = running
+                .remove(&id)
+                .context("a finished sequence was added")?;
+            done(i, g, t.elapsed().as_secs_f64())?;
+        }
+    }
 }
 
 /// Length of the common prefix of two token sequences.

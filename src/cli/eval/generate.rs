@@ -6,12 +6,12 @@ use anyhow::{Context, Result};
 use clap::Args;
 use serde_json::json;
 
-use super::{budget_json, cache_of, report, unit_key, Progress, SweepArgs};
+use super::{budget_json, pending_units, report, unit_key, Progress, SweepArgs, Unit};
 use sieve::eval::answers::{answers_match, extract};
-use sieve::eval::datasets::{data_dir, shard_of, task_items, task_prompt};
+use sieve::eval::datasets::{data_dir, shard_of, task_items};
 use sieve::eval::fidelity::RunConfig;
 use sieve::eval::store::ResultStore;
-use sieve::eval::{common_prefix, greedy};
+use sieve::eval::{common_prefix, greedy_jobs};
 use sieve::eviction::Policy;
 use sieve::session::Llm;
 
@@ -28,6 +28,10 @@ pub struct GenerateArgs {
     /// Tokens generated per prompt at most.
     #[arg(long, default_value_t = 512)]
     pub max_new_tokens: usize,
+    /// Generations stepped together (prompts and configurations alike); 1
+    /// runs each alone.
+    #[arg(long, default_value_t = 1)]
+    pub batch: usize,
 }
 
 pub fn main(a: GenerateArgs) -> Result<()> {
@@ -46,16 +50,29 @@ pub fn main(a: GenerateArgs) -> Result<()> {
     let items = shard_of(&items, Some(a.limit), None);
     let progress = Progress::new((items.len() * configs.len()) as u64, "generations");
     let base = s.base();
-    for (_, item) in &items {
-        let prompt = task_prompt(&llm.tokenizer, item)?;
-        for c in &configs {
-            let key = unit_key("generate", &item.id, c);
-            if store.contains(&key) {
-                progress.inc(1);
-                continue;
-            }
+    // The full-cache runs first: every other run of a prompt is compared
+    // with its prompt's.
+    for reference_pass in [true, false] {
+        let pass: Vec<_> = configs
+            .iter()
+            .filter(|c| (c.policy == Policy::Full) == reference_pass)
+            .collect();
+        let (units, jobs) = pending_units(
+            &llm,
+            &items,
+            &pass,
+            (&store, &progress),
+            &base,
+            |item, c| unit_key("generate", &item.id, c),
+        )?;
+        greedy_jobs(&llm, &jobs, a.max_new_tokens, a.batch, |i, g, _| {
+            let Unit {
+                item,
+                config: c,
+                key,
+                prompt,
+            } = &units[i];
             progress.set_message(format!("{} {} {}", item.id, c.policy.name(), c.budget));
-            let g = greedy(&llm, &prompt, cache_of(c, &base), a.max_new_tokens)?;
             let answer = extract(&g.text, kind);
             let (prefix, agree) = if c.policy == Policy::Full {
                 (g.ids.len(), answer.as_ref().map(|_| true))
@@ -71,7 +88,7 @@ pub fn main(a: GenerateArgs) -> Result<()> {
                 )
             };
             store.append(
-                &key,
+                key,
                 json!({
                     "kind": "generate", "item": item.id, "policy": c.policy.name(),
                     "budget": budget_json(c), "generated": g.ids.len(), "ids": g.ids,
@@ -80,7 +97,8 @@ pub fn main(a: GenerateArgs) -> Result<()> {
                 }),
             )?;
             progress.inc(1);
-        }
+            Ok(())
+        })?;
     }
     progress.finish();
     report(&store)

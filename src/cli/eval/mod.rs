@@ -19,10 +19,13 @@ use std::path::PathBuf;
 
 use super::ModelArgs;
 use sieve::cache::CacheOptions;
+use sieve::eval::datasets::{task_prompt, TaskItem};
+use sieve::eval::GreedyJob;
 use sieve::eval::fidelity::RunConfig;
 use sieve::eval::report::write_report;
 use sieve::eval::store::ResultStore;
 use sieve::eviction::Policy;
+use sieve::session::Llm;
 
 #[derive(Args, Debug)]
 pub struct EvalArgs {
@@ -151,6 +154,51 @@ impl SweepArgs {
 /// The cache of a config: None for the full cache.
 pub fn cache_of(c: &RunConfig, base: &CacheOptions) -> Option<CacheOptions> {
     (c.policy != Policy::Full).then(|| c.cache_options(base))
+}
+
+/// One greedy generation an evaluation still has to run: its problem,
+/// configuration, result key and prompt.
+pub struct Unit<'a> {
+    pub item: &'a TaskItem,
+    pub config: &'a RunConfig,
+    pub key: String,
+    pub prompt: Vec<u32>,
+}
+
+/// The units of `items` x `configs` whose `key` is not in `store` yet
+/// (those that are count as done in `progress`), and their generation
+/// jobs (prompt and cache) for `greedy_jobs`.
+pub fn pending_units<'a>(
+    llm: &Llm,
+    items: &'a [(usize, TaskItem)],
+    configs: &[&'a RunConfig],
+    (store, progress): (&ResultStore, &Progress),
+    base: &CacheOptions,
+    key: impl Fn(&TaskItem, &RunConfig) -> String,
+) -> Result<(Vec<Unit<'a>>, Vec<GreedyJob>)> {
+    let mut units = vec![];
+    for (_, item) in items {
+        let prompt = task_prompt(&llm.tokenizer, item)?;
+        for &config in configs {
+            let key = key(item, config);
+            if store.contains(&key) {
+                progress.inc(1);
+            } else {
+                let prompt = prompt.clone();
+                units.push(Unit {
+                    item,
+                    config,
+                    key,
+                    prompt,
+                });
+            }
+        }
+    }
+    let jobs = units
+        .iter()
+        .map(|u| (u.prompt.clone(), cache_of(u.config, base)))
+        .collect();
+    Ok((units, jobs))
 }
 
 /// The budget as stored in results: null for the full cache.

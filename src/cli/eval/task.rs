@@ -5,12 +5,11 @@
 use anyhow::Result;
 use clap::Args;
 use serde_json::json;
-use std::time::Instant;
 
-use super::{budget_json, cache_of, report, unit_key, Progress, SweepArgs};
+use super::{budget_json, pending_units, report, unit_key, Progress, SweepArgs, Unit};
 use sieve::eval::answers::{answers_match, extract};
-use sieve::eval::datasets::{data_dir, parse_shard, shard_of, task_items, task_prompt};
-use sieve::eval::greedy;
+use sieve::eval::datasets::{data_dir, parse_shard, shard_of, task_items};
+use sieve::eval::greedy_jobs;
 use sieve::eval::store::ResultStore;
 use sieve::session::Llm;
 
@@ -30,6 +29,10 @@ pub struct TaskArgs {
     /// Tokens generated per problem at most.
     #[arg(long, default_value_t = 1024)]
     pub max_new_tokens: usize,
+    /// Generations stepped together (problems and configurations alike);
+    /// 1 runs each alone.
+    #[arg(long, default_value_t = 1)]
+    pub batch: usize,
 }
 
 pub fn main(a: TaskArgs) -> Result<()> {
@@ -46,36 +49,41 @@ pub fn main(a: TaskArgs) -> Result<()> {
     let items = shard_of(&items, a.limit, shard);
     let progress = Progress::new((items.len() * configs.len()) as u64, "problems");
     let base = s.base();
-    for (_, item) in &items {
-        let prompt = task_prompt(&llm.tokenizer, item)?;
-        for c in &configs {
-            let key = unit_key("task", &format!("{}/{}", a.dataset, item.id), c);
-            if store.contains(&key) {
-                progress.inc(1);
-                continue;
-            }
-            progress.set_message(format!("{} {} {}", item.id, c.policy.name(), c.budget));
-            let t = Instant::now();
-            let g = greedy(&llm, &prompt, cache_of(c, &base), a.max_new_tokens)?;
-            let seconds = t.elapsed().as_secs_f64();
-            let predicted = extract(&g.text, kind);
-            let correct = predicted
-                .as_deref()
-                .is_some_and(|p| answers_match(p, &item.reference));
-            store.append(
-                &key,
-                json!({
-                    "kind": "task", "dataset": a.dataset, "item": item.id,
-                    "policy": c.policy.name(), "budget": budget_json(c),
-                    "predicted": predicted, "reference": item.reference, "correct": correct,
-                    "no_answer": predicted.is_none(), "tokens": g.ids.len(),
-                    "seconds": seconds, "stop": format!("{:?}", g.stats.stop),
-                    "text": g.text,
-                }),
-            )?;
-            progress.inc(1);
-        }
-    }
+    let configs: Vec<_> = configs.iter().collect();
+    let (units, jobs) = pending_units(
+        &llm,
+        &items,
+        &configs,
+        (&store, &progress),
+        &base,
+        |item, c| unit_key("task", &format!("{}/{}", a.dataset, item.id), c),
+    )?;
+    greedy_jobs(&llm, &jobs, a.max_new_tokens, a.batch, |i, g, seconds| {
+        let Unit {
+            item,
+            config: c,
+            key,
+            ..
+        } = &units[i];
+        progress.set_message(format!("{} {} {}", item.id, c.policy.name(), c.budget));
+        let predicted = extract(&g.text, kind);
+        let correct = predicted
+            .as_deref()
+            .is_some_and(|p| answers_match(p, &item.reference));
+        store.append(
+            key,
+            json!({
+                "kind": "task", "dataset": a.dataset, "item": item.id,
+                "policy": c.policy.name(), "budget": budget_json(c),
+                "predicted": predicted, "reference": item.reference, "correct": correct,
+                "no_answer": predicted.is_none(), "tokens": g.ids.len(),
+                "seconds": seconds, "stop": format!("{:?}", g.stats.stop),
+                "text": g.text,
+            }),
+        )?;
+        progress.inc(1);
+        Ok(())
+    })?;
     progress.finish();
     report(&store)
 }

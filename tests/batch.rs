@@ -297,3 +297,69 @@ fn bounded_caches_with_different_policies_share_steps() {
         assert_eq!(got, &want[i], "{}", names[i]);
     }
 }
+
+/// SmolLM2 (its GGUF, Q4_1 weights kept in their blocks): three prompts
+/// stepped together give each the greedy tokens it gets alone, with both
+/// kernel sets.
+#[test]
+fn smollm2_batched_matches_alone() {
+    let gguf = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    if !gguf.exists() {
+        assert!(
+            std::env::var("CI").is_err(),
+            "{} is missing",
+            gguf.display()
+        );
+        eprintln!("note: {} is missing; skipped", gguf.display());
+        return;
+    }
+    for kernels in [KernelSet::Cpu, KernelSet::Gpu] {
+        let opts = LoadOptions {
+            gpu: GpuOptions {
+                kernels: Some(kernels),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let llm = sieve::session::Llm::load(&gguf, &opts).unwrap();
+        let model = llm.model.clone();
+        let prompts: Vec<Vec<u32>> = ["The capital of France is", "1, 2, 3, 4,", "def add(a, b):"]
+            .iter()
+            .map(|text| llm.tokenizer.encode(text).unwrap())
+            .collect();
+        let steps = 6;
+        let want: Vec<Vec<u32>> = prompts.iter().map(|p| alone(&model, p, steps)).collect();
+        let mut batch = Batch::new(model.clone(), ROWS, ROWS, SLOTS).unwrap();
+        let mut engines: Vec<Engine> = (0..3).map(|_| batch.sequence(options()).unwrap()).collect();
+        let mut got: Vec<Vec<u32>> = vec![vec![]; 3];
+        for s in 0..steps {
+            let parts: Vec<(Vec<u32>, Vec<u32>)> = prompts
+                .iter()
+                .zip(&got)
+                .map(|(p, g)| match g.last() {
+                    None => (p.clone(), (0..p.len() as u32).collect()),
+                    Some(&t) => (vec![t], vec![(p.len() + g.len() - 1) as u32]),
+                })
+                .collect();
+            let mut work: Vec<(&mut Engine, SeqStep)> = engines
+                .iter_mut()
+                .zip(&parts)
+                .map(|(e, (ids, pos))| {
+                    let step = SeqStep {
+                        ids,
+                        positions: pos,
+                        sample: greedy(1 + s as u32),
+                    };
+                    (e, step)
+                })
+                .collect();
+            let tokens = batch.step(&mut work).unwrap();
+            drop(work);
+            for (g, t) in got.iter_mut().zip(tokens) {
+                g.push(t.unwrap());
+            }
+        }
+        assert_eq!(got, want, "SmolLM2, {kernels:?} kernels");
+    }
+}

@@ -20,10 +20,10 @@ use std::path::PathBuf;
 use super::ModelArgs;
 use sieve::cache::CacheOptions;
 use sieve::eval::datasets::{task_prompt, TaskItem};
-use sieve::eval::GreedyJob;
 use sieve::eval::fidelity::RunConfig;
 use sieve::eval::report::write_report;
 use sieve::eval::store::ResultStore;
+use sieve::eval::GreedyJob;
 use sieve::eviction::Policy;
 use sieve::session::Llm;
 

@@ -10,17 +10,21 @@ use anyhow::{bail, Context, Result};
 use std::sync::Arc;
 
 mod batch;
+mod buffers;
 mod layer;
 mod signals;
 
 pub use batch::{Batch, SeqStep};
+pub use buffers::SharedActivations;
+
+use buffers::{kv_cache, Activations};
 
 pub use signals::{CcsMode, Signals};
 
 use layer::{LayerAttention, LayerKernels};
 use signals::SignalKernels;
 
-use crate::kernels::attention::{Attention, KEY_CHUNK};
+use crate::kernels::attention::Attention;
 use crate::kernels::compact::Compactor;
 use crate::kernels::embed::Embed;
 use crate::kernels::matmul::{FusedInput, Matmul, MatmulOptions};
@@ -56,21 +60,6 @@ pub struct EngineOptions {
     /// by `Batch::sequence`): its kernels read and write those buffers,
     /// its own `Step` uniform placing its rows; None: its own buffers.
     pub shared_activations: Option<SharedActivations>,
-}
-
-/// The activation buffers of a [`Batch`], which its sequences' engines
-/// share (`EngineOptions::shared_activations`).
-#[derive(Clone)]
-pub struct SharedActivations {
-    acts: Activations,
-    /// Which batch: its engines, and no other, step with it.
-    batch: u64,
-}
-
-impl std::fmt::Debug for SharedActivations {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "SharedActivations(batch {})", self.batch)
-    }
 }
 
 /// Which rows of a step get logits, and whether to sample from the last one.
@@ -162,36 +151,6 @@ impl Readbacks {
     fn bytes(&self) -> u64 {
         2 * self.buffers[0].size()
     }
-}
-
-/// The buffers a step's kernels read and write, one set per engine (every
-/// layer uses them in turn), or one set per [`Batch`] shared by its
-/// sequences' engines, each with its own `step`.
-#[derive(Clone)]
-pub(crate) struct Activations {
-    /// The `Step` uniform: token count, first cache slot, logit rows.
-    step: wgpu::Buffer,
-    /// `[max_tokens]` u32 token ids and positions.
-    ids: wgpu::Buffer,
-    positions: wgpu::Buffer,
-    /// Residual stream `[max_tokens, hidden]`, and its RMSNorm.
-    x: wgpu::Buffer,
-    xn: wgpu::Buffer,
-    qkv: wgpu::Buffer,
-    /// Queries after RoPE, and the attention output, `[max_tokens, heads * head_dim]`.
-    q: wgpu::Buffer,
-    attn_out: wgpu::Buffer,
-    /// `[max_tokens, heads]` log-sum-exp of each query's scores.
-    lse: wgpu::Buffer,
-    gate_up: wgpu::Buffer,
-    /// silu(gate) * up.
-    act: wgpu::Buffer,
-    /// The attention partials (scratch every layer rewrites).
-    part: wgpu::Buffer,
-    /// `[max_logit_rows, vocab]`.
-    logits: wgpu::Buffer,
-    /// `[max_tokens]` u32: each query's own slot (the counter-causal pass).
-    qslot: wgpu::Buffer,
 }
 
 pub struct Engine {
@@ -774,88 +733,6 @@ impl Engine {
 /// indices are u32 in the kernels, and half that range leaves room for
 /// index arithmetic.
 pub const MAX_SLOTS: usize = (u32::MAX / 2) as usize;
-
-impl Activations {
-    /// The step's buffers for `opts`, and the bytes of the attention
-    /// partials (for max_tokens queries over every slot, but at most one
-    /// binding: at long contexts the deepest steps then take fewer tokens,
-    /// `Engine::max_step_tokens`; a single query must always fit).
-    fn new(
-        gpu: &Runtime,
-        model: &Model,
-        opts: &EngineOptions,
-        key_slots: usize,
-        bytes: &mut u64,
-    ) -> Result<(Self, u64)> {
-        let c = &model.config;
-        let heads = model.heads();
-        let (h, t) = (c.hidden_size as u64, opts.max_tokens as u64);
-        let mut buf = |label: &str, size: u64| -> Result<wgpu::Buffer> {
-            gpu.check_binding(label, size)?;
-            *bytes += size;
-            Ok(gpu.storage(label, size))
-        };
-        let q_row = (c.num_heads * c.head_dim) as u64 * 4;
-        let partials_one = Attention::partials_bytes(heads, 1, key_slots);
-        gpu.check_binding(
-            "attention partials of one query over the whole cache",
-            partials_one,
-        )?;
-        let partials_capacity = Attention::partials_bytes(heads, opts.max_tokens, key_slots)
-            .min(gpu.max_binding / 16 * 16);
-        let acts = Activations {
-            step: gpu.uniform("step", &Step::default()),
-            ids: buf("ids", t * 4)?,
-            positions: buf("positions", t * 4)?,
-            x: buf("x", t * h * 4)?,
-            xn: buf("x-normed", t * h * 4)?,
-            qkv: buf("qkv", t * c.qkv_dim() as u64 * 4)?,
-            q: buf("q", t * q_row)?,
-            attn_out: buf("attn-out", t * q_row)?,
-            lse: buf("lse", t * c.num_heads as u64 * 4)?,
-            gate_up: buf("gate-up", t * 2 * c.intermediate_size as u64 * 4)?,
-            act: buf("ffn-act", t * c.intermediate_size as u64 * 4)?,
-            part: buf(
-                "attention partials (queries x heads x key chunks)",
-                partials_capacity,
-            )?,
-            logits: buf(
-                "logits (rows x vocabulary)",
-                (opts.max_logit_rows.max(1) * c.vocab_size) as u64 * 4,
-            )?,
-            qslot: buf("query slots", t * 4)?,
-        };
-        Ok((acts, partials_capacity))
-    }
-}
-
-/// Every layer's key and value cache, each split into pages where it is
-/// larger than one storage binding.
-fn kv_cache(
-    gpu: &Runtime,
-    model: &Model,
-    opts: &EngineOptions,
-    bytes: &mut u64,
-) -> Result<(Vec<SlotPages>, Vec<SlotPages>)> {
-    let kv_row = model.heads().kv_row_bytes();
-    let mut k_cache = Vec::new();
-    let mut v_cache = Vec::new();
-    for l in 0..model.config.num_layers {
-        for (cache, what) in [(&mut k_cache, "key"), (&mut v_cache, "value")] {
-            let pages = SlotPages::new(
-                gpu,
-                &format!("layer {l} {what} cache"),
-                opts.max_slots,
-                kv_row,
-                KEY_CHUNK as usize,
-                opts.kv_page_slots,
-            )?;
-            *bytes += pages.bytes();
-            cache.push(pages);
-        }
-    }
-    Ok((k_cache, v_cache))
-}
 
 impl LayerKernels {
     /// Layer `w`'s kernels bound to the step's activations and its own

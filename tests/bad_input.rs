@@ -422,6 +422,19 @@ fn cli_errors_are_one_line_and_exit_1() {
     let (code, err) = run(&["run", "--model", "x", "--prompt", "hi", "--top-p", "1.5"]);
     assert_eq!(code, Some(1));
     assert!(err.contains("--top-p"), "{err}");
+    // A batch of no sequences, before any model is loaded or any work runs.
+    let (code, err) = run(&[
+        "eval",
+        "task",
+        "--dataset",
+        "gsm8k",
+        "--batch",
+        "0",
+        "--out",
+        "x",
+    ]);
+    assert_ne!(code, Some(0));
+    assert!(err.contains("--batch"), "{err}");
     // Issue #11: settings with which sampling degenerates (one token repeated).
     for (flag, value, want) in [
         (

@@ -78,11 +78,6 @@ impl Batch {
         Ok(Batch { trunk, max_slots })
     }
 
-    /// Tokens a step takes in all.
-    pub fn rows(&self) -> usize {
-        self.trunk.opts.max_tokens
-    }
-
     /// An engine for one sequence of this batch, with `opts` (its cache
     /// slots, policy signals, compaction scratch; its tokens per step and
     /// logit rows at most the batch's).

@@ -30,7 +30,7 @@ pub fn sweep(
     for &depth in depths {
         let mut single = None;
         for &b in sizes {
-            let seconds = time_steps(model, b.max(1), depth, steps)?;
+            let seconds = time_steps(model, b, depth, steps)?;
             let aggregate = (b * steps) as f64 / seconds;
             let ratio = aggregate / *single.get_or_insert(aggregate);
             println!(

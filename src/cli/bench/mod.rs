@@ -96,6 +96,10 @@ pub fn peak_rss_bytes() -> Option<u64> {
 }
 
 pub fn main(a: BenchArgs) -> Result<()> {
+    // Checked before the model loads.
+    if a.batch.contains(&0) {
+        anyhow::bail!("--batch {:?}: every batch size must be at least 1", a.batch);
+    }
     let model = match &a.synthetic {
         Some(shape) => sieve::synthetic::synthetic_model(shape, &a.model.load_options()?, a.seed)?,
         None => Model::load(&a.model.dir()?, &a.model.load_options()?)?,

@@ -31,7 +31,7 @@ pub struct TaskArgs {
     pub max_new_tokens: usize,
     /// Generations stepped together (problems and configurations alike);
     /// 1 runs each alone.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     pub batch: usize,
 }
 

@@ -11,7 +11,7 @@ use crate::kernels::runtime::Runtime;
 use crate::kernels::Step;
 use crate::model::Model;
 
-/// The activation buffers of a [`Batch`], which its sequences' engines
+/// The activation buffers of a [`Batch`](super::Batch), which its sequences' engines
 /// share (`EngineOptions::shared_activations`).
 #[derive(Clone)]
 pub struct SharedActivations {
@@ -27,7 +27,7 @@ impl std::fmt::Debug for SharedActivations {
 }
 
 /// The buffers a step's kernels read and write, one set per engine (every
-/// layer uses them in turn), or one set per [`Batch`] shared by its
+/// layer uses them in turn), or one set per [`Batch`](super::Batch) shared by its
 /// sequences' engines, each with its own `step`.
 #[derive(Clone)]
 pub(crate) struct Activations {

@@ -163,7 +163,7 @@ const POLICIES: [PolicyRow; 16] = [
 ];
 
 impl Policy {
-    /// Every policy with its name, in the order of [`POLICIES`].
+    /// Every policy with its name, in the order of `POLICIES`.
     pub const ALL: [(&'static str, Policy); POLICIES.len()] = {
         let mut all = [("", Policy::Full); POLICIES.len()];
         let mut i = 0;

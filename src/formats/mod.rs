@@ -1,4 +1,4 @@
-//! Storage formats: one row per weight format in [`FORMATS`] (name, GGUF
+//! Storage formats: one row per weight format in `FORMATS` (name, GGUF
 //! type and block geometry, WGSL prelude, texture words, repacking and CPU
 //! dequantization), and the KV cache's own format type ([`KvFormat`]).
 //!
@@ -35,7 +35,7 @@ pub enum WeightFormat {
 }
 
 impl WeightFormat {
-    /// Every format, in the order `--dtype` lists them (that of [`FORMATS`]).
+    /// Every format, in the order `--dtype` lists them (that of `FORMATS`).
     pub const ALL: [WeightFormat; FORMATS.len()] = {
         let mut all = [WeightFormat::F16; FORMATS.len()];
         let mut i = 0;

@@ -96,7 +96,7 @@ impl WeightFormat {
         self.row().texture_words
     }
 
-    /// The weight-format prelude (see [`FormatRow`]).
+    /// The weight-format prelude (see `FormatRow`).
     pub fn prelude(self) -> &'static str {
         self.row().prelude
     }
@@ -159,7 +159,7 @@ impl WeightFormat {
 }
 
 /// Storage format of the KV cache: f32 (exact comparisons) or f16 (half
-/// the memory and bandwidth). Its prelude (kv_<format>.wgsl) declares
+/// the memory and bandwidth). Its prelude (`kv_<format>.wgsl`) declares
 /// `KvPacked`, `unpack_kv` and `pack_kv`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 pub enum KvFormat {

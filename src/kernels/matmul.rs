@@ -280,7 +280,7 @@ impl Matmul {
 
     /// As [`Matmul::new`] with the given variants (tests run every variant on
     /// any device; the cooperative one needs its features, and falls back
-    /// per part as [`KernelVariants::part_variant`] says).
+    /// per part as [`KernelVariants::part_variant`](super::variants::KernelVariants::part_variant) says).
     #[allow(clippy::too_many_arguments)]
     pub fn with_variants(
         gpu: &Runtime,

@@ -20,8 +20,8 @@ common=(--budgets 128,256,512 --chunk 32 "$@")
 "$bin" eval fidelity --dataset reasoning_traces --doc-tokens 2048 "${common[@]}" --out "$out/fidelity-reasoning-traces"
 "$bin" eval fidelity --dataset prose --docs 12 --doc-tokens 2048 "${common[@]}" --out "$out/fidelity-prose"
 "$bin" eval needle --context 2048 --depths 0.1,0.3,0.5,0.7,0.9 --trials 4 "${common[@]}" --out "$out/needle"
-"$bin" eval generate --dataset math500 --limit 20 --max-new-tokens 1024 --batch 8 "${common[@]}" --out "$out/generate"
+"$bin" eval generate --dataset math500 --limit 20 --max-new-tokens 1024 "${common[@]}" --out "$out/generate"
 for d in math500 gsm8k aime2024; do
-    "$bin" eval task --dataset "$d" --max-new-tokens 2048 --batch 8 "${common[@]}" --out "$out/task-$d"
+    "$bin" eval task --dataset "$d" --max-new-tokens 2048 "${common[@]}" --out "$out/task-$d"
 done
 echo "eval-full: results and reports under $out"

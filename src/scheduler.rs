@@ -25,11 +25,12 @@
 //! # anyhow::Ok(())
 //! ```
 
+use anyhow::Context;
 use std::sync::Arc;
 use std::time::Instant;
 
 use crate::cache::{BoundedCache, CacheOptions};
-use crate::engine::{Batch, Engine, SeqStep};
+use crate::engine::{Batch, Engine, EngineOptions, KvCache, SeqStep};
 use crate::error::{bail_kind, Error, ErrorKind, Result};
 use crate::eviction::Policy;
 use crate::model::Model;
@@ -38,8 +39,9 @@ use crate::session::{
 };
 use crate::tokenizer::Tokenizer;
 
-/// Sizes of a scheduler, fixed when it is made: the KV memory of every
-/// sequence comes from them.
+/// Sizes of a scheduler, fixed when it is made: its KV pool holds
+/// `max_sequences` caches of `max_context` slots, allocated once, each lent
+/// to one sequence after another.
 #[derive(Clone, Copy, Debug)]
 pub struct SchedulerOptions {
     /// Most sequences at once.
@@ -66,6 +68,17 @@ impl Default for SchedulerOptions {
     }
 }
 
+impl SchedulerOptions {
+    /// The most sequences of `max_context` slots whose KV pool fits this
+    /// device beside the model's weights (by `Gpu::memory_ceiling`, a bound
+    /// rather than the free memory), at most `cap`.
+    pub fn sequences_that_fit(model: &Model, max_context: usize, cap: usize) -> usize {
+        let one = slot_bytes(model) * max_context.max(1) as u128;
+        let free = (model.gpu.memory_ceiling() as u128).saturating_sub(model.weight_bytes as u128);
+        (free / one).min(cap as u128) as usize
+    }
+}
+
 /// A sequence of a [`Scheduler`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct SequenceId(pub u64);
@@ -77,6 +90,9 @@ pub struct Scheduler {
     tokenizer: Arc<Tokenizer>,
     opts: SchedulerOptions,
     batch: Batch,
+    /// The KV pool: one cache per sequence the scheduler holds, and
+    /// whether a sequence has it.
+    pool: Vec<(KvCache, bool)>,
     sequences: Vec<Sequence>,
     next_id: u64,
 }
@@ -91,6 +107,8 @@ enum Phase {
 
 struct Sequence {
     id: SequenceId,
+    /// Its cache in the pool.
+    block: usize,
     engine: Engine,
     cache: BoundedCache,
     prompt: Vec<u32>,
@@ -132,6 +150,7 @@ impl Scheduler {
                     opts.step_tokens
                 );
             }
+            let pool = kv_pool(&llm.model, &opts)?;
             let batch = Batch::new(
                 llm.model.clone(),
                 opts.step_tokens,
@@ -143,6 +162,7 @@ impl Scheduler {
                 tokenizer: llm.tokenizer.clone(),
                 opts,
                 batch,
+                pool,
                 sequences: vec![],
                 next_id: 0,
             })
@@ -153,6 +173,11 @@ impl Scheduler {
     /// Sequences not finished.
     pub fn active(&self) -> usize {
         self.sequences.len()
+    }
+
+    /// The sequences not finished, oldest first.
+    pub fn sequences(&self) -> Vec<SequenceId> {
+        self.sequences.iter().map(|s| s.id).collect()
     }
 
     /// Adds a generation of `prompt` with `opts`, its own cache (None: the
@@ -203,6 +228,13 @@ impl Scheduler {
             .unwrap_or(CacheOptions::new(Policy::Full, 0, 0));
         let layers = self.model.config.num_layers;
         let cache = BoundedCache::new(cache_opts, layers)?;
+        if let Some(slots) = cache.capacity().filter(|&c| c > self.opts.max_context) {
+            bail_kind!(
+                ErrorKind::InvalidOptions,
+                "the cache takes {slots} slots (budget + chunk); a sequence of this scheduler holds {} (max_context)",
+                self.opts.max_context
+            );
+        }
         if cache.capacity().is_none() && prompt.len() > self.opts.max_context {
             bail_kind!(
                 ErrorKind::PromptTooLong,
@@ -212,13 +244,24 @@ impl Scheduler {
             );
         }
         let rows = self.opts.step_tokens;
-        let engine_opts = cache.engine_options(self.opts.max_context, rows, 1);
+        let block = self
+            .pool
+            .iter()
+            .position(|(_, busy)| !busy)
+            .expect("fewer sequences than max_sequences leave a cache free");
+        let engine_opts = EngineOptions {
+            kv_cache: Some(self.pool[block].0.clone()),
+            ..cache.engine_options(self.opts.max_context, rows, 1)
+        };
         let engine = self.batch.sequence(engine_opts)?;
+        // A fresh engine: no entry of the cache's previous sequence is read.
+        self.pool[block].1 = true;
         engine.reset_seen(prompt);
         let id = SequenceId(self.next_id);
         self.next_id += 1;
         self.sequences.push(Sequence {
             id,
+            block,
             engine,
             cache,
             prompt: prompt.to_vec(),
@@ -291,7 +334,7 @@ impl Scheduler {
                 let mut failed: Vec<usize> = parts.iter().map(|p| p.index).collect();
                 failed.sort_unstable();
                 for &i in failed.iter().rev() {
-                    self.sequences.remove(i);
+                    self.remove(i);
                 }
                 return Err(e);
             }
@@ -428,7 +471,7 @@ impl Scheduler {
 
     /// Removes sequence `i` (freeing its cache) and returns its generation.
     fn finish(&mut self, i: usize, stop: StopReason) -> (SequenceId, Generation) {
-        let mut s = self.sequences.remove(i);
+        let mut s = self.remove(i);
         let text = s
             .text
             .take()
@@ -452,4 +495,45 @@ impl Scheduler {
         };
         (s.id, generation)
     }
+
+    /// Removes sequence `i`, its cache back in the pool.
+    fn remove(&mut self, i: usize) -> Sequence {
+        let s = self.sequences.remove(i);
+        self.pool[s.block].1 = false;
+        s
+    }
+}
+
+/// The KV pool of a scheduler: `max_sequences` caches of `max_context`
+/// slots, refused before anything is allocated where it cannot fit the
+/// device, and allocated once.
+fn kv_pool(model: &Model, opts: &SchedulerOptions) -> anyhow::Result<Vec<(KvCache, bool)>> {
+    let bytes = slot_bytes(model) * (opts.max_sequences as u128) * (opts.max_context as u128);
+    let describe = || {
+        format!(
+            "the KV pool of {} sequences (max_sequences) of {} slots (max_context) needs {:.1} MiB",
+            opts.max_sequences,
+            opts.max_context,
+            bytes as f64 / 1048576.0
+        )
+    };
+    let ceiling = model.gpu.memory_ceiling() as u128;
+    if bytes + model.weight_bytes as u128 > ceiling {
+        bail_kind!(
+            ErrorKind::GpuOutOfMemory,
+            "{}; with {:.1} MiB of weights that is more than this device can hold ({:.1} MiB at most)",
+            describe(),
+            model.weight_bytes as f64 / 1048576.0,
+            ceiling as f64 / 1048576.0
+        );
+    }
+    (0..opts.max_sequences)
+        .map(|_| Ok((KvCache::new(model, opts.max_context, None)?, false)))
+        .collect::<anyhow::Result<Vec<_>>>()
+        .with_context(describe)
+}
+
+/// Bytes of one cache slot: every layer's key and value.
+fn slot_bytes(model: &Model) -> u128 {
+    model.heads().kv_row_bytes() as u128 * 2 * model.config.num_layers as u128
 }

@@ -10,7 +10,7 @@ use sieve::eval::fidelity::{fidelity_document, RunConfig};
 use sieve::eviction::Policy;
 use sieve::formats::WeightFormat;
 use sieve::model::{LoadOptions, Model};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
 fn read_json(p: &Path) -> Value {
@@ -99,84 +99,6 @@ fn fidelity_matches_the_reference_metrics() {
             }
         }
     }
-}
-
-/// A 2-layer Llama with random weights and the SmolLM2 tokenizer (vocab
-/// 49152), so that text-level commands run in seconds.
-fn tiny_text_model() -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("sieve-tiny-text-{}", std::process::id()));
-    if dir.join("model.safetensors").exists() {
-        return dir;
-    }
-    std::fs::create_dir_all(&dir).unwrap();
-    let smol = golden_dir().join("smollm2-135m");
-    for f in [
-        "tokenizer.json",
-        "tokenizer_config.json",
-        "special_tokens_map.json",
-    ] {
-        std::fs::copy(smol.join(f), dir.join(f)).unwrap();
-    }
-    let (v, h, heads, kv, hd, inter, layers) = (49152usize, 64, 4, 2, 16, 128, 2);
-    let config = serde_json::json!({
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama",
-        "hidden_size": h, "intermediate_size": inter, "num_hidden_layers": layers,
-        "num_attention_heads": heads, "num_key_value_heads": kv, "head_dim": hd,
-        "vocab_size": v, "max_position_embeddings": 8192, "rms_norm_eps": 1e-5,
-        "rope_theta": 10000.0, "tie_word_embeddings": true, "hidden_act": "silu",
-        "bos_token_id": 1, "eos_token_id": 2, "torch_dtype": "float32"
-    });
-    std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
-    let mut state = 0x2545F4914F6CDD1Du64;
-    let mut random = |n: usize, scale: f32, offset: f32| -> Vec<u8> {
-        (0..n)
-            .flat_map(|_| {
-                state ^= state << 13;
-                state ^= state >> 7;
-                state ^= state << 17;
-                let u = (state >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0;
-                (offset + scale * u).to_le_bytes()
-            })
-            .collect()
-    };
-    let mut data: Vec<(String, Vec<usize>, Vec<u8>)> = vec![
-        (
-            "model.embed_tokens.weight".into(),
-            vec![v, h],
-            random(v * h, 0.1, 0.0),
-        ),
-        ("model.norm.weight".into(), vec![h], random(h, 0.1, 1.0)),
-    ];
-    for l in 0..layers {
-        let p = format!("model.layers.{l}.");
-        for (n, shape) in [
-            ("self_attn.q_proj.weight", vec![heads * hd, h]),
-            ("self_attn.k_proj.weight", vec![kv * hd, h]),
-            ("self_attn.v_proj.weight", vec![kv * hd, h]),
-            ("self_attn.o_proj.weight", vec![h, heads * hd]),
-            ("mlp.gate_proj.weight", vec![inter, h]),
-            ("mlp.up_proj.weight", vec![inter, h]),
-            ("mlp.down_proj.weight", vec![h, inter]),
-        ] {
-            let n_el = shape.iter().product();
-            data.push((format!("{p}{n}"), shape, random(n_el, 0.15, 0.0)));
-        }
-        for n in ["input_layernorm.weight", "post_attention_layernorm.weight"] {
-            data.push((format!("{p}{n}"), vec![h], random(h, 0.1, 1.0)));
-        }
-    }
-    let views: Vec<(String, safetensors::tensor::TensorView)> = data
-        .iter()
-        .map(|(n, s, d)| {
-            let view = safetensors::tensor::TensorView::new(safetensors::Dtype::F32, s.clone(), d)
-                .unwrap();
-            (n.clone(), view)
-        })
-        .collect();
-    let tmp = dir.join("model.safetensors.partial");
-    safetensors::serialize_to_file(views, None, &tmp).unwrap();
-    std::fs::rename(tmp, dir.join("model.safetensors")).unwrap();
-    dir
 }
 
 fn sieve(args: &[&str]) -> (bool, String, String) {
@@ -320,6 +242,8 @@ fn eval_commands_end_to_end_on_a_tiny_model() {
                 shard,
                 "--max-new-tokens",
                 "8",
+                "--batch",
+                "1",
                 "--out",
                 &dir,
             ],
@@ -347,6 +271,8 @@ fn eval_commands_end_to_end_on_a_tiny_model() {
             "1",
             "--max-new-tokens",
             "40",
+            "--batch",
+            "1",
             "--out",
             &w("generate"),
         ],
@@ -364,8 +290,9 @@ fn eval_commands_end_to_end_on_a_tiny_model() {
         assert!(prefix <= full["generated"].as_u64().unwrap());
     }
 
-    // Stepped together (--batch 4), generate and task give the records
-    // they give one at a time (in the order they finish).
+    // Stepped together (generate: as many as fit, all 7; task: --batch 4),
+    // generate and task give the records they give one at a time (in the
+    // order they finish).
     let records = |dir: &str| -> std::collections::BTreeMap<String, Value> {
         std::fs::read_to_string(work.join(dir).join("results.jsonl"))
             .unwrap()
@@ -385,8 +312,6 @@ fn eval_commands_end_to_end_on_a_tiny_model() {
             "1",
             "--max-new-tokens",
             "40",
-            "--batch",
-            "4",
             "--out",
             &w("generate-batched"),
         ],

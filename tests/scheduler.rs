@@ -1,7 +1,8 @@
 //! The scheduler (many generations stepped together) against each
 //! generation run alone in a `Session`: the same tokens, text and stop
 //! reason, with different prompts, lengths, caches and policies, sequences
-//! joining when a place frees up, and a cancel; and its refusals.
+//! joining when a place frees up (on the KV cache its last sequence left),
+//! and a cancel; and its refusals.
 
 mod common;
 use common::golden_dir;
@@ -204,6 +205,33 @@ fn cancels_and_refusals() {
     .err()
     .unwrap();
     assert!(e.to_string().contains("step_tokens 1"), "{e}");
+    // A cache larger than a sequence of the pool; a pool larger than the device.
+    let mut s = Scheduler::new(&llm, opts_small()).unwrap();
+    let e = s
+        .add(
+            &[5],
+            GenerateOptions::default(),
+            Some(CacheOptions::new(Policy::Window, 100, 8)),
+            |_| true,
+        )
+        .unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidOptions);
+    assert!(
+        e.to_string().contains("108 slots") && e.to_string().contains("holds 64"),
+        "{e}"
+    );
+    let e = Scheduler::new(
+        &llm,
+        SchedulerOptions {
+            max_sequences: 4,
+            max_context: 1 << 40,
+            ..opts_small()
+        },
+    )
+    .err()
+    .unwrap();
+    assert_eq!(e.kind(), ErrorKind::GpuOutOfMemory);
+    assert!(e.to_string().contains("KV pool of 4 sequences"), "{e}");
 }
 
 fn opts_small() -> SchedulerOptions {

@@ -111,29 +111,106 @@ impl Activations {
 }
 
 /// Every layer's key and value cache, each split into pages where it is
-/// larger than one storage binding.
-pub(super) fn kv_cache(
-    gpu: &Runtime,
-    model: &Model,
-    opts: &EngineOptions,
-    bytes: &mut u64,
-) -> Result<(Vec<SlotPages>, Vec<SlotPages>)> {
-    let kv_row = model.heads().kv_row_bytes();
-    let mut k_cache = Vec::new();
-    let mut v_cache = Vec::new();
-    for l in 0..model.config.num_layers {
-        for (cache, what) in [(&mut k_cache, "key"), (&mut v_cache, "value")] {
-            let pages = SlotPages::new(
-                gpu,
-                &format!("layer {l} {what} cache"),
-                opts.max_slots,
-                kv_row,
-                KEY_CHUNK as usize,
-                opts.kv_page_slots,
-            )?;
-            *bytes += pages.bytes();
-            cache.push(pages);
-        }
+/// larger than one storage binding. An engine allocates its own, or is lent
+/// one (`EngineOptions::kv_cache`): a scheduler allocates one per sequence
+/// it can hold when it is made, and lends each to one sequence after
+/// another. Clones share the buffers.
+#[derive(Clone)]
+pub struct KvCache {
+    pub(super) k: Vec<SlotPages>,
+    pub(super) v: Vec<SlotPages>,
+}
+
+impl std::fmt::Debug for KvCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "KvCache({} slots, {} bytes)", self.slots(), self.bytes())
     }
-    Ok((k_cache, v_cache))
+}
+
+impl KvCache {
+    /// A cache of `slots` slots for every layer of `model`, in pages of at
+    /// most `page_slots` slots (`EngineOptions::kv_page_slots`). Buffers the
+    /// device cannot allocate are an error naming their size.
+    pub fn new(model: &Model, slots: usize, page_slots: Option<usize>) -> Result<KvCache> {
+        let gpu = &model.gpu;
+        let (cache, err) = gpu.catch_errors(|| Self::allocate(gpu, model, slots, page_slots));
+        let cache = cache?;
+        if let Some(err) = err {
+            crate::error::bail_kind!(
+                crate::error::ErrorKind::GpuOutOfMemory,
+                "the GPU cannot hold a KV cache of {slots} slots ({:.1} MiB): {err}",
+                cache.bytes() as f64 / 1048576.0
+            );
+        }
+        Ok(cache)
+    }
+
+    fn allocate(
+        gpu: &Runtime,
+        model: &Model,
+        slots: usize,
+        page_slots: Option<usize>,
+    ) -> Result<KvCache> {
+        let kv_row = model.heads().kv_row_bytes();
+        let mut cache = KvCache {
+            k: vec![],
+            v: vec![],
+        };
+        for l in 0..model.config.num_layers {
+            for (pages, what) in [(&mut cache.k, "key"), (&mut cache.v, "value")] {
+                pages.push(SlotPages::new(
+                    gpu,
+                    &format!("layer {l} {what} cache"),
+                    slots,
+                    kv_row,
+                    KEY_CHUNK as usize,
+                    page_slots,
+                )?);
+            }
+        }
+        Ok(cache)
+    }
+
+    /// Slots of each layer.
+    pub fn slots(&self) -> usize {
+        self.k.first().map_or(0, |p| p.slots)
+    }
+
+    /// Bytes of every layer's keys and values.
+    pub fn bytes(&self) -> u64 {
+        self.k.iter().chain(&self.v).map(SlotPages::bytes).sum()
+    }
+
+    /// The cache of an engine with `opts`: the lent one's first
+    /// `max_slots` slots, or its own (whose bytes count in `bytes`).
+    pub(super) fn for_engine(
+        model: &Model,
+        opts: &EngineOptions,
+        bytes: &mut u64,
+    ) -> Result<KvCache> {
+        let Some(lent) = &opts.kv_cache else {
+            let own = Self::allocate(&model.gpu, model, opts.max_slots, opts.kv_page_slots)?;
+            *bytes += own.bytes();
+            return Ok(own);
+        };
+        if lent.slots() < opts.max_slots || lent.k.len() != model.config.num_layers {
+            anyhow::bail!(
+                "a lent KV cache of {} layers and {} slots cannot hold an engine of {} layers and {} slots",
+                lent.k.len(),
+                lent.slots(),
+                model.config.num_layers,
+                opts.max_slots
+            );
+        }
+        let first = |pages: &[SlotPages]| -> Result<Vec<SlotPages>> {
+            pages
+                .iter()
+                .map(|p| p.first(&model.gpu, opts.max_slots))
+                .collect()
+        };
+        Ok(KvCache {
+            k: first(&lent.k)?,
+            v: first(&lent.v)?,
+        })
+    }
 }

@@ -15,9 +15,9 @@ mod layer;
 mod signals;
 
 pub use batch::{Batch, SeqStep};
-pub use buffers::SharedActivations;
+pub use buffers::{KvCache, SharedActivations};
 
-use buffers::{kv_cache, Activations};
+use buffers::Activations;
 
 pub use signals::{CcsMode, Signals};
 
@@ -60,6 +60,10 @@ pub struct EngineOptions {
     /// by `Batch::sequence`): its kernels read and write those buffers,
     /// its own `Step` uniform placing its rows; None: its own buffers.
     pub shared_activations: Option<SharedActivations>,
+    /// A cache lent to this engine (at least `max_slots` slots; a
+    /// scheduler's pool): it uses those buffers and allocates none. None:
+    /// its own.
+    pub kv_cache: Option<KvCache>,
 }
 
 /// Which rows of a step get logits, and whether to sample from the last one.
@@ -241,7 +245,10 @@ impl Engine {
                 (acts, capacity, None)
             }
         };
-        let (k_cache, v_cache) = kv_cache(&gpu, &model, &opts, &mut bytes)?;
+        let KvCache {
+            k: k_cache,
+            v: v_cache,
+        } = KvCache::for_engine(&model, &opts, &mut bytes)?;
         let layers = model
             .layers
             .iter()

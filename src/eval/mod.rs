@@ -46,18 +46,31 @@ pub type GreedyJob = (Vec<u32>, Option<CacheOptions>);
 /// Tokens of a prompt read in one step (as `greedy` reads it).
 const PROMPT_CHUNK: usize = 256;
 
+/// Most generations `greedy_jobs` steps together when not told: past a
+/// few dozen, a step is bound by the mat-muls' arithmetic and by every
+/// sequence's own attention dispatches, and more sequences add memory but
+/// little speed.
+pub const AUTO_BATCH_CAP: usize = 32;
+
 /// Greedy generations of `jobs` (prompt, cache), up to `max_new` tokens
 /// each, `batch` at a time stepped together (`Scheduler`: the weights read
-/// once a step for all of them); `done(job index, generation, seconds from
-/// its start to its end)` is called as each finishes, in that order. With
-/// `batch` 1 each runs alone, as `greedy`.
+/// once a step for all of them; None: as many as the jobs, the device's
+/// memory and `AUTO_BATCH_CAP` allow); `done(job index, generation, seconds
+/// from its start to its end)` is called as each finishes, in that order.
+/// With a batch of 1 each runs alone, as `greedy`.
 pub fn greedy_jobs(
     llm: &Llm,
     jobs: &[GreedyJob],
     max_new: usize,
-    batch: usize,
+    batch: Option<usize>,
     mut done: impl FnMut(usize, Generation, f64) -> Result<()>,
 ) -> Result<()> {
+    let max_context = jobs.iter().map(|(p, _)| p.len() + max_new + 1).max();
+    let max_context = max_context.unwrap_or(1);
+    let batch = batch.unwrap_or_else(|| {
+        SchedulerOptions::sequences_that_fit(&llm.model, max_context, AUTO_BATCH_CAP)
+            .min(jobs.len())
+    });
     if batch <= 1 {
         for (i, (prompt, cache)) in jobs.iter().enumerate() {
             let t = Instant::now();
@@ -66,11 +79,10 @@ pub fn greedy_jobs(
         }
         return Ok(());
     }
-    let max_context = jobs.iter().map(|(p, _)| p.len() + max_new + 1).max();
     let opts = SchedulerOptions {
         max_sequences: batch,
         step_tokens: PROMPT_CHUNK.max(batch),
-        max_context: max_context.unwrap_or(1),
+        max_context,
         cache: None,
     };
     let mut scheduler = Scheduler::new(llm, opts)?;

@@ -35,7 +35,8 @@ pub(crate) fn uniform_layout() -> super::UniformLayout {
 }
 
 /// `slots` rows of `row_bytes` each, in pages of `page_slots` rows (the last
-/// page may be shorter).
+/// page may be shorter). Clones share the buffers.
+#[derive(Clone)]
 pub struct SlotPages {
     pub buffers: Vec<wgpu::Buffer>,
     /// The `Page` uniform of each buffer.
@@ -136,6 +137,23 @@ impl SlotPages {
         pages
     }
 
+    /// The first `slots` rows as pages of their own, on the same buffers
+    /// (a pooled cache lent to a sequence that needs fewer slots).
+    pub fn first(&self, gpu: &Gpu, slots: usize) -> Result<Self> {
+        if slots == 0 || slots > self.slots {
+            bail!("{slots} slots asked of a buffer of {} slots", self.slots);
+        }
+        let pages = slots.div_ceil(self.page_slots);
+        let buffers = self.buffers[..pages].to_vec();
+        Ok(Self::with_buffers(
+            gpu,
+            buffers,
+            self.page_slots,
+            slots,
+            self.row_bytes,
+        ))
+    }
+
     pub fn n_pages(&self) -> usize {
         self.buffers.len()
     }
@@ -221,5 +239,10 @@ mod tests {
         assert_eq!(p.n_pages(), 3);
         assert_eq!(p.read::<u32>(&gpu, 70).unwrap(), data);
         assert_eq!(p.read::<u32>(&gpu, 33).unwrap(), data[..99]);
+        // The first slots as pages of their own, on the same buffers.
+        let first = p.first(&gpu, 40).unwrap();
+        assert_eq!((first.n_pages(), first.range(1)), (2, 32..40));
+        assert_eq!(first.read::<u32>(&gpu, 40).unwrap(), data[..120]);
+        assert!(p.first(&gpu, 71).is_err() && p.first(&gpu, 0).is_err());
     }
 }

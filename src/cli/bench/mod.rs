@@ -54,7 +54,9 @@ pub struct BenchArgs {
     /// Budget J for the decode-speed comparison with eviction.
     #[arg(long, default_value_t = 512)]
     pub budget: usize,
-    /// Tokens generated per policy in the decode-speed comparison (0 = skip).
+    /// Tokens generated per policy in the decode-speed comparison, and
+    /// batched decode steps timed with each policy's bounded cache
+    /// (--batch; refreshes every --chunk steps); 0 = skip both.
     #[arg(long, default_value_t = 0)]
     pub generate: usize,
     /// Benchmark a model of this shape with random weights made on the GPU
@@ -171,7 +173,18 @@ pub fn run(model: &std::sync::Arc<Model>, a: &BenchArgs) -> Result<serde_json::V
     let refresh = eviction::refresh(model, &policies, &a.refresh_sizes, a.chunk, step_ms)?;
     let generation = eviction::decode(model, &policies, a.budget, a.chunk, a.generate)?;
     let long_context = context::sweep(model, &policies, a)?;
-    let batched = batch::sweep(model, &a.batch, &a.depths, a.decode_steps)?;
+    let mut setups: Vec<batch::Setup> = a.depths.iter().map(|&d| batch::Setup::Depth(d)).collect();
+    let batched = batch::sweep(model, &a.batch, &setups, a.decode_steps)?;
+    setups = policies
+        .iter()
+        .filter(|&&p| p != Policy::Full)
+        .map(|&policy| batch::Setup::Evicting {
+            policy,
+            budget: a.budget,
+            chunk: a.chunk,
+        })
+        .collect();
+    let batched_evicting = batch::sweep(model, &a.batch, &setups, a.generate)?;
     let gpu_bytes = model.weight_bytes + e.buffer_bytes;
     let rss = peak_rss_bytes();
     println!(
@@ -205,6 +218,7 @@ pub fn run(model: &std::sync::Arc<Model>, a: &BenchArgs) -> Result<serde_json::V
         "decode_with_eviction": generation,
         "long_context": long_context,
         "batched_decode": batched,
+        "batched_decode_with_eviction": batched_evicting,
         "kernel_breakdown": kernels,
     }))
 }

@@ -29,10 +29,11 @@ pub struct TaskArgs {
     /// Tokens generated per problem at most.
     #[arg(long, default_value_t = 1024)]
     pub max_new_tokens: usize,
-    /// Generations stepped together (problems and configurations alike);
-    /// 1 runs each alone.
-    #[arg(long, default_value_t = 1, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
-    pub batch: usize,
+    /// Generations stepped together (problems and configurations alike); 1 runs each
+    /// alone. Default: as many as there are, at most 32 and as many as the
+    /// device's memory holds.
+    #[arg(long, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    pub batch: Option<usize>,
 }
 
 pub fn main(a: TaskArgs) -> Result<()> {

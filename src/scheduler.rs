@@ -444,6 +444,7 @@ impl Scheduler {
                 ids: &p.ids,
                 positions: &p.positions,
                 sample: p.samples.then_some((s.opts.sampling, s.steps)),
+                logits: false,
             };
             work.push((&mut s.engine, step));
         }

@@ -1,5 +1,5 @@
 //! Several sequences in one step (`engine::Batch`) against each sequence
-//! run alone: the same greedy tokens, with sequences of different prompts
+//! run alone: the same greedy tokens (and logits, within 1e-4), with sequences of different prompts
 //! and depths, a prompt read in the same step as other sequences' decode
 //! tokens, and sequences joining and leaving, on both tiny golden models
 //! with both kernel sets.
@@ -50,8 +50,9 @@ fn prompt(model: &Model, seed: u32, n: usize) -> Vec<u32> {
         .collect()
 }
 
-/// The prompt read in one step, then `steps` greedy tokens, alone.
-fn alone(model: &Arc<Model>, prompt: &[u32], steps: usize) -> Vec<u32> {
+/// The prompt read in one step, then `steps` greedy tokens, alone: the
+/// tokens and the logits each came from.
+fn alone(model: &Arc<Model>, prompt: &[u32], steps: usize) -> (Vec<u32>, Vec<Vec<f32>>) {
     let mut e = Engine::new(model.clone(), options()).unwrap();
     let pos: Vec<u32> = (0..prompt.len() as u32).collect();
     let out = StepOutput {
@@ -60,6 +61,7 @@ fn alone(model: &Arc<Model>, prompt: &[u32], steps: usize) -> Vec<u32> {
     };
     let mut tok = e.step(prompt, &pos, out).unwrap().unwrap();
     let mut got = vec![tok];
+    let mut logits = vec![e.read_logits(1).unwrap()];
     for s in 1..steps {
         let p = (prompt.len() + s - 1) as u32;
         let out = StepOutput {
@@ -68,8 +70,9 @@ fn alone(model: &Arc<Model>, prompt: &[u32], steps: usize) -> Vec<u32> {
         };
         tok = e.step(&[tok], &[p], out).unwrap().unwrap();
         got.push(tok);
+        logits.push(e.read_logits(1).unwrap());
     }
-    got
+    (got, logits)
 }
 
 /// One sequence of the batched run.
@@ -78,6 +81,10 @@ struct Seq {
     prompt: Vec<u32>,
     /// Tokens generated so far (the first from the prompt's step).
     got: Vec<u32>,
+    /// Whether it reads the logits of all its rows (`SeqStep::logits`),
+    /// and those of its last row at each step.
+    reads_logits: bool,
+    logits: Vec<Vec<f32>>,
     /// Steps to generate.
     steps: usize,
     /// The batched step at which its prompt is read.
@@ -113,6 +120,8 @@ fn check(name: &str, kernels: KernelSet) {
             engine: batch.sequence(options()).unwrap(),
             prompt: prompt(&model, i as u32 + 1, n),
             got: vec![],
+            reads_logits: i % 2 == 0,
+            logits: vec![],
             steps,
             joins,
         })
@@ -138,19 +147,37 @@ fn check(name: &str, kernels: KernelSet) {
                     ids,
                     positions: pos,
                     sample: greedy(*counter),
+                    logits: s.reads_logits,
                 };
                 (&mut s.engine, step)
             })
             .collect();
         let tokens = batch.step(&mut work).unwrap();
         drop(work);
-        for (s, t) in running.iter_mut().zip(tokens) {
+        let mut row0 = 0;
+        for ((s, t), (ids, _, _)) in running.iter_mut().zip(tokens).zip(&parts) {
             s.got.push(t.unwrap());
+            row0 += ids.len();
+            if s.reads_logits {
+                s.logits.push(batch.read_logits(row0 - 1..row0).unwrap());
+            }
         }
     }
     for (i, s) in seqs.iter().enumerate() {
-        let want = alone(&model, &s.prompt, s.steps);
+        let (want, logits) = alone(&model, &s.prompt, s.steps);
         assert_eq!(s.got, want, "{name} {kernels:?}: sequence {i}");
+        for (step, (got, want)) in s.logits.iter().zip(&logits).enumerate() {
+            let diff = got
+                .iter()
+                .zip(want)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0f32, f32::max);
+            assert!(
+                diff < 1e-4,
+                "{name} {kernels:?}: sequence {i} step {step}: logits differ by {diff}"
+            );
+        }
+        assert_eq!(s.logits.len(), if s.reads_logits { s.steps } else { 0 });
     }
 }
 
@@ -178,6 +205,7 @@ fn bad_batched_steps_are_errors() {
         ids: &ids,
         positions: &pos,
         sample: None,
+        logits: false,
     };
     let err = batch.step(&mut [(&mut stranger, part)]).unwrap_err();
     assert!(
@@ -275,6 +303,7 @@ fn bounded_caches_with_different_policies_share_steps() {
                     ids,
                     positions: &positions,
                     sample: greedy(1 + s as u32),
+                    logits: false,
                 };
                 (engine, step)
             })
@@ -329,7 +358,7 @@ fn smollm2_batched_matches_alone() {
             .map(|text| llm.tokenizer.encode(text).unwrap())
             .collect();
         let steps = 6;
-        let want: Vec<Vec<u32>> = prompts.iter().map(|p| alone(&model, p, steps)).collect();
+        let want: Vec<Vec<u32>> = prompts.iter().map(|p| alone(&model, p, steps).0).collect();
         let mut batch = Batch::new(model.clone(), ROWS, ROWS, SLOTS).unwrap();
         let mut engines: Vec<Engine> = (0..3).map(|_| batch.sequence(options()).unwrap()).collect();
         let mut got: Vec<Vec<u32>> = vec![vec![]; 3];
@@ -350,6 +379,7 @@ fn smollm2_batched_matches_alone() {
                         ids,
                         positions: pos,
                         sample: greedy(1 + s as u32),
+                        logits: false,
                     };
                     (e, step)
                 })

@@ -64,8 +64,16 @@ fn fidelity_matches_the_reference_metrics() {
             })
             .collect();
         let mut fed = 0;
-        let sums = fidelity_document(&model, &ids, &base, &configs, |n| fed += n).unwrap();
+        let sums = fidelity_document(&model, &ids, &base, &configs, 1, |n| fed += n).unwrap();
         assert_eq!(fed, ids.len() * (1 + configs.len()));
+        // Stepped together, four runs a step (the full one among them):
+        // the same sums as one run at a time.
+        let together = fidelity_document(&model, &ids, &base, &configs, 4, |_| {}).unwrap();
+        assert_eq!(
+            serde_json::to_value(&together).unwrap(),
+            serde_json::to_value(&sums).unwrap(),
+            "{name}"
+        );
         for (p, m) in policies.iter().zip(&sums) {
             let g = &metrics[name][p];
             let f = |k: &str| g[k].as_f64().unwrap();
@@ -465,7 +473,7 @@ fn oracle_records_the_full_runs_attention() {
             })
             .collect();
         let mut fed = 0;
-        let sums = fidelity_document(&model, &ids, &base, &configs, |n| fed += n).unwrap();
+        let sums = fidelity_document(&model, &ids, &base, &configs, 8, |n| fed += n).unwrap();
         assert_eq!(fed, ids.len() * (2 + configs.len()));
         for (c, m) in configs.iter().zip(&sums) {
             assert!(m.positions > 0 && m.mean_kl().is_finite(), "{name} {c:?}");

@@ -40,6 +40,8 @@ pub struct SeqStep<'a> {
     /// Sample its next token from its last row, with these settings and
     /// step counter.
     pub sample: Option<(SamplingParams, u32)>,
+    /// Compute the logits of all its rows (`Batch::read_logits`).
+    pub logits: bool,
 }
 
 /// The shared part of a batched step: activation buffers for every row of
@@ -50,6 +52,8 @@ pub struct Batch {
     trunk: Engine,
     /// The most cache slots of a sequence (the attention partials' size).
     max_slots: usize,
+    /// The rows of the last step whose logits it computed.
+    last_logits: std::ops::Range<usize>,
 }
 
 /// Tells batches apart (an engine steps only in its own).
@@ -75,7 +79,11 @@ impl Batch {
         let trunk = Engine::new_with(model, opts, max_slots)?;
         let mut trunk = trunk;
         trunk.batch = Some(NEXT_BATCH.fetch_add(1, Ordering::Relaxed));
-        Ok(Batch { trunk, max_slots })
+        Ok(Batch {
+            trunk,
+            max_slots,
+            last_logits: 0..0,
+        })
     }
 
     /// An engine for one sequence of this batch, with `opts` (its cache
@@ -136,9 +144,22 @@ impl Batch {
         }
     }
 
+    /// The logits of rows `rows` of the last step (a sequence's rows follow
+    /// those of the sequences before it in the step), which must be rows
+    /// of sequences that asked for them (`SeqStep::logits`) or sampled.
+    pub fn read_logits(&self, rows: std::ops::Range<usize>) -> Result<Vec<f32>> {
+        let computed = &self.last_logits;
+        if rows.start < computed.start || rows.end > computed.end {
+            bail!("logits of rows {rows:?} asked; the last step computed rows {computed:?}");
+        }
+        self.trunk
+            .read_logit_rows(rows.start - computed.start, rows.len())
+    }
+
     /// Records and submits one batched step; each sequence's `Submitted`
     /// is completed by its own engine, in the order of `seqs`.
     fn submit(&mut self, seqs: &mut [(&mut Engine, SeqStep)]) -> Result<Vec<Submitted>> {
+        self.last_logits = 0..0;
         let trunk = &mut self.trunk;
         let batch = trunk.batch;
         if seqs.is_empty() {
@@ -170,20 +191,25 @@ impl Batch {
                 trunk.opts.max_tokens
             );
         }
-        // Logits for the rows from the first to the last that samples.
-        let sampled_rows: Vec<usize> = seqs
+        // Logits for the rows from the first to the last that samples or
+        // asks for them.
+        let logit_rows: Vec<std::ops::Range<usize>> = seqs
             .iter()
             .zip(&rows)
-            .filter(|((_, s), _)| s.sample.is_some())
-            .map(|(_, &(r0, n))| r0 + n - 1)
+            .filter_map(|((_, s), &(r0, n))| match (s.logits, s.sample) {
+                (true, _) => Some(r0..r0 + n),
+                (false, Some(_)) => Some(r0 + n - 1..r0 + n),
+                (false, None) => None,
+            })
             .collect();
-        let (logit_row0, n_logits) = match (sampled_rows.first(), sampled_rows.last()) {
-            (Some(&a), Some(&b)) => (a, b - a + 1),
+        let (logit_row0, n_logits) = match (logit_rows.first(), logit_rows.last()) {
+            (Some(a), Some(b)) => (a.start, b.end - a.start),
             _ => (0, 0),
         };
+        let logit_range = logit_row0..logit_row0 + n_logits;
         if n_logits > trunk.opts.max_logit_rows {
             bail!(
-                "the batched step needs logits for rows {logit_row0}..={}, {n_logits} rows; the batch computes at most {} (put the sequences that sample together)",
+                "the batched step needs logits for rows {logit_row0}..={}, {n_logits} rows; the batch computes at most {} (put the sequences that sample or read logits together)",
                 logit_row0 + n_logits - 1,
                 trunk.opts.max_logit_rows
             );
@@ -310,6 +336,7 @@ impl Batch {
                 n_tokens: n,
             });
         }
+        self.last_logits = logit_range;
         Ok(submitted)
     }
 }

@@ -677,16 +677,22 @@ impl Engine {
     /// An error when a row holds NaN or infinity, naming the row: a
     /// non-finite answer is never returned as if it were one.
     pub fn read_logits(&self, n_logits: usize) -> Result<Vec<f32>> {
+        self.read_logit_rows(0, n_logits)
+    }
+
+    /// Rows `first..first + n` of the logits buffer (row 0 is the step's
+    /// first logit row), checked finite.
+    fn read_logit_rows(&self, first: usize, n: usize) -> Result<Vec<f32>> {
         let vocab = self.model.config.vocab_size;
-        let logits: Vec<f32> = self
-            .model
-            .gpu
-            .read(&self.acts.logits, 0, n_logits * vocab)?;
+        let logits: Vec<f32> =
+            self.model
+                .gpu
+                .read(&self.acts.logits, (first * vocab) as u64, n * vocab)?;
         if let Some(i) = logits.iter().position(|v| !v.is_finite()) {
             crate::error::bail_kind!(
                 crate::error::ErrorKind::NonFiniteLogits,
-                "logit row {} of {n_logits} (token {} of the vocabulary) is {} (non-finite weights, or values that overflowed)",
-                i / vocab,
+                "logit row {} of {n} (token {} of the vocabulary) is {} (non-finite weights, or values that overflowed)",
+                first + i / vocab,
                 i % vocab,
                 logits[i]
             );

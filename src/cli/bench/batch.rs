@@ -167,6 +167,7 @@ fn time_steps(model: &Arc<Model>, b: usize, setup: Setup, steps: usize) -> Resul
                     ids,
                     positions: &pos,
                     sample: Some((SamplingParams::default(), s as u32)),
+                    logits: false,
                 };
                 (e, step)
             })

@@ -9,8 +9,9 @@ use std::time::Instant;
 
 use super::{report, unit_key, Progress, SweepArgs};
 use sieve::eval::datasets::{data_dir, DocumentSource};
-use sieve::eval::fidelity::fidelity_document;
+use sieve::eval::fidelity::{fidelity_document, runs_that_fit};
 use sieve::eval::store::ResultStore;
+use sieve::eval::AUTO_BATCH_CAP;
 use sieve::eviction::Policy;
 use sieve::session::Llm;
 
@@ -34,6 +35,11 @@ pub struct FidelityArgs {
     /// Tokens per document (longer ones are cut; prose is split into pieces this long).
     #[arg(long, default_value_t = 1024)]
     pub doc_tokens: usize,
+    /// Runs stepped together (the full cache and each configuration); 1
+    /// runs each alone. Default: all, at most 32 and as many as the
+    /// logits of a step fit one storage binding.
+    #[arg(long, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    pub batch: Option<usize>,
 }
 
 pub fn main(a: FidelityArgs) -> Result<()> {
@@ -90,7 +96,10 @@ pub fn main(a: FidelityArgs) -> Result<()> {
         }
         progress.set_message(doc.id.clone());
         let t = Instant::now();
-        let sums = fidelity_document(&llm.model, &doc.tokens, &base, &todo, |n| {
+        let batch = a.batch.unwrap_or_else(|| {
+            runs_that_fit(&llm.model, base.chunk, AUTO_BATCH_CAP).min(todo.len() + 1)
+        });
+        let sums = fidelity_document(&llm.model, &doc.tokens, &base, &todo, batch, |n| {
             progress.inc(n as u64)
         })?;
         let seconds = t.elapsed().as_secs_f64();

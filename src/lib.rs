@@ -69,6 +69,8 @@ pub mod model;
 pub mod profile;
 pub mod progress;
 pub mod scheduler;
+#[cfg(feature = "server")]
+pub mod server;
 pub mod session;
 pub mod shaders;
 mod spirv;

@@ -31,6 +31,9 @@ enum Command {
     ConvertGguf(cli::convert::ConvertArgs),
     /// Measure eviction quality: fidelity, generation, needle, tasks, explain.
     Eval(cli::eval::EvalArgs),
+    /// Serve the OpenAI chat and completions API over HTTP.
+    #[cfg(feature = "server")]
+    Serve(cli::serve::ServeArgs),
 }
 
 /// Mesa's Vulkan drivers print "XDG_RUNTIME_DIR is invalid or not set in the
@@ -63,14 +66,20 @@ fn private_runtime_dir() {}
 
 fn main() {
     private_runtime_dir();
+    let cli = Cli::parse();
     // Ctrl-C or a kill: remove what is half written (temporary output files,
     // a partial converted model) before exiting with the shell's status for
-    // an interrupt.
-    let _ = ctrlc::set_handler(|| {
-        sieve::files::remove_unfinished();
-        std::process::exit(130);
-    });
-    let cli = Cli::parse();
+    // an interrupt. The server handles both itself: it drains its requests.
+    #[cfg(feature = "server")]
+    let serving = matches!(cli.command, Command::Serve(_));
+    #[cfg(not(feature = "server"))]
+    let serving = false;
+    if !serving {
+        let _ = ctrlc::set_handler(|| {
+            sieve::files::remove_unfinished();
+            std::process::exit(130);
+        });
+    }
     let result = match cli.command {
         Command::Run(a) => cli::run::main(a),
         Command::Tokenize(a) => cli::tokenize::main(a),
@@ -79,6 +88,8 @@ fn main() {
         Command::Bench(a) => cli::bench::main(a),
         Command::ConvertGguf(a) => cli::convert::main(a),
         Command::Eval(a) => cli::eval::main(a),
+        #[cfg(feature = "server")]
+        Command::Serve(a) => cli::serve::main(a),
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");

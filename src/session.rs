@@ -30,7 +30,8 @@ use crate::model::{LoadOptions, Model};
 use crate::progress::Progress;
 use crate::tokenizer::{Message, StreamDecoder, Tokenizer};
 
-/// A model and its tokenizer.
+/// A model and its tokenizer (clones share them).
+#[derive(Clone)]
 pub struct Llm {
     pub model: Arc<Model>,
     pub tokenizer: Arc<Tokenizer>,

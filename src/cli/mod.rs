@@ -6,6 +6,8 @@ pub mod eval;
 pub mod info;
 pub mod logits;
 pub mod run;
+#[cfg(feature = "server")]
+pub mod serve;
 pub mod tokenize;
 
 use anyhow::{bail, Context, Result};

@@ -1,0 +1,558 @@
+//! OpenAI's request and response shapes: the fields sieve reads from a
+//! chat or text completion request, each checked with an error naming it,
+//! the error object, and the response and stream chunk objects.
+
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde_json::{json, Map, Value};
+
+use crate::cache::CacheOptions;
+use crate::eviction::Policy;
+use crate::kernels::sample::SamplingParams;
+use crate::session::{Generation, StopReason};
+use crate::tokenizer::Message;
+
+/// An error as OpenAI sends it: a status and
+/// `{"error": {"message", "type", "param", "code"}}`.
+#[derive(Debug)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub message: String,
+    pub kind: &'static str,
+    pub param: Option<String>,
+    pub code: Option<&'static str>,
+    /// Seconds for a `Retry-After` header (429).
+    pub retry_after: Option<u64>,
+}
+
+impl ApiError {
+    /// A 400 `invalid_request_error` about `param`.
+    pub fn invalid(param: Option<&str>, message: impl Into<String>) -> Self {
+        ApiError {
+            status: StatusCode::BAD_REQUEST,
+            message: message.into(),
+            kind: "invalid_request_error",
+            param: param.map(str::to_string),
+            code: None,
+            retry_after: None,
+        }
+    }
+
+    pub fn with_code(mut self, code: &'static str) -> Self {
+        self.code = Some(code);
+        self
+    }
+
+    pub fn status(status: StatusCode, kind: &'static str, message: impl Into<String>) -> Self {
+        ApiError {
+            status,
+            kind,
+            ..ApiError::invalid(None, message)
+        }
+    }
+
+    /// The `error` object (also sent as a stream chunk after a failure
+    /// once the stream has started).
+    pub fn body(&self) -> Value {
+        json!({"error": {
+            "message": self.message, "type": self.kind, "param": self.param, "code": self.code,
+        }})
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut response = (self.status, axum::Json(self.body())).into_response();
+        if let Some(seconds) = self.retry_after {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(seconds));
+        }
+        response
+    }
+}
+
+/// What a chat or text completion request asks for, besides its prompt.
+#[derive(Clone, Debug)]
+pub struct Generate {
+    /// None: up to the context's end.
+    pub max_tokens: Option<usize>,
+    pub sampling: SamplingParams,
+    pub stop: Vec<String>,
+    pub stream: bool,
+    pub include_usage: bool,
+}
+
+/// The body as a JSON object.
+pub fn parse_body(bytes: &[u8]) -> Result<Map<String, Value>, ApiError> {
+    match serde_json::from_slice::<Value>(bytes) {
+        Ok(Value::Object(map)) => Ok(map),
+        Ok(_) => Err(ApiError::invalid(
+            None,
+            "the request body must be a JSON object",
+        )),
+        Err(e) => Err(ApiError::invalid(
+            None,
+            format!("the request body is not valid JSON: {e}"),
+        )),
+    }
+}
+
+/// A field of `body` that, when present and not null, has this type.
+fn field<'a, T>(
+    body: &'a Map<String, Value>,
+    key: &str,
+    what: &str,
+    get: impl Fn(&'a Value) -> Option<T>,
+) -> Result<Option<T>, ApiError> {
+    match body.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => get(v)
+            .map(Some)
+            .ok_or_else(|| ApiError::invalid(Some(key), format!("'{key}' must be {what}"))),
+    }
+}
+
+fn number_in(
+    body: &Map<String, Value>,
+    key: &str,
+    lo: f64,
+    hi: f64,
+) -> Result<Option<f64>, ApiError> {
+    let v = field(body, key, "a number", Value::as_f64)?;
+    match v {
+        Some(x) if !(lo..=hi).contains(&x) => Err(ApiError::invalid(
+            Some(key),
+            format!("'{key}' is {x}; it must be between {lo} and {hi}"),
+        )),
+        _ => Ok(v),
+    }
+}
+
+/// The generation fields shared by chat and text completions.
+pub fn parse_generate(body: &Map<String, Value>) -> Result<Generate, ApiError> {
+    let n = field(body, "n", "an integer", Value::as_u64)?;
+    if n.is_some_and(|n| n != 1) {
+        return Err(ApiError::invalid(
+            Some("n"),
+            "only one choice per request is supported ('n' must be 1)",
+        ));
+    }
+    for key in ["frequency_penalty", "presence_penalty"] {
+        if number_in(body, key, -2.0, 2.0)?.is_some_and(|x| x != 0.0) {
+            return Err(ApiError::invalid(
+                Some(key),
+                format!("'{key}' is not supported (only 0)"),
+            ));
+        }
+    }
+    if field(body, "logprobs", "a boolean", Value::as_bool)? == Some(true) {
+        return Err(ApiError::invalid(
+            Some("logprobs"),
+            "'logprobs' is not supported",
+        ));
+    }
+    let mut max_tokens = None;
+    for key in ["max_completion_tokens", "max_tokens"] {
+        let v = field(body, key, "a positive integer", |v| {
+            v.as_u64().filter(|&n| n >= 1)
+        })?;
+        max_tokens = max_tokens.or(v);
+    }
+    let temperature = number_in(body, "temperature", 0.0, 2.0)?.unwrap_or(1.0);
+    let top_p = number_in(body, "top_p", 0.0, 1.0)?.unwrap_or(1.0);
+    if top_p == 0.0 {
+        return Err(ApiError::invalid(
+            Some("top_p"),
+            "'top_p' must be greater than 0",
+        ));
+    }
+    let seed = field(body, "seed", "an integer", |v| {
+        v.as_u64().or(v.as_i64().map(|s| s as u64))
+    })?;
+    let stop = match body.get("stop") {
+        None | Some(Value::Null) => vec![],
+        Some(Value::String(s)) => vec![s.clone()],
+        Some(Value::Array(items)) => items
+            .iter()
+            .map(|s| s.as_str().map(str::to_string))
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(|| {
+                ApiError::invalid(Some("stop"), "'stop' must be a string or a list of strings")
+            })?,
+        Some(_) => {
+            return Err(ApiError::invalid(
+                Some("stop"),
+                "'stop' must be a string or a list of strings",
+            ))
+        }
+    };
+    if stop.len() > 4 || stop.iter().any(String::is_empty) {
+        return Err(ApiError::invalid(
+            Some("stop"),
+            "'stop' takes at most 4 strings, none empty",
+        ));
+    }
+    let stream = field(body, "stream", "a boolean", Value::as_bool)?.unwrap_or(false);
+    let include_usage = match body.get("stream_options") {
+        None | Some(Value::Null) => false,
+        Some(Value::Object(o)) => field(o, "include_usage", "a boolean", Value::as_bool)
+            .map_err(|mut e| {
+                e.param = Some("stream_options.include_usage".into());
+                e
+            })?
+            .unwrap_or(false),
+        Some(_) => {
+            return Err(ApiError::invalid(
+                Some("stream_options"),
+                "'stream_options' must be an object",
+            ))
+        }
+    };
+    let sampling = SamplingParams {
+        temperature: temperature as f32,
+        top_p: top_p as f32,
+        seed: seed.unwrap_or(0),
+        ..SamplingParams::GREEDY
+    };
+    Ok(Generate {
+        max_tokens: max_tokens.map(|n| n.min(usize::MAX as u64) as usize),
+        sampling,
+        stop,
+        stream,
+        include_usage,
+    })
+}
+
+/// The cache of a request: the server's (`base`), or the policy and
+/// budget its `"sieve": {"policy", "budget"}` extension asks for, with the
+/// server's chunk, sinks and recent entries; at most `max_slots` slots.
+pub fn parse_cache(
+    body: &Map<String, Value>,
+    base: &CacheOptions,
+    max_slots: usize,
+) -> Result<CacheOptions, ApiError> {
+    let ext = match body.get("sieve") {
+        None | Some(Value::Null) => return Ok(*base),
+        Some(Value::Object(o)) => o,
+        Some(_) => {
+            return Err(ApiError::invalid(
+                Some("sieve"),
+                "'sieve' must be an object: {\"policy\": NAME, \"budget\": J}",
+            ))
+        }
+    };
+    let named = |mut e: ApiError| {
+        e.param = e.param.map(|p| format!("sieve.{p}"));
+        e.message = format!("sieve.{}", e.message.trim_start_matches('\''));
+        e
+    };
+    let policy = match field(ext, "policy", "a policy name", Value::as_str).map_err(named)? {
+        None => base.policy,
+        Some(name) => Policy::parse(name)
+            .ok()
+            .filter(|p| !p.needs_future())
+            .ok_or_else(|| {
+                let names: Vec<&str> = Policy::ALL
+                    .iter()
+                    .filter(|(_, p)| !p.needs_future())
+                    .map(|(n, _)| *n)
+                    .collect();
+                ApiError::invalid(
+                    Some("sieve.policy"),
+                    format!(
+                        "sieve.policy '{name}' is not a policy for generation ({})",
+                        names.join(", ")
+                    ),
+                )
+            })?,
+    };
+    let budget = field(ext, "budget", "a positive integer", |v| {
+        v.as_u64().filter(|&b| b >= 1)
+    })
+    .map_err(named)?;
+    let opts = CacheOptions {
+        policy,
+        budget: budget.map_or(base.budget, |b| b.min(usize::MAX as u64) as usize),
+        ..*base
+    };
+    if policy == Policy::Full {
+        return Ok(opts);
+    }
+    let bad_budget = |message: String| ApiError::invalid(Some("sieve.budget"), message);
+    if opts.budget == 0 {
+        return Err(bad_budget(format!(
+            "sieve.budget is needed for policy '{}'",
+            policy.name()
+        )));
+    }
+    if opts.budget.saturating_add(opts.chunk) > max_slots {
+        return Err(bad_budget(format!(
+            "sieve.budget {} and the server's chunk {} take more than the {max_slots} cache slots of a sequence (--max-context)",
+            opts.budget, opts.chunk
+        )));
+    }
+    opts.validate().map_err(|e| bad_budget(e.to_string()))?;
+    Ok(opts)
+}
+
+/// The messages of a chat request: roles system (or developer), user and
+/// assistant, content a string or a list of text parts.
+pub fn parse_messages(body: &Map<String, Value>) -> Result<Vec<Message>, ApiError> {
+    let Some(Value::Array(items)) = body.get("messages") else {
+        return Err(ApiError::invalid(
+            Some("messages"),
+            "'messages' must be a list of messages",
+        ));
+    };
+    if items.is_empty() {
+        return Err(ApiError::invalid(
+            Some("messages"),
+            "'messages' must hold at least one message",
+        ));
+    }
+    items
+        .iter()
+        .enumerate()
+        .map(|(i, m)| {
+            let param = format!("messages[{i}]");
+            let bad = |what: &str| ApiError::invalid(Some(&param), format!("{param}: {what}"));
+            let m = m
+                .as_object()
+                .ok_or_else(|| bad("a message must be an object"))?;
+            let role = match m.get("role").and_then(Value::as_str) {
+                Some("system" | "developer") => "system",
+                Some("user") => "user",
+                Some("assistant") => "assistant",
+                Some(other) => {
+                    return Err(bad(&format!(
+                        "role '{other}' is not supported (system, developer, user or assistant)"
+                    )))
+                }
+                None => return Err(bad("'role' must be a string")),
+            };
+            let content = match m.get("content") {
+                Some(Value::String(s)) => s.clone(),
+                Some(Value::Array(parts)) => parts
+                    .iter()
+                    .map(|p| match (p.get("type"), p.get("text")) {
+                        (Some(Value::String(t)), Some(Value::String(text))) if t == "text" => {
+                            Some(text.as_str())
+                        }
+                        _ => None,
+                    })
+                    .collect::<Option<Vec<_>>>()
+                    .ok_or_else(|| bad("only text content parts are supported"))?
+                    .concat(),
+                _ => return Err(bad("'content' must be a string or a list of text parts")),
+            };
+            Ok(Message::new(role, &content))
+        })
+        .collect()
+}
+
+/// The prompt of a text completion: a string, or a list of one string.
+pub fn parse_prompt(body: &Map<String, Value>) -> Result<String, ApiError> {
+    let bad = || ApiError::invalid(Some("prompt"), "'prompt' must be a non-empty string");
+    let text = match body.get("prompt") {
+        Some(Value::String(s)) => s.clone(),
+        Some(Value::Array(items)) if items.len() == 1 => {
+            items[0].as_str().ok_or_else(bad)?.to_string()
+        }
+        Some(Value::Array(_)) => {
+            return Err(ApiError::invalid(
+                Some("prompt"),
+                "only one prompt per request is supported",
+            ))
+        }
+        _ => return Err(bad()),
+    };
+    if text.is_empty() {
+        return Err(bad());
+    }
+    Ok(text)
+}
+
+/// OpenAI's finish reason for a stop.
+pub fn finish_reason(stop: StopReason) -> &'static str {
+    match stop {
+        StopReason::Eos | StopReason::StopString | StopReason::Cancelled => "stop",
+        StopReason::MaxTokens | StopReason::ContextFull => "length",
+    }
+}
+
+/// The `usage` object.
+pub fn usage(g: &Generation) -> Value {
+    let (p, c) = (g.stats.prompt_tokens, g.stats.generated_tokens);
+    json!({
+        "prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c,
+        "prompt_tokens_details": {"cached_tokens": 0},
+    })
+}
+
+/// Which request kind a response answers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    Chat,
+    Text,
+}
+
+impl Kind {
+    fn object(self, chunk: bool) -> &'static str {
+        match (self, chunk) {
+            (Kind::Chat, false) => "chat.completion",
+            (Kind::Chat, true) => "chat.completion.chunk",
+            (Kind::Text, _) => "text_completion",
+        }
+    }
+
+    /// A choice carrying `text` (and `finish`, when it is the last).
+    fn choice(self, text: Option<&str>, finish: Option<&str>, chunk: bool) -> Value {
+        match (self, chunk) {
+            (Kind::Chat, false) => json!({
+                "index": 0, "message": {"role": "assistant", "content": text.unwrap_or("")},
+                "finish_reason": finish, "logprobs": null,
+            }),
+            (Kind::Chat, true) => {
+                let delta = match text {
+                    Some(t) => json!({"content": t}),
+                    None => json!({}),
+                };
+                json!({"index": 0, "delta": delta, "finish_reason": finish, "logprobs": null})
+            }
+            (Kind::Text, _) => json!({
+                "index": 0, "text": text.unwrap_or(""), "finish_reason": finish, "logprobs": null,
+            }),
+        }
+    }
+}
+
+/// What every response and chunk of one request repeats.
+#[derive(Clone, Debug)]
+pub struct Envelope {
+    pub kind: Kind,
+    pub id: String,
+    pub created: u64,
+    pub model: String,
+    /// The cache the request ran with: {"policy", "budget"}.
+    pub cache: Value,
+}
+
+impl Envelope {
+    fn object(&self, chunk: bool, choices: Vec<Value>) -> Value {
+        json!({
+            "id": self.id, "object": self.kind.object(chunk), "created": self.created,
+            "model": self.model, "choices": choices, "system_fingerprint": null,
+            "sieve": self.cache,
+        })
+    }
+
+    /// The whole answer of a request that does not stream.
+    pub fn response(&self, g: &Generation) -> Value {
+        let choice = self
+            .kind
+            .choice(Some(&g.text), Some(finish_reason(g.stats.stop)), false);
+        let mut v = self.object(false, vec![choice]);
+        v["usage"] = usage(g);
+        v
+    }
+
+    /// The first chunk of a chat stream: the assistant's role.
+    pub fn role_chunk(&self) -> Value {
+        let choice = json!({"index": 0, "delta": {"role": "assistant", "content": ""},
+            "finish_reason": null, "logprobs": null});
+        self.object(true, vec![choice])
+    }
+
+    /// A chunk of streamed text.
+    pub fn text_chunk(&self, text: &str) -> Value {
+        self.object(true, vec![self.kind.choice(Some(text), None, true)])
+    }
+
+    /// The chunk that ends a stream's choice.
+    pub fn finish_chunk(&self, stop: StopReason) -> Value {
+        let choice = self.kind.choice(None, Some(finish_reason(stop)), true);
+        self.object(true, vec![choice])
+    }
+
+    /// The last chunk with `stream_options.include_usage`: no choices.
+    pub fn usage_chunk(&self, g: &Generation) -> Value {
+        let mut v = self.object(true, vec![]);
+        v["usage"] = usage(g);
+        v
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn body(v: Value) -> Map<String, Value> {
+        v.as_object().unwrap().clone()
+    }
+
+    #[test]
+    fn generation_fields_are_checked_with_their_names() {
+        let ok = parse_generate(&body(json!({
+            "max_tokens": 5, "temperature": 0, "stop": "x", "stream": true,
+            "stream_options": {"include_usage": true}, "unknown": [1, 2],
+        })))
+        .unwrap();
+        assert_eq!(ok.max_tokens, Some(5));
+        assert_eq!(ok.stop, vec!["x".to_string()]);
+        assert!(ok.stream && ok.include_usage);
+        assert_eq!(ok.sampling.temperature, 0.0);
+        for (bad, param) in [
+            (json!({"max_tokens": -1}), "max_tokens"),
+            (json!({"max_tokens": 0}), "max_tokens"),
+            (
+                json!({"max_completion_tokens": "8"}),
+                "max_completion_tokens",
+            ),
+            (json!({"temperature": 3.5}), "temperature"),
+            (json!({"top_p": 0}), "top_p"),
+            (json!({"n": 2}), "n"),
+            (json!({"stop": [1]}), "stop"),
+            (json!({"stop": ["a", "b", "c", "d", "e"]}), "stop"),
+            (json!({"stream": "yes"}), "stream"),
+            (json!({"presence_penalty": 0.5}), "presence_penalty"),
+            (
+                json!({"stream_options": {"include_usage": 1}}),
+                "stream_options.include_usage",
+            ),
+        ] {
+            let e = parse_generate(&body(bad.clone())).unwrap_err();
+            assert_eq!(e.status, StatusCode::BAD_REQUEST, "{bad}");
+            assert_eq!(e.param.as_deref(), Some(param), "{bad}: {}", e.message);
+        }
+    }
+
+    #[test]
+    fn messages_are_checked_with_their_index() {
+        let m = parse_messages(&body(json!({"messages": [
+            {"role": "developer", "content": "Be brief."},
+            {"role": "user", "content": [{"type": "text", "text": "Hi "}, {"type": "text", "text": "there"}]},
+        ]})))
+        .unwrap();
+        assert_eq!(
+            (m[0].role.as_str(), m[1].content.as_str()),
+            ("system", "Hi there")
+        );
+        for (bad, param) in [
+            (json!({}), "messages"),
+            (json!({"messages": []}), "messages"),
+            (
+                json!({"messages": [{"role": "tool", "content": "x"}]}),
+                "messages[0]",
+            ),
+            (json!({"messages": [{"role": "user"}]}), "messages[0]"),
+            (
+                json!({"messages": [{"role": "user", "content": "a"}, 7]}),
+                "messages[1]",
+            ),
+        ] {
+            let e = parse_messages(&body(bad.clone())).unwrap_err();
+            assert_eq!(e.param.as_deref(), Some(param), "{bad}: {}", e.message);
+        }
+    }
+}

@@ -1,0 +1,510 @@
+//! `sieve serve` over loopback HTTP on a tiny model: answers (whole and
+//! streamed, chat and text) are the tokens a `Session` gives alone, also
+//! when several requests run at once; every bad request gets its status
+//! and OpenAI's error object; a client that goes mid-stream frees its
+//! sequence; a full queue is a 429; and the server keeps serving.
+
+mod common;
+use common::tiny_text_model;
+use serde_json::{json, Value};
+use sieve::cache::CacheOptions;
+use sieve::eviction::Policy;
+use sieve::model::LoadOptions;
+use sieve::session::{GenerateOptions, Llm, SessionOptions};
+use sieve::tokenizer::Message;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A running `sieve serve`, killed when dropped.
+struct Server {
+    child: Child,
+    address: String,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Server {
+    fn start(args: &[&str]) -> Server {
+        let model = tiny_text_model();
+        let mut child = Command::new(env!("CARGO_BIN_EXE_sieve"))
+            .args(["serve", "--model", model.to_str().unwrap(), "--port", "0"])
+            .args(["--max-context", "128", "--alias", "tiny"])
+            .args(args)
+            .env("NODEVICE_SELECT", "1")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let address = line
+            .split("http://")
+            .nth(1)
+            .and_then(|r| r.split_whitespace().next())
+            .unwrap_or_else(|| panic!("no address in {line:?}"))
+            .to_string();
+        let server = Server { child, address };
+        wait_for("the server to be healthy", || {
+            server.get("/health").0 == 200
+        });
+        server
+    }
+
+    /// Sends a request; returns the connection to read the answer from.
+    fn send(&self, method: &str, path: &str, headers: &[&str], body: &[u8]) -> TcpStream {
+        send(&self.address, method, path, headers, body)
+    }
+
+    fn request(&self, method: &str, path: &str, headers: &[&str], body: &[u8]) -> Response {
+        request(&self.address, method, path, headers, body)
+    }
+
+    fn get(&self, path: &str) -> Response {
+        match TcpStream::connect(&self.address) {
+            Ok(_) => self.request("GET", path, &[], b""),
+            Err(_) => (0, String::new(), String::new()),
+        }
+    }
+
+    fn post(&self, path: &str, body: &Value) -> Response {
+        self.request("POST", path, &[], body.to_string().as_bytes())
+    }
+
+    /// A Prometheus value of /metrics.
+    fn metric(&self, name: &str) -> u64 {
+        let (_, _, text) = self.get("/metrics");
+        text.lines()
+            .find_map(|l| l.strip_prefix(&format!("{name} ")))
+            .unwrap_or_else(|| panic!("{name} not in {text}"))
+            .trim()
+            .parse()
+            .unwrap()
+    }
+}
+
+type Response = (u16, String, String);
+
+/// Polls `done` until it holds; fails after two minutes.
+fn wait_for(what: &str, done: impl Fn() -> bool) {
+    let t = Instant::now();
+    while !done() {
+        assert!(
+            t.elapsed() < Duration::from_secs(120),
+            "waited in vain for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Sends a request to `address`; returns the connection to read the answer from.
+fn send(address: &str, method: &str, path: &str, headers: &[&str], body: &[u8]) -> TcpStream {
+    let mut s = TcpStream::connect(address).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
+    let mut head = format!(
+        "{method} {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\nContent-Length: {}\r\nContent-Type: application/json\r\n",
+        body.len()
+    );
+    for h in headers {
+        head.push_str(h);
+        head.push_str("\r\n");
+    }
+    head.push_str("\r\n");
+    s.write_all(head.as_bytes()).unwrap();
+    // The server may answer (413) before reading a large body.
+    let _ = s.write_all(body);
+    s
+}
+
+/// (status, headers, body) of a whole exchange.
+fn request(address: &str, method: &str, path: &str, headers: &[&str], body: &[u8]) -> Response {
+    let mut s = send(address, method, path, headers, body);
+    let mut raw = vec![];
+    let _ = s.read_to_end(&mut raw);
+    parse(&raw)
+}
+
+/// Status, headers and body (chunked transfer decoded).
+fn parse(raw: &[u8]) -> Response {
+    let text = String::from_utf8_lossy(raw).to_string();
+    let Some((head, body)) = text.split_once("\r\n\r\n") else {
+        return (0, text, String::new());
+    };
+    let status = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let chunked = head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked");
+    let body = if chunked {
+        let mut out = String::new();
+        let mut rest = body;
+        while let Some((size, after)) = rest.split_once("\r\n") {
+            let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
+            if n == 0 || after.len() < n {
+                break;
+            }
+            out.push_str(&after[..n]);
+            rest = after[n..].trim_start_matches("\r\n");
+        }
+        out
+    } else {
+        body.to_string()
+    };
+    (status, head.to_string(), body)
+}
+
+/// The JSON chunks of an SSE body, and whether it ended with [DONE].
+fn sse_chunks(body: &str) -> (Vec<Value>, bool) {
+    let mut chunks = vec![];
+    let mut done = false;
+    for data in body.lines().filter_map(|l| l.strip_prefix("data: ")) {
+        if data == "[DONE]" {
+            done = true;
+        } else {
+            chunks.push(serde_json::from_str(data).unwrap());
+        }
+    }
+    (chunks, done)
+}
+
+/// What a `Session` generates alone, greedily, for `prompt` tokens.
+fn alone(llm: &Llm, prompt: &[u32], max_new_tokens: usize) -> (String, usize) {
+    alone_with(llm, prompt, max_new_tokens, None)
+}
+
+fn alone_with(
+    llm: &Llm,
+    prompt: &[u32],
+    max_new_tokens: usize,
+    cache: Option<CacheOptions>,
+) -> (String, usize) {
+    let mut session = llm
+        .session(SessionOptions {
+            max_context: 128,
+            prefill_chunk: 64,
+            cache,
+        })
+        .unwrap();
+    let opts = GenerateOptions {
+        max_new_tokens,
+        ..Default::default()
+    };
+    let g = session.generate(prompt, &opts, |_| true).unwrap();
+    (g.text, g.stats.generated_tokens)
+}
+
+fn text_of(response: &Value, kind: &str) -> String {
+    match kind {
+        "chat" => response["choices"][0]["message"]["content"]
+            .as_str()
+            .unwrap()
+            .to_string(),
+        _ => response["choices"][0]["text"].as_str().unwrap().to_string(),
+    }
+}
+
+#[test]
+fn answers_are_those_of_a_session_alone_also_together() {
+    let server = Server::start(&["--parallel", "3", "--chunk", "16", "--recent", "8"]);
+    let llm = Llm::load(&tiny_text_model(), &LoadOptions::default()).unwrap();
+    let (status, _, body) = server.get("/v1/models");
+    assert_eq!(status, 200);
+    let models: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(models["data"][0]["id"], "tiny");
+
+    // A chat, whole: the template's prompt, greedy.
+    let messages = [Message::new("user", "What is the capital of France?")];
+    let prompt = llm.chat_prompt(&messages).unwrap();
+    let (want, n) = alone(&llm, &prompt, 12);
+    let chat_request = json!({"model": "tiny", "messages": [{"role": "user", "content": "What is the capital of France?"}],
+        "max_tokens": 12, "temperature": 0, "some_unknown_field": {"x": 1}});
+    let (status, _, body) = server.post("/v1/chat/completions", &chat_request);
+    assert_eq!(status, 200, "{body}");
+    let r: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(r["object"], "chat.completion");
+    assert_eq!(text_of(&r, "chat"), want);
+    assert_eq!(r["usage"]["prompt_tokens"], prompt.len());
+    assert_eq!(r["usage"]["completion_tokens"], n);
+    assert_eq!(r["usage"]["total_tokens"], prompt.len() + n);
+    assert_eq!(
+        r["choices"][0]["finish_reason"],
+        if n == 12 { "length" } else { "stop" }
+    );
+    assert_eq!(r["sieve"]["policy"], "full");
+
+    // The same, streamed, with the usage chunk last.
+    let mut streamed = chat_request.clone();
+    streamed["stream"] = json!(true);
+    streamed["stream_options"] = json!({"include_usage": true});
+    let (status, head, body) = server.post("/v1/chat/completions", &streamed);
+    assert_eq!(status, 200);
+    assert!(
+        head.to_ascii_lowercase().contains("text/event-stream"),
+        "{head}"
+    );
+    let (chunks, done) = sse_chunks(&body);
+    assert!(done, "{body}");
+    assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+    let text: String = chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
+        .collect();
+    assert_eq!(text, want);
+    let last = chunks.last().unwrap();
+    assert_eq!(last["choices"], json!([]));
+    assert_eq!(last["usage"]["completion_tokens"], n);
+    let finish = &chunks[chunks.len() - 2]["choices"][0]["finish_reason"];
+    assert!(finish == "length" || finish == "stop", "{finish}");
+
+    // Text completions, several at once (more than --parallel: one waits),
+    // each with the text it gets alone; a stop string cuts the text.
+    let prompts = [
+        "The quick brown fox",
+        "Once upon a time",
+        "1, 2, 3,",
+        "In the beginning",
+        "Paris is",
+    ];
+    let handles: Vec<_> = prompts
+        .iter()
+        .map(|p| {
+            let address = server.address.clone();
+            let body = json!({"prompt": p, "max_tokens": 16, "temperature": 0.0});
+            std::thread::spawn(move || {
+                request(
+                    &address,
+                    "POST",
+                    "/v1/completions",
+                    &[],
+                    body.to_string().as_bytes(),
+                )
+            })
+        })
+        .collect();
+    for (p, h) in prompts.iter().zip(handles) {
+        let (status, _, body) = h.join().unwrap();
+        assert_eq!(status, 200, "{body}");
+        let r: Value = serde_json::from_str(&body).unwrap();
+        let ids = llm.tokenizer.encode(p).unwrap();
+        assert_eq!(text_of(&r, "text"), alone(&llm, &ids, 16).0, "prompt {p:?}");
+    }
+    // A request's own cache (the "sieve" extension): a window of 32
+    // entries refreshed every 16 tokens, with the server's 4 sinks and 8
+    // recent entries.
+    let ids = llm.tokenizer.encode(prompts[1]).unwrap();
+    let window = CacheOptions {
+        sinks: 4,
+        recent: 8,
+        ..CacheOptions::new(Policy::Window, 32, 16)
+    };
+    let (want, n) = alone_with(&llm, &ids, 60, Some(window));
+    let body = json!({"prompt": prompts[1], "max_tokens": 60, "temperature": 0,
+        "sieve": {"policy": "window", "budget": 32}});
+    let (status, _, body) = server.post("/v1/completions", &body);
+    assert_eq!(status, 200, "{body}");
+    let r: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(text_of(&r, "text"), want);
+    assert_eq!(r["usage"]["completion_tokens"], n);
+    assert_eq!(r["sieve"], json!({"policy": "window", "budget": 32}));
+    assert_ne!(
+        want,
+        alone(&llm, &ids, 60).0,
+        "the window changes the answer"
+    );
+
+    let ids = llm.tokenizer.encode(prompts[0]).unwrap();
+    let (full, _) = alone(&llm, &ids, 16);
+    if let Some(stop) = full.get(3..6).filter(|s| !s.trim().is_empty()) {
+        let body =
+            json!({"prompt": prompts[0], "max_tokens": 16, "temperature": 0, "stop": [stop]});
+        let (_, _, body) = server.post("/v1/completions", &body);
+        let r: Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(text_of(&r, "text"), full[..full.find(stop).unwrap()]);
+        assert_eq!(r["choices"][0]["finish_reason"], "stop");
+    }
+}
+
+#[test]
+fn bad_requests_get_their_status_and_error_object() {
+    let server = Server::start(&["--parallel", "1", "--queue", "1", "--body-limit", "4000"]);
+    let chat = |body: &[u8]| server.request("POST", "/v1/chat/completions", &[], body);
+    let user = json!([{"role": "user", "content": "Hi"}]);
+    // (body, status, the error's param, its code)
+    type Case = (Vec<u8>, u16, Option<&'static str>, Option<&'static str>);
+    let cases: Vec<Case> = vec![
+        (b"{not json".to_vec(), 400, None, None),
+        (b"[1, 2]".to_vec(), 400, None, None),
+        (
+            json!({"messages": []}).to_string().into(),
+            400,
+            Some("messages"),
+            None,
+        ),
+        (
+            json!({"messages": "hi"}).to_string().into(),
+            400,
+            Some("messages"),
+            None,
+        ),
+        (
+            json!({"messages": [{"role": "wizard", "content": "x"}]})
+                .to_string()
+                .into(),
+            400,
+            Some("messages[0]"),
+            None,
+        ),
+        (
+            json!({"messages": user, "max_tokens": -5})
+                .to_string()
+                .into(),
+            400,
+            Some("max_tokens"),
+            None,
+        ),
+        (
+            json!({"messages": user, "max_tokens": 1e12})
+                .to_string()
+                .into(),
+            400,
+            Some("max_tokens"),
+            None,
+        ),
+        (
+            json!({"messages": user, "max_tokens": 100000})
+                .to_string()
+                .into(),
+            400,
+            Some("messages"),
+            Some("context_length_exceeded"),
+        ),
+        (
+            json!({"messages": user, "temperature": 9})
+                .to_string()
+                .into(),
+            400,
+            Some("temperature"),
+            None,
+        ),
+        (
+            json!({"messages": user, "n": 3}).to_string().into(),
+            400,
+            Some("n"),
+            None,
+        ),
+        (
+            json!({"messages": [{"role": "user", "content": "word ".repeat(300)}]})
+                .to_string()
+                .into(),
+            400,
+            Some("messages"),
+            Some("context_length_exceeded"),
+        ),
+        (
+            json!({"messages": [{"role": "user", "content": "x".repeat(5000)}]})
+                .to_string()
+                .into(),
+            413,
+            None,
+            None,
+        ),
+    ];
+    for (body, status, param, code) in cases {
+        let (got, _, text) = chat(&body);
+        let what = String::from_utf8_lossy(&body[..body.len().min(80)]).to_string();
+        assert_eq!(got, status, "{what}: {text}");
+        let e: Value = serde_json::from_str(&text).unwrap_or_else(|_| panic!("{what}: {text}"));
+        assert!(
+            e["error"]["message"]
+                .as_str()
+                .is_some_and(|m| !m.is_empty()),
+            "{text}"
+        );
+        assert!(e["error"]["type"].is_string(), "{text}");
+        assert_eq!(e["error"]["param"].as_str(), param, "{what}: {text}");
+        assert_eq!(e["error"]["code"].as_str(), code, "{what}: {text}");
+    }
+    let (status, _, text) = server.get("/v1/nothing");
+    assert_eq!(status, 404);
+    assert!(text.contains("\"error\""), "{text}");
+
+    // A client that goes mid-stream: its sequence ends and frees its cache.
+    let long = json!({"prompt": "Count:", "max_tokens": 100, "temperature": 0, "stream": true,
+        "stream_options": {"include_usage": true}});
+    let mut s = server.send("POST", "/v1/completions", &[], long.to_string().as_bytes());
+    let mut first = [0u8; 64];
+    s.read_exact(&mut first).unwrap();
+    drop(s);
+    wait_for("the sequence to be cancelled", || {
+        server.metric("sieve_requests_cancelled_total") == 1
+    });
+    assert_eq!(server.metric("sieve_sequences_busy"), 0);
+
+    // One running, one waiting (--queue 1): the next is a 429 with Retry-After.
+    let mut running = server.send("POST", "/v1/completions", &[], long.to_string().as_bytes());
+    running.read_exact(&mut first).unwrap();
+    let waiting = server.send("POST", "/v1/completions", &[], long.to_string().as_bytes());
+    wait_for("the request to wait", || {
+        server.metric("sieve_queue_length") == 1
+    });
+    let (status, head, text) = server.post("/v1/completions", &long);
+    assert_eq!(status, 429, "{text}");
+    assert!(
+        head.to_ascii_lowercase().contains("retry-after: 1"),
+        "{head}"
+    );
+    assert_eq!(
+        serde_json::from_str::<Value>(&text).unwrap()["error"]["code"],
+        "rate_limit_exceeded"
+    );
+    drop(running);
+    drop(waiting);
+    // Both leave: the running one is cancelled, the waiting one never starts.
+    wait_for("the queue to empty", || {
+        server.metric("sieve_queue_length") + server.metric("sieve_sequences_busy") == 0
+    });
+
+    // Still serving.
+    let (status, _, text) = server.post(
+        "/v1/completions",
+        &json!({"prompt": "Hello", "max_tokens": 3, "temperature": 0}),
+    );
+    assert_eq!(status, 200, "{text}");
+}
+
+#[test]
+fn an_api_key_is_required_when_set() {
+    let server = Server::start(&["--api-key", "sesame"]);
+    let body = json!({"prompt": "Hi", "max_tokens": 2}).to_string();
+    let (status, _, text) = server.request("POST", "/v1/completions", &[], body.as_bytes());
+    assert_eq!(status, 401, "{text}");
+    assert_eq!(
+        serde_json::from_str::<Value>(&text).unwrap()["error"]["code"],
+        "invalid_api_key"
+    );
+    let wrong = server.request(
+        "POST",
+        "/v1/completions",
+        &["Authorization: Bearer nope"],
+        body.as_bytes(),
+    );
+    assert_eq!(wrong.0, 401);
+    let (status, _, text) = server.request(
+        "POST",
+        "/v1/completions",
+        &["Authorization: Bearer sesame"],
+        body.as_bytes(),
+    );
+    assert_eq!(status, 200, "{text}");
+}

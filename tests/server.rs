@@ -508,3 +508,34 @@ fn an_api_key_is_required_when_set() {
     );
     assert_eq!(status, 200, "{text}");
 }
+
+/// SIGTERM: the server stops accepting, finishes the stream in flight and
+/// exits 0.
+#[cfg(unix)]
+#[test]
+fn sigterm_drains_the_requests_in_flight() {
+    let mut server = Server::start(&[]);
+    let body = json!({"prompt": "Count:", "max_tokens": 120, "temperature": 0, "stream": true,
+        "stream_options": {"include_usage": true}});
+    let mut stream = server.send("POST", "/v1/completions", &[], body.to_string().as_bytes());
+    let mut first = [0u8; 64];
+    stream.read_exact(&mut first).unwrap();
+    let pid = server.child.id().to_string();
+    assert!(Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap()
+        .success());
+    let mut rest = vec![];
+    let _ = stream.read_to_end(&mut rest);
+    let (chunks, done) = sse_chunks(&parse(&[first.as_slice(), &rest].concat()).2);
+    let raw = String::from_utf8_lossy(&rest).to_string();
+    assert!(
+        done,
+        "the stream was cut: {}",
+        &raw[raw.len().saturating_sub(600)..]
+    );
+    assert_eq!(chunks.last().unwrap()["usage"]["completion_tokens"], 120);
+    let status = server.child.wait().unwrap();
+    assert!(status.success(), "{status}");
+}

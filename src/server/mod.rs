@@ -305,8 +305,12 @@ fn start(
     let cache = api::parse_cache(&body, &app.opts.cache, app.opts.max_context)?;
     let bounded = cache.policy != Policy::Full;
     let max_context = app.opts.max_context;
+    let prompt_param = match kind {
+        Kind::Chat => "messages",
+        Kind::Text => "prompt",
+    };
     let context_error = |message: String| {
-        ApiError::invalid(Some("messages"), message).with_code("context_length_exceeded")
+        ApiError::invalid(Some(prompt_param), message).with_code("context_length_exceeded")
     };
     if prompt.is_empty() {
         return Err(ApiError::invalid(None, "the prompt has no tokens"));

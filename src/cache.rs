@@ -18,7 +18,7 @@ use crate::eviction::{Policy, PolicyParams, RefreshContext, Scorer, Slot};
 use crate::kernels::sample::SamplingParams;
 
 /// Settings of a bounded cache (`--budget`, `--chunk`, `--sinks`, `--recent`, `--policy`).
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct CacheOptions {
     /// J: entries kept after a refresh.
     pub budget: usize,
@@ -244,6 +244,23 @@ impl BoundedCache {
             },
             ..Default::default()
         }
+    }
+
+    /// Keeps the first `n` entries of a full cache and forgets the rest (a
+    /// prompt that shares only them with what it holds). A bounded cache
+    /// cannot: its entries are not the first ones.
+    pub fn truncate(&mut self, engine: &mut Engine, n: usize) -> Result<()> {
+        if self.capacity().is_some() || n > self.slots.len() || engine.n_cached != self.slots.len()
+        {
+            bail!(
+                "only a full cache in step with its engine can keep its first {n} of {} entries",
+                self.slots.len()
+            );
+        }
+        self.slots.truncate(n);
+        self.fed = n;
+        engine.n_cached = n;
+        Ok(())
     }
 
     /// Forgets the contents (and the engine's), and what the policy learnt

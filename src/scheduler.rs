@@ -26,6 +26,7 @@
 //! ```
 
 use anyhow::Context;
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -55,6 +56,13 @@ pub struct SchedulerOptions {
     pub max_context: usize,
     /// The cache of a sequence added without one of its own (None: full).
     pub cache: Option<CacheOptions>,
+    /// Keep a finished sequence's cache (until its place in the pool is
+    /// needed) for a later prompt that continues it, such as the next turn
+    /// of a conversation: only the new part is fed. A full cache is reused
+    /// for the longest prefix it shares with the prompt, a bounded one when
+    /// all it was fed is a prefix of the prompt, with the same cache
+    /// options either way.
+    pub reuse: bool,
 }
 
 impl Default for SchedulerOptions {
@@ -64,6 +72,7 @@ impl Default for SchedulerOptions {
             step_tokens: 256,
             max_context: 4096,
             cache: None,
+            reuse: false,
         }
     }
 }
@@ -91,10 +100,24 @@ pub struct Scheduler {
     opts: SchedulerOptions,
     batch: Batch,
     /// The KV pool: one cache per sequence the scheduler holds, and
-    /// whether a sequence has it.
+    /// whether a sequence (running or parked) has it.
     pool: Vec<(KvCache, bool)>,
     sequences: Vec<Sequence>,
+    /// Finished sequences kept for reuse (`SchedulerOptions::reuse`),
+    /// oldest first.
+    parked: Vec<Parked>,
+    /// Cache entries evicted so far, per policy name.
+    evicted: BTreeMap<&'static str, u64>,
     next_id: u64,
+}
+
+/// A finished sequence's cache, kept for a prompt that continues it.
+struct Parked {
+    block: usize,
+    engine: Engine,
+    cache: BoundedCache,
+    /// Every token it was fed (position = index).
+    tokens: Vec<u32>,
 }
 
 /// Where a sequence is.
@@ -107,6 +130,8 @@ enum Phase {
 
 struct Sequence {
     id: SequenceId,
+    /// Prompt tokens found in a reused cache (not fed again).
+    cached: usize,
     /// Its cache in the pool.
     block: usize,
     engine: Engine,
@@ -164,6 +189,8 @@ impl Scheduler {
                 batch,
                 pool,
                 sequences: vec![],
+                parked: vec![],
+                evicted: BTreeMap::new(),
                 next_id: 0,
             })
         };
@@ -173,6 +200,24 @@ impl Scheduler {
     /// Sequences not finished.
     pub fn active(&self) -> usize {
         self.sequences.len()
+    }
+
+    /// Cache entries the running and parked sequences hold.
+    pub fn kv_entries(&self) -> usize {
+        let running = self.sequences.iter().map(|s| s.cache.slots.len());
+        running
+            .chain(self.parked.iter().map(|p| p.cache.slots.len()))
+            .sum()
+    }
+
+    /// Cache entries evicted so far, per policy name.
+    pub fn evicted(&self) -> &BTreeMap<&'static str, u64> {
+        &self.evicted
+    }
+
+    /// Finished sequences whose caches are kept for reuse.
+    pub fn parked(&self) -> usize {
+        self.parked.len()
     }
 
     /// The sequences not finished, oldest first.
@@ -243,32 +288,38 @@ impl Scheduler {
                 self.opts.max_context
             );
         }
-        let rows = self.opts.step_tokens;
-        let block = self
-            .pool
-            .iter()
-            .position(|(_, busy)| !busy)
-            .expect("fewer sequences than max_sequences leave a cache free");
-        let engine_opts = EngineOptions {
-            kv_cache: Some(self.pool[block].0.clone()),
-            ..cache.engine_options(self.opts.max_context, rows, 1)
+        let reused = match self.opts.reuse {
+            true => self.take_parked(prompt, &cache_opts)?,
+            false => None,
         };
-        let engine = self.batch.sequence(engine_opts)?;
-        // A fresh engine: no entry of the cache's previous sequence is read.
+        let (block, engine, cache, cached) = match reused {
+            Some((p, n)) => (p.block, p.engine, p.cache, n),
+            None => {
+                let block = self.free_block();
+                let engine_opts = EngineOptions {
+                    kv_cache: Some(self.pool[block].0.clone()),
+                    ..cache.engine_options(self.opts.max_context, self.opts.step_tokens, 1)
+                };
+                // A fresh engine: no entry of the cache's previous sequence is read.
+                let engine = self.batch.sequence(engine_opts)?;
+                (block, engine, cache, 0)
+            }
+        };
         self.pool[block].1 = true;
         engine.reset_seen(prompt);
         let id = SequenceId(self.next_id);
         self.next_id += 1;
         self.sequences.push(Sequence {
             id,
+            cached,
             block,
             engine,
             cache,
             prompt: prompt.to_vec(),
-            tokens: vec![],
+            tokens: prompt[..cached].to_vec(),
             text: Some(StopText::new(&opts.stop_strings)),
             opts,
-            phase: Phase::Prompt { fed: 0 },
+            phase: Phase::Prompt { fed: cached },
             steps: 0,
             ids: vec![],
             on_text,
@@ -387,7 +438,7 @@ impl Scheduler {
             s.ids.push(next);
             let text = s.text.as_mut().expect("a running sequence has its text");
             let stop_after = text.push(&self.tokenizer, next, &mut s.on_text)?;
-            s.cache.make_room(&mut s.engine, pos)?;
+            make_room(s, pos, &mut self.evicted)?;
             parts.push(Part {
                 index: i,
                 ids: vec![next],
@@ -406,7 +457,7 @@ impl Scheduler {
                 break;
             }
             let pos = s.tokens.len() as u32;
-            s.cache.make_room(&mut s.engine, pos)?;
+            make_room(s, pos, &mut self.evicted)?;
             let room = s.cache.room(&s.engine);
             let n = (s.prompt.len() - fed)
                 .min(budget)
@@ -470,15 +521,16 @@ impl Scheduler {
         Ok(())
     }
 
-    /// Removes sequence `i` (freeing its cache) and returns its generation.
+    /// Removes sequence `i` and returns its generation; its cache is freed,
+    /// or kept for reuse.
     fn finish(&mut self, i: usize, stop: StopReason) -> (SequenceId, Generation) {
-        let mut s = self.remove(i);
+        let mut s = self.sequences.remove(i);
         let text = s
             .text
             .take()
             .expect("a running sequence has its text")
             .finish(stop, &mut s.on_text);
-        let prompt_tokens = match s.phase {
+        let prompt_fed = match s.phase {
             Phase::Prompt { fed } => fed,
             Phase::Decode { .. } => s.prompt.len(),
         };
@@ -486,7 +538,8 @@ impl Scheduler {
         let generation = Generation {
             text,
             stats: GenerationStats {
-                prompt_tokens,
+                prompt_tokens: prompt_fed - s.cached,
+                cached_tokens: s.cached,
                 generated_tokens: s.ids.len(),
                 prefill_seconds: s.prefill_seconds,
                 decode_seconds,
@@ -494,7 +547,68 @@ impl Scheduler {
             },
             ids: s.ids,
         };
+        // A cancelled sequence's cache may hold part of a step's tokens.
+        if self.opts.reuse && stop != StopReason::Cancelled {
+            self.parked.push(Parked {
+                block: s.block,
+                engine: s.engine,
+                cache: s.cache,
+                tokens: s.tokens,
+            });
+        } else {
+            self.pool[s.block].1 = false;
+        }
         (s.id, generation)
+    }
+
+    /// A free cache of the pool, the oldest parked sequence's if none is.
+    fn free_block(&mut self) -> usize {
+        if let Some(free) = self.pool.iter().position(|(_, busy)| !busy) {
+            return free;
+        }
+        let oldest = self.parked.remove(0);
+        self.pool[oldest.block].1 = false;
+        oldest.block
+    }
+
+    /// The parked sequence whose cache serves `prompt` best (the longest
+    /// prefix of it), truncated to the part it shares, and that part's
+    /// length; None when none shares any.
+    fn take_parked(
+        &mut self,
+        prompt: &[u32],
+        opts: &CacheOptions,
+    ) -> anyhow::Result<Option<(Parked, usize)>> {
+        let usable = |p: &Parked| -> usize {
+            let full = opts.policy == Policy::Full;
+            if (p.cache.opts.policy == Policy::Full) != full || (!full && p.cache.opts != *opts) {
+                return 0;
+            }
+            // At least one prompt token is fed, to sample from.
+            let shared = prompt
+                .iter()
+                .zip(&p.tokens)
+                .take_while(|(a, b)| a == b)
+                .count()
+                .min(prompt.len() - 1);
+            match full || shared == p.tokens.len() {
+                true => shared,
+                false => 0,
+            }
+        };
+        let best = (0..self.parked.len())
+            .map(|i| (usable(&self.parked[i]), i))
+            .filter(|&(n, _)| n > 0)
+            .max();
+        let Some((n, i)) = best else {
+            return Ok(None);
+        };
+        let mut p = self.parked.remove(i);
+        if p.tokens.len() > n {
+            p.cache.truncate(&mut p.engine, n)?;
+            p.tokens.truncate(n);
+        }
+        Ok(Some((p, n)))
     }
 
     /// Removes sequence `i`, its cache back in the pool.
@@ -503,6 +617,22 @@ impl Scheduler {
         self.pool[s.block].1 = false;
         s
     }
+}
+
+/// Refreshes sequence `s`'s cache when full, before the token at `pos`,
+/// counting what it evicts.
+fn make_room(
+    s: &mut Sequence,
+    pos: u32,
+    evicted: &mut BTreeMap<&'static str, u64>,
+) -> anyhow::Result<()> {
+    let before = s.cache.slots.len();
+    s.cache.make_room(&mut s.engine, pos)?;
+    let gone = before.saturating_sub(s.cache.slots.len()) as u64;
+    if gone > 0 {
+        *evicted.entry(s.cache.opts.policy.name()).or_default() += gone;
+    }
+    Ok(())
 }
 
 /// The KV pool of a scheduler: `max_sequences` caches of `max_context`

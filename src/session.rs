@@ -192,6 +192,10 @@ pub struct GenerationStats {
     /// Tokens of the prompt fed by this call (fewer than the prompt's when
     /// cancelled while the prompt was processed).
     pub prompt_tokens: usize,
+    /// Tokens of the prompt found in a cache and not fed again (a
+    /// `Scheduler` reusing a finished sequence's cache; 0 for a `Session`,
+    /// whose history is not part of the prompt).
+    pub cached_tokens: usize,
     /// Tokens emitted (the length of `Generation::ids`).
     pub generated_tokens: usize,
     /// Seconds to feed the prompt and sample the first token.
@@ -511,6 +515,7 @@ impl Session {
             Err(fed) => {
                 let stats = GenerationStats {
                     prompt_tokens: fed,
+                    cached_tokens: 0,
                     generated_tokens: 0,
                     prefill_seconds: t0.elapsed().as_secs_f64(),
                     decode_seconds: 0.0,
@@ -533,6 +538,7 @@ impl Session {
             text,
             stats: GenerationStats {
                 prompt_tokens: prompt.len(),
+                cached_tokens: 0,
                 generated_tokens: ids.len(),
                 prefill_seconds,
                 decode_seconds: t1.elapsed().as_secs_f64(),

@@ -27,6 +27,16 @@ fn llm() -> Llm {
     Llm { model, tokenizer }
 }
 
+/// A session of 256 slots reading prompts 16 tokens a step.
+fn session(llm: &Llm, cache: Option<CacheOptions>) -> sieve::session::Session {
+    llm.session(SessionOptions {
+        max_context: 256,
+        prefill_chunk: 16,
+        cache,
+    })
+    .unwrap()
+}
+
 /// (prompt, options, cache) of each generation.
 fn jobs() -> Vec<(Vec<u32>, GenerateOptions, Option<CacheOptions>)> {
     let opts = |max_new_tokens, repetition_penalty| GenerateOptions {
@@ -61,14 +71,9 @@ fn stepped_together_each_generation_is_what_it_is_alone() {
     let alone: Vec<Generation> = jobs()
         .into_iter()
         .map(|(prompt, opts, cache)| {
-            let mut session = llm
-                .session(SessionOptions {
-                    max_context: 256,
-                    prefill_chunk: 16,
-                    cache,
-                })
-                .unwrap();
-            session.generate(&prompt, &opts, |_| true).unwrap()
+            session(&llm, cache)
+                .generate(&prompt, &opts, |_| true)
+                .unwrap()
         })
         .collect();
     let mut scheduler = Scheduler::new(
@@ -78,6 +83,7 @@ fn stepped_together_each_generation_is_what_it_is_alone() {
             step_tokens: 24,
             max_context: 256,
             cache: None,
+            reuse: false,
         },
     )
     .unwrap();
@@ -134,6 +140,7 @@ fn cancels_and_refusals() {
         step_tokens: 8,
         max_context: 64,
         cache: None,
+        reuse: false,
     };
     let mut scheduler = Scheduler::new(&llm, opts).unwrap();
     let long = GenerateOptions {
@@ -240,6 +247,7 @@ fn opts_small() -> SchedulerOptions {
         step_tokens: 8,
         max_context: 64,
         cache: None,
+        reuse: false,
     }
 }
 
@@ -248,4 +256,86 @@ fn opts_small() -> SchedulerOptions {
 fn a_scheduler_is_send() {
     fn send<T: Send>() {}
     send::<Scheduler>();
+}
+
+/// With `reuse`, a finished sequence's cache serves a later prompt that
+/// continues it: only the new part is fed (`cached_tokens` counts the
+/// rest), and the tokens are those of a `Session` that continues the
+/// conversation; a full cache also serves a prompt that shares only a
+/// prefix with it. A cache of other options is not reused, and a parked
+/// cache gives way when the pool needs its place.
+#[test]
+fn a_finished_sequence_serves_the_prompt_that_continues_it() {
+    let llm = llm();
+    let first: Vec<u32> = (0..20).map(|i| 100 + (i * 13) % 300).collect();
+    let more: Vec<u32> = vec![401, 402, 403, 404, 405];
+    let opts = |n| GenerateOptions {
+        max_new_tokens: n,
+        stop_at_eos: false,
+        ..Default::default()
+    };
+    let window = CacheOptions {
+        sinks: 2,
+        recent: 4,
+        ..CacheOptions::new(Policy::Window, 16, 6)
+    };
+    for cache in [None, Some(window)] {
+        // A session continuing the conversation.
+        let mut session = session(&llm, cache);
+        let turn1 = session.generate(&first, &opts(10), |_| true).unwrap();
+        let turn2 = session.generate(&more, &opts(8), |_| true).unwrap();
+        let mut scheduler = Scheduler::new(
+            &llm,
+            SchedulerOptions {
+                max_sequences: 1,
+                step_tokens: 16,
+                max_context: 256,
+                cache: None,
+                reuse: true,
+            },
+        )
+        .unwrap();
+        scheduler.add(&first, opts(10), cache, |_| true).unwrap();
+        let (_, g1) = scheduler.run().unwrap().remove(0);
+        assert_eq!(g1.ids, turn1.ids);
+        let history: Vec<u32> = first.iter().chain(&g1.ids).copied().collect();
+        let prompt: Vec<u32> = history.iter().chain(&more).copied().collect();
+        scheduler.add(&prompt, opts(8), cache, |_| true).unwrap();
+        let (_, g2) = scheduler.run().unwrap().remove(0);
+        assert_eq!(g2.stats.cached_tokens, history.len(), "{cache:?}");
+        assert_eq!(g2.stats.prompt_tokens, more.len());
+        assert_eq!(g2.ids, turn2.ids, "{cache:?}");
+        if cache.is_some() {
+            // Other options: fed afresh (the parked cache gives way).
+            let other = CacheOptions::new(Policy::Window, 20, 6);
+            let other = CacheOptions {
+                sinks: 2,
+                recent: 4,
+                ..other
+            };
+            scheduler
+                .add(&prompt, opts(2), Some(other), |_| true)
+                .unwrap();
+            let (_, g) = scheduler.run().unwrap().remove(0);
+            assert_eq!(g.stats.cached_tokens, 0);
+            continue;
+        }
+        // A prompt sharing only the first 12 tokens: the full cache keeps
+        // those, and the answer is that of the prompt alone.
+        let branch: Vec<u32> = first[..12].iter().chain(&more).copied().collect();
+        scheduler.add(&branch, opts(6), None, |_| true).unwrap();
+        let (_, g) = scheduler.run().unwrap().remove(0);
+        assert_eq!(g.stats.cached_tokens, 12);
+        let mut alone = llm
+            .session(SessionOptions {
+                max_context: 256,
+                prefill_chunk: 16,
+                cache: None,
+            })
+            .unwrap();
+        assert_eq!(
+            g.ids,
+            alone.generate(&branch, &opts(6), |_| true).unwrap().ids
+        );
+    }
 }

@@ -243,6 +243,37 @@ fn answers_are_those_of_a_session_alone_also_together() {
     );
     assert_eq!(r["sieve"]["policy"], "full");
 
+    // The next turn of the conversation reads only its new part from the
+    // first turn's cache, and answers as a fresh request would.
+    let turn2 = [
+        Message::new("user", "What is the capital of France?"),
+        Message::new("assistant", &want),
+        Message::new("user", "And of Italy?"),
+    ];
+    let prompt2 = llm.chat_prompt(&turn2).unwrap();
+    let (want2, _) = alone(&llm, &prompt2, 12);
+    let messages2: Vec<Value> = turn2
+        .iter()
+        .map(|m| json!({"role": m.role, "content": m.content}))
+        .collect();
+    let (status, _, body) = server.post(
+        "/v1/chat/completions",
+        &json!({"messages": messages2, "max_tokens": 12, "temperature": 0}),
+    );
+    assert_eq!(status, 200, "{body}");
+    let r2: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(text_of(&r2, "chat"), want2);
+    assert_eq!(r2["usage"]["prompt_tokens"], prompt2.len());
+    let cached = r2["usage"]["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap();
+    assert!(
+        cached as usize >= prompt.len(),
+        "{cached} cached of {}",
+        prompt2.len()
+    );
+    assert!((cached as usize) < prompt2.len());
+
     // The same, streamed, with the usage chunk last.
     let mut streamed = chat_request.clone();
     streamed["stream"] = json!(true);

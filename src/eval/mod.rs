@@ -84,6 +84,8 @@ pub fn greedy_jobs(
         step_tokens: PROMPT_CHUNK.max(batch),
         max_context,
         cache: None,
+        // Each generation as if alone.
+        reuse: false,
     };
     let mut scheduler = Scheduler::new(llm, opts)?;
     let generate = GenerateOptions {

@@ -383,10 +383,11 @@ pub fn finish_reason(stop: StopReason) -> &'static str {
 
 /// The `usage` object.
 pub fn usage(g: &Generation) -> Value {
-    let (p, c) = (g.stats.prompt_tokens, g.stats.generated_tokens);
+    let cached = g.stats.cached_tokens;
+    let (p, c) = (g.stats.prompt_tokens + cached, g.stats.generated_tokens);
     json!({
         "prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c,
-        "prompt_tokens_details": {"cached_tokens": 0},
+        "prompt_tokens_details": {"cached_tokens": cached},
     })
 }
 

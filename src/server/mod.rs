@@ -133,6 +133,8 @@ pub async fn serve(
                     step_tokens: app.opts.step_tokens.max(app.opts.parallel),
                     max_context: app.opts.max_context,
                     cache: None,
+                    // The next turn of a conversation reads only its new part.
+                    reuse: true,
                 };
                 let (tx, rx) = mpsc::channel();
                 let loaded = Loaded {
@@ -483,68 +485,97 @@ async fn health(State(app): State<Arc<App>>) -> Response {
 /// Prometheus text.
 async fn metrics(State(app): State<Arc<App>>) -> Response {
     let c = &app.counters;
-    let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
-    let lines = [
-        (
-            "sieve_requests_total",
-            "counter",
-            "Completion requests received.",
-            get(&app.requests),
-        ),
-        (
-            "sieve_requests_refused_total",
-            "counter",
-            "Requests refused before they ran (4xx, 5xx).",
-            get(&app.refused),
-        ),
-        (
-            "sieve_requests_finished_total",
-            "counter",
-            "Generations that ended.",
-            get(&c.finished),
-        ),
-        (
-            "sieve_requests_cancelled_total",
-            "counter",
-            "Generations cancelled (the client went).",
-            get(&c.cancelled),
-        ),
-        (
-            "sieve_requests_failed_total",
-            "counter",
-            "Generations that failed.",
-            get(&c.failed),
-        ),
-        (
-            "sieve_prompt_tokens_total",
-            "counter",
-            "Prompt tokens read.",
-            get(&c.prompt_tokens),
-        ),
-        (
-            "sieve_generated_tokens_total",
-            "counter",
-            "Tokens generated.",
-            get(&c.generated_tokens),
-        ),
-        (
-            "sieve_queue_length",
-            "gauge",
-            "Requests waiting for a free sequence.",
-            c.waiting.load(Ordering::Relaxed) as u64,
-        ),
-        (
-            "sieve_sequences_busy",
-            "gauge",
-            "Sequences running.",
-            c.busy.load(Ordering::Relaxed) as u64,
-        ),
-    ];
+    let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
+    let size = |a: &std::sync::atomic::AtomicUsize| a.load(Ordering::Relaxed) as u64;
     let mut text = String::new();
-    for (name, kind, help, value) in lines {
-        text.push_str(&format!(
-            "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}\n"
-        ));
-    }
+    let mut metric = |name: &str, kind: &str, help: &str, values: &[(String, u64)]| {
+        text.push_str(&format!("# HELP {name} {help}\n# TYPE {name} {kind}\n"));
+        for (labels, value) in values {
+            text.push_str(&format!("{name}{labels} {value}\n"));
+        }
+    };
+    let one = |v: u64| [(String::new(), v)];
+    let counter = "counter";
+    metric(
+        "sieve_requests_total",
+        counter,
+        "Completion requests received.",
+        &one(load(&app.requests)),
+    );
+    metric(
+        "sieve_requests_refused_total",
+        counter,
+        "Requests refused before they ran.",
+        &one(load(&app.refused)),
+    );
+    metric(
+        "sieve_requests_finished_total",
+        counter,
+        "Generations that ended.",
+        &one(load(&c.finished)),
+    );
+    metric(
+        "sieve_requests_cancelled_total",
+        counter,
+        "Generations cancelled (the client went).",
+        &one(load(&c.cancelled)),
+    );
+    metric(
+        "sieve_requests_failed_total",
+        counter,
+        "Generations that failed.",
+        &one(load(&c.failed)),
+    );
+    metric(
+        "sieve_prompt_tokens_total",
+        counter,
+        "Prompt tokens fed.",
+        &one(load(&c.prompt_tokens)),
+    );
+    metric(
+        "sieve_generated_tokens_total",
+        counter,
+        "Tokens generated.",
+        &one(load(&c.generated_tokens)),
+    );
+    metric(
+        "sieve_queue_length",
+        "gauge",
+        "Requests waiting for a free sequence.",
+        &one(size(&c.waiting)),
+    );
+    metric(
+        "sieve_sequences_busy",
+        "gauge",
+        "Sequences running.",
+        &one(size(&c.busy)),
+    );
+    metric(
+        "sieve_sequences_parked",
+        "gauge",
+        "Finished sequences whose caches are kept for a next turn.",
+        &one(size(&c.parked)),
+    );
+    metric(
+        "sieve_kv_entries",
+        "gauge",
+        "Cache entries held by running and parked sequences.",
+        &one(size(&c.kv_entries)),
+    );
+    let evicted: Vec<(String, u64)> = c
+        .evicted
+        .lock()
+        .map(|e| {
+            e.iter()
+                .map(|(p, n)| (format!("{{policy=\"{p}\"}}"), *n))
+                .collect()
+        })
+        .unwrap_or_default();
+    metric(
+        "sieve_evicted_entries_total",
+        counter,
+        "Cache entries evicted, per policy.",
+        &evicted,
+    );
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response()
 }

@@ -3,9 +3,9 @@
 //! its text as it comes and its generation at the end, and cancels a
 //! sequence whose client has gone (its cache is then free for the next).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{mpsc, Arc};
+use std::sync::{mpsc, Arc, Mutex};
 
 use tokio::sync::mpsc::UnboundedSender;
 
@@ -37,6 +37,12 @@ pub struct Counters {
     pub waiting: AtomicUsize,
     /// Sequences running.
     pub busy: AtomicUsize,
+    /// Finished sequences whose caches are kept for a next turn.
+    pub parked: AtomicUsize,
+    /// Cache entries held (running and parked sequences).
+    pub kv_entries: AtomicUsize,
+    /// Cache entries evicted, per policy.
+    pub evicted: Mutex<BTreeMap<&'static str, u64>>,
     pub prompt_tokens: AtomicU64,
     pub generated_tokens: AtomicU64,
     pub finished: AtomicU64,
@@ -138,5 +144,12 @@ pub fn run(
             }
         }
         counters.busy.store(running.len(), Ordering::Relaxed);
+        counters.parked.store(scheduler.parked(), Ordering::Relaxed);
+        counters
+            .kv_entries
+            .store(scheduler.kv_entries(), Ordering::Relaxed);
+        if let Ok(mut evicted) = counters.evicted.lock() {
+            evicted.clone_from(scheduler.evicted());
+        }
     }
 }

@@ -44,6 +44,10 @@ pub struct ServeArgs {
     /// Largest request body in bytes.
     #[arg(long, default_value_t = 1 << 20)]
     pub body_limit: usize,
+    /// Feed every request whole: no reuse of a finished request's cache by
+    /// the next turn of its conversation.
+    #[arg(long)]
+    pub no_cache_reuse: bool,
 }
 
 pub fn main(a: ServeArgs) -> Result<()> {
@@ -74,6 +78,7 @@ pub fn main(a: ServeArgs) -> Result<()> {
                 .filter(|k| !k.is_empty())
         }),
         body_limit: a.body_limit,
+        reuse: !a.no_cache_reuse,
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

@@ -59,6 +59,9 @@ pub struct ServerOptions {
     pub api_key: Option<String>,
     /// Largest request body in bytes (413 past it).
     pub body_limit: usize,
+    /// Keep a finished request's cache for the next turn of its
+    /// conversation (`SchedulerOptions::reuse`).
+    pub reuse: bool,
 }
 
 impl Default for ServerOptions {
@@ -72,6 +75,7 @@ impl Default for ServerOptions {
             queue: 64,
             api_key: None,
             body_limit: 1 << 20,
+            reuse: true,
         }
     }
 }
@@ -133,8 +137,7 @@ pub async fn serve(
                     step_tokens: app.opts.step_tokens.max(app.opts.parallel),
                     max_context: app.opts.max_context,
                     cache: None,
-                    // The next turn of a conversation reads only its new part.
-                    reuse: true,
+                    reuse: app.opts.reuse,
                 };
                 let (tx, rx) = mpsc::channel();
                 let loaded = Loaded {

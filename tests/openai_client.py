@@ -1,0 +1,147 @@
+"""The real `openai` Python client against `sieve serve` (scripts/openai-client.sh
+starts the servers): answers, streaming, usage, stop strings, max_tokens, a
+conversation's second turn (reused cache) against a server that feeds it whole,
+concurrent streams against the same requests one at a time, bad requests with
+their status and error code, a client that leaves mid-stream, and the server
+still answering after all of it.
+
+Usage: python3 tests/openai_client.py BASE_URL FRESH_BASE_URL
+(FRESH_BASE_URL: a server started with --no-cache-reuse). Exits non-zero on the
+first failed check.
+"""
+
+import concurrent.futures
+import json
+import sys
+import time
+import urllib.request
+
+import openai
+
+BASE, FRESH = sys.argv[1], sys.argv[2]
+client = openai.OpenAI(base_url=BASE + "/v1", api_key="none", max_retries=0, timeout=600)
+fresh = openai.OpenAI(base_url=FRESH + "/v1", api_key="none", max_retries=0, timeout=600)
+QUESTION = "What is the capital of France?"
+GREEDY = {"model": "sieve", "temperature": 0}
+
+
+def chat(c, messages, **kw):
+    return c.chat.completions.create(messages=messages, **{**GREEDY, **kw})
+
+
+def user(text):
+    return [{"role": "user", "content": text}]
+
+
+def metric(name):
+    with urllib.request.urlopen(BASE + "/metrics") as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[1])
+    raise AssertionError(f"{name} not in /metrics")
+
+
+def check(ok, what):
+    if not ok:
+        raise AssertionError(what)
+    print("ok:", what.split(":")[0])
+
+
+# A whole answer, then the same streamed with the usage chunk last.
+whole = chat(client, user(QUESTION), max_tokens=30)
+text = whole.choices[0].message.content
+check("Paris" in text, f"the capital of France is Paris: {text!r}")
+check(whole.object == "chat.completion" and whole.usage.total_tokens
+      == whole.usage.prompt_tokens + whole.usage.completion_tokens, f"usage adds up: {whole.usage}")
+chunks = list(chat(client, user(QUESTION), max_tokens=30, stream=True,
+                   stream_options={"include_usage": True}))
+streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+check(streamed == text, f"streamed text = whole text: {streamed!r} vs {text!r}")
+check(chunks[-1].choices == [] and chunks[-1].usage is not None, "the last chunk carries usage only")
+check(chunks[-1].usage.completion_tokens == whole.usage.completion_tokens,
+      f"streamed usage = whole usage: {chunks[-1].usage} vs {whole.usage}")
+finish = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+check(finish == [whole.choices[0].finish_reason], f"one finish reason: {finish}")
+
+# A stop string: cut before it, finish_reason stop. max_tokens: length.
+stopped = chat(client, user(QUESTION), max_tokens=30, stop=["Paris"])
+check("Paris" not in stopped.choices[0].message.content
+      and stopped.choices[0].finish_reason == "stop",
+      f"stop string: {stopped.choices[0].message.content!r}")
+short = chat(client, user(QUESTION), max_tokens=3)
+check(short.choices[0].finish_reason == "length" and short.usage.completion_tokens == 3,
+      f"max_tokens 3: {short.usage}")
+
+# The second turn reuses the first turn's cache, and answers as a server
+# that feeds the whole conversation does.
+second = user(QUESTION) + [{"role": "assistant", "content": text}] + user("And of Italy?")
+turn2 = chat(client, second, max_tokens=30)
+whole2 = chat(fresh, second, max_tokens=30)
+cached = turn2.usage.prompt_tokens_details.cached_tokens
+check(cached > whole.usage.prompt_tokens // 2, f"the second turn reuses the cache: {cached} cached "
+      f"of {turn2.usage.prompt_tokens}")
+check(whole2.usage.prompt_tokens_details.cached_tokens == 0, "the fresh server feeds it whole")
+check(turn2.choices[0].message.content == whole2.choices[0].message.content,
+      f"same second answer: {turn2.choices[0].message.content!r} vs "
+      f"{whole2.choices[0].message.content!r}")
+
+# Concurrent streams: each the text it gets alone (from the server that
+# does not reuse caches), and the throughput of both.
+questions = ["Name a colour.", "What is 2 + 2?", "Say hello in French.", "Name a planet.",
+             "What is the opposite of hot?", "Name a fruit."]
+
+
+def stream(c, q):
+    parts = list(chat(c, user(q), max_tokens=24, stream=True,
+                      stream_options={"include_usage": True}))
+    return ("".join(p.choices[0].delta.content or "" for p in parts if p.choices),
+            parts[-1].usage.completion_tokens)
+
+
+t = time.time()
+alone = [stream(fresh, q) for q in questions]
+t_alone = time.time() - t
+t = time.time()
+with concurrent.futures.ThreadPoolExecutor(len(questions)) as pool:
+    together = list(pool.map(lambda q: stream(client, q), questions))
+t_together = time.time() - t
+check(together == alone, f"concurrent streams = each alone: {together} vs {alone}")
+tokens = sum(n for _, n in together)
+print(f"throughput: {len(questions)} streams, {tokens} tokens: {tokens / t_alone:.2f} tok/s one at "
+      f"a time, {tokens / t_together:.2f} tok/s together ({t_alone / t_together:.2f}x)")
+
+# Bad requests: status and OpenAI's error code.
+for what, kw, status, code in [
+    ("max_tokens -1", {"messages": user("Hi"), "max_tokens": -1}, 400, None),
+    ("temperature 5", {"messages": user("Hi"), "temperature": 5}, 400, None),
+    ("n 2", {"messages": user("Hi"), "n": 2}, 400, None),
+    ("no messages", {"messages": []}, 400, None),
+    ("role wizard", {"messages": [{"role": "wizard", "content": "x"}]}, 400, None),
+    ("context", {"messages": user("word " * 5000)}, 400, "context_length_exceeded"),
+]:
+    try:
+        client.chat.completions.create(**{**GREEDY, **kw})
+        raise AssertionError(f"{what}: accepted")
+    except openai.APIStatusError as e:
+        body = e.body if isinstance(e.body, dict) else {}
+        check(e.status_code == status and body.get("code") == code and body.get("message"),
+              f"{what}: {e.status_code} {body}")
+
+# A client that leaves mid-stream: its sequence ends and frees its cache.
+cancelled = metric("sieve_requests_cancelled_total")
+s = chat(client, user("Count from one to one hundred."), max_tokens=200, stream=True)
+next(iter(s))
+s.close()
+deadline = time.time() + 120
+while metric("sieve_requests_cancelled_total") < cancelled + 1 or metric("sieve_sequences_busy") > 0:
+    if time.time() > deadline:
+        raise AssertionError("the stream's sequence was not cancelled")
+    time.sleep(0.1)
+print("ok: a client that leaves frees its sequence")
+
+# Still serving.
+last = chat(client, user(QUESTION), max_tokens=30)
+check(last.choices[0].message.content == text, "still serving the same answer")
+with urllib.request.urlopen(BASE + "/v1/models") as r:
+    check(json.loads(r.read())["data"], "models listed")
+print("openai client tests: all passed")

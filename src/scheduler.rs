@@ -1,8 +1,9 @@
 //! Many generations on one model, stepped together (continuous batching):
 //! sequences join and leave between steps, each step carries one token of
 //! every decoding sequence and, with the tokens left of the step's budget,
-//! a chunk of one sequence's prompt (so a long prompt does not stall the
-//! others), and every sequence keeps its own bounded cache, policy,
+//! prompt chunks, the shortest prompt first (so a long prompt stalls
+//! neither the others' decoding nor a short request's first token), and
+//! every sequence keeps its own bounded cache, policy,
 //! sampling, stop strings, callback and cancel token. The steps are
 //! `engine::Batch` steps: the weights are read once for all sequences.
 //!
@@ -425,7 +426,10 @@ impl Scheduler {
 
     /// The parts of the next step: a token of every decoding sequence
     /// (emitted to its callback now), then prompt chunks with the tokens
-    /// left, oldest sequence first. Refreshes each full bounded cache first.
+    /// left, the prompt with the fewest tokens left first (a short request
+    /// gets its first token within a step even while long prompts are
+    /// read; the long ones take the rest of every step), then the oldest.
+    /// Refreshes each full bounded cache first.
     fn plan(&mut self) -> anyhow::Result<Vec<Part>> {
         let mut parts = vec![];
         let mut budget = self.opts.step_tokens;
@@ -448,7 +452,14 @@ impl Scheduler {
             });
             budget -= 1;
         }
-        for i in 0..self.sequences.len() {
+        let mut prompting: Vec<(usize, usize)> = (self.sequences.iter().enumerate())
+            .filter_map(|(i, s)| match s.phase {
+                Phase::Prompt { fed } => Some((s.prompt.len() - fed, i)),
+                Phase::Decode { .. } => None,
+            })
+            .collect();
+        prompting.sort_unstable();
+        for (_, i) in prompting {
             let s = &mut self.sequences[i];
             let Phase::Prompt { fed } = s.phase else {
                 continue;

@@ -339,3 +339,38 @@ fn a_finished_sequence_serves_the_prompt_that_continues_it() {
         );
     }
 }
+
+/// A short prompt added while a long one is being read gets its answer
+/// within a few steps: prompt chunks go shortest first, the long prompt
+/// takes the rest of each step.
+#[test]
+fn a_short_prompt_is_not_stuck_behind_a_long_one() {
+    let llm = llm();
+    let mut scheduler = Scheduler::new(
+        &llm,
+        SchedulerOptions {
+            max_sequences: 2,
+            step_tokens: 16,
+            max_context: 256,
+            cache: None,
+            reuse: false,
+        },
+    )
+    .unwrap();
+    let opts = |n| GenerateOptions {
+        max_new_tokens: n,
+        stop_at_eos: false,
+        ..Default::default()
+    };
+    let long: Vec<u32> = (0..160).map(|i| 100 + i % 300).collect();
+    let long_id = scheduler.add(&long, opts(1), None, |_| true).unwrap();
+    assert!(scheduler.step().unwrap().is_empty());
+    let short_id = scheduler.add(&[7, 8, 9], opts(1), None, |_| true).unwrap();
+    let mut finished = vec![];
+    for _ in 0..3 {
+        finished.extend(scheduler.step().unwrap().into_iter().map(|(id, _)| id));
+    }
+    assert_eq!(finished, vec![short_id], "the short prompt waited");
+    let rest = scheduler.run().unwrap();
+    assert_eq!(rest[0].0, long_id);
+}

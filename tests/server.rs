@@ -570,3 +570,148 @@ fn sigterm_drains_the_requests_in_flight() {
     let status = server.child.wait().unwrap();
     assert!(status.success(), "{status}");
 }
+
+/// splitmix64, seeded by `SIEVE_FUZZ_SEED` (default 1) like tests/fuzz.rs.
+struct Rng(u64);
+
+impl Rng {
+    fn new() -> Self {
+        let seed = std::env::var("SIEVE_FUZZ_SEED")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(1u64);
+        Rng(seed ^ 0x5e7e_5e7e)
+    }
+    fn below(&mut self, n: usize) -> usize {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        ((z ^ (z >> 31)) % n.max(1) as u64) as usize
+    }
+}
+
+/// A body of `base` with one mutation: a field's value swapped for an
+/// extreme or a wrong type, a field removed or added, deep nesting, a huge
+/// string, or the text cut short.
+fn mutated(rng: &mut Rng, base: &Value) -> Vec<u8> {
+    let extremes = [
+        json!(-1),
+        json!(0),
+        json!(1e308),
+        json!(-1e308),
+        json!(u64::MAX),
+        json!(i64::MIN),
+        json!(0.5),
+        json!("text"),
+        json!(""),
+        json!(true),
+        json!(null),
+        json!([]),
+        json!({}),
+        json!([{"role": "user"}]),
+        json!({"policy": "window", "budget": u64::MAX}),
+        json!({"include_usage": "yes"}),
+        json!("x".repeat(20_000)),
+        json!([1, "a", null]),
+    ];
+    let mut v = base.clone();
+    let fields: Vec<String> = v.as_object().unwrap().keys().cloned().collect();
+    let extra = [
+        "max_tokens",
+        "temperature",
+        "top_p",
+        "seed",
+        "stop",
+        "n",
+        "stream",
+        "stream_options",
+        "sieve",
+        "presence_penalty",
+        "logprobs",
+        "unknown",
+    ];
+    match rng.below(7) {
+        0 | 1 => {
+            let key = fields[rng.below(fields.len())].clone();
+            v[key.as_str()] = extremes[rng.below(extremes.len())].clone();
+        }
+        2 => {
+            let key = extra[rng.below(extra.len())];
+            v[key] = extremes[rng.below(extremes.len())].clone();
+        }
+        3 => {
+            let key = &fields[rng.below(fields.len())];
+            v.as_object_mut().unwrap().remove(key);
+        }
+        4 => {
+            let depth = 1 + rng.below(5000);
+            let text = format!("{}1{}", "[".repeat(depth), "]".repeat(depth));
+            let key = fields[rng.below(fields.len())].clone();
+            let mut body = v.to_string();
+            let at = body.find(&format!("\"{key}\":")).unwrap() + key.len() + 3;
+            let end = at + v[key.as_str()].to_string().len();
+            body.replace_range(at..end, &text);
+            return body.into_bytes();
+        }
+        5 => {
+            if let Some(m) = v.get_mut("messages").and_then(|m| m.as_array_mut()) {
+                m[0]["content"] = extremes[rng.below(extremes.len())].clone();
+            }
+        }
+        _ => {
+            let body = v.to_string().into_bytes();
+            let cut = rng.below(body.len());
+            return body[..cut].to_vec();
+        }
+    }
+    v.to_string().into_bytes()
+}
+
+/// Hundreds of mutated request bodies: each gets an answer (200, or 400 or
+/// 413 with OpenAI's error object) within the timeout, never a dropped
+/// connection; the server's memory stays bounded and it still answers.
+#[test]
+fn mutated_request_bodies_never_break_the_server() {
+    let server = Server::start(&["--parallel", "4", "--body-limit", "65536"]);
+    let chat = json!({"model": "tiny", "messages": [{"role": "user", "content": "Hi there"}],
+        "max_tokens": 4, "temperature": 0});
+    let text = json!({"prompt": "Once upon", "max_tokens": 4, "stream": true,
+        "stream_options": {"include_usage": true}});
+    let mut rng = Rng::new();
+    let mut statuses = std::collections::BTreeMap::new();
+    for n in 0..400 {
+        let (path, base) = match n % 2 {
+            0 => ("/v1/chat/completions", &chat),
+            _ => ("/v1/completions", &text),
+        };
+        let body = mutated(&mut rng, base);
+        let (status, _, answer) = server.request("POST", path, &[], &body);
+        let what = String::from_utf8_lossy(&body[..body.len().min(120)]).to_string();
+        assert!(
+            [200, 400, 413].contains(&status),
+            "case {n} {path} {what}: status {status}: {answer}"
+        );
+        if status != 200 {
+            let e: Value = serde_json::from_str(&answer)
+                .unwrap_or_else(|_| panic!("case {n} {what}: not JSON: {answer}"));
+            assert!(e["error"]["message"].is_string(), "case {n}: {answer}");
+        }
+        *statuses.entry(status).or_insert(0) += 1;
+    }
+    eprintln!("mutated request bodies: {statuses:?}");
+    assert!(statuses.len() >= 2, "{statuses:?}");
+    let status = std::fs::read_to_string(format!("/proc/{}/status", server.child.id()));
+    if let Some(kb) = status.ok().and_then(|s| {
+        s.lines()
+            .find(|l| l.starts_with("VmHWM:"))
+            .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+    }) {
+        assert!(kb < 4 << 20, "the server's peak memory reached {kb} kB");
+    }
+    let (status, _, answer) = server.post(
+        "/v1/completions",
+        &json!({"prompt": "Hello", "max_tokens": 2}),
+    );
+    assert_eq!(status, 200, "{answer}");
+}

@@ -109,6 +109,8 @@ pub struct Scheduler {
     parked: Vec<Parked>,
     /// Cache entries evicted so far, per policy name.
     evicted: BTreeMap<&'static str, u64>,
+    /// Sequences that failed on their own (`take_failed`).
+    failed: Vec<(SequenceId, Error)>,
     next_id: u64,
 }
 
@@ -192,6 +194,7 @@ impl Scheduler {
                 sequences: vec![],
                 parked: vec![],
                 evicted: BTreeMap::new(),
+                failed: vec![],
                 next_id: 0,
             })
         };
@@ -342,18 +345,30 @@ impl Scheduler {
     }
 
     /// Steps until every sequence has finished; returns them in the order
-    /// they finished.
+    /// they finished. A sequence that fails on its own is the error (the
+    /// others stay, to be stepped on).
     pub fn run(&mut self) -> Result<Vec<(SequenceId, Generation)>> {
         let mut done = vec![];
         while !self.sequences.is_empty() {
             done.extend(self.step()?);
+            if let Some((_, e)) = self.take_failed().into_iter().next() {
+                return Err(e);
+            }
         }
         Ok(done)
     }
 
+    /// The sequences that failed on their own in the steps since the last
+    /// call ([`ErrorKind::NonFiniteLogits`], say), each with its error: they
+    /// are removed, their caches freed, and the others went on.
+    pub fn take_failed(&mut self) -> Vec<(SequenceId, Error)> {
+        std::mem::take(&mut self.failed)
+    }
+
     /// One step of every sequence together; returns the sequences that
-    /// finished (their caches are freed). An error from the GPU fails the
-    /// step's sequences ([`ErrorKind::Gpu`]); they are removed.
+    /// finished (their caches are freed). An error of the step itself
+    /// fails the step's sequences ([`ErrorKind::Gpu`]); they are removed.
+    /// One sequence's own failure removes it alone (`take_failed`).
     pub fn step(&mut self) -> Result<Vec<(SequenceId, Generation)>> {
         self.step_inner()
             .map_err(|e| Error::classify(e, ErrorKind::Gpu))
@@ -379,8 +394,8 @@ impl Scheduler {
             }
             return Ok(finished);
         }
-        match self.run_parts(&parts) {
-            Ok(()) => {}
+        let failed = match self.run_parts(&parts) {
+            Ok(failed) => failed,
             Err(e) => {
                 // The step's sequences are out of step with their caches.
                 let mut failed: Vec<usize> = parts.iter().map(|p| p.index).collect();
@@ -390,14 +405,23 @@ impl Scheduler {
                 }
                 return Err(e);
             }
-        }
-        let mut ended: Vec<(usize, StopReason)> = parts
+        };
+        // Those that end after this step, or failed in it (not both).
+        let mut leaving: Vec<(usize, std::result::Result<StopReason, anyhow::Error>)> = parts
             .iter()
-            .filter_map(|p| p.stop_after.map(|s| (p.index, s)))
+            .filter(|p| !failed.iter().any(|(i, _)| *i == p.index))
+            .filter_map(|p| p.stop_after.map(|s| (p.index, Ok(s))))
             .collect();
-        ended.sort_unstable_by_key(|&(i, _)| std::cmp::Reverse(i));
-        for (i, stop) in ended {
-            finished.push(self.finish(i, stop));
+        leaving.extend(failed.into_iter().map(|(i, e)| (i, Err(e))));
+        leaving.sort_unstable_by_key(|(i, _)| std::cmp::Reverse(*i));
+        for (i, end) in leaving {
+            match end {
+                Ok(stop) => finished.push(self.finish(i, stop)),
+                Err(e) => {
+                    let s = self.remove(i);
+                    self.failed.push((s.id, Error::classify(e, ErrorKind::Gpu)));
+                }
+            }
         }
         Ok(finished)
     }
@@ -491,8 +515,9 @@ impl Scheduler {
     }
 
     /// Runs the planned step and records it: each sequence's cache entries,
-    /// its sampled token, its phase.
-    fn run_parts(&mut self, parts: &[Part]) -> anyhow::Result<()> {
+    /// its sampled token, its phase. Returns the sequences that failed on
+    /// their own (by index), not recorded; an error is the step's.
+    fn run_parts(&mut self, parts: &[Part]) -> anyhow::Result<Vec<(usize, anyhow::Error)>> {
         // The engines in the parts' order (one part per sequence).
         let mut sequences: Vec<Option<&mut Sequence>> =
             self.sequences.iter_mut().map(Some).collect();
@@ -510,12 +535,23 @@ impl Scheduler {
             };
             work.push((&mut s.engine, step));
         }
-        let sampled = self.batch.step(&mut work)?;
+        let sampled = self.batch.step_each(&mut work)?;
         drop(work);
+        let mut failed = vec![];
         for (p, token) in parts.iter().zip(sampled) {
             let s = &mut self.sequences[p.index];
+            let recorded = token.and_then(|token| {
+                s.cache.record_step(&s.engine, &p.ids, &p.positions)?;
+                Ok(token)
+            });
+            let token = match recorded {
+                Ok(token) => token,
+                Err(e) => {
+                    failed.push((p.index, e));
+                    continue;
+                }
+            };
             s.tokens.extend_from_slice(&p.ids);
-            s.cache.record_step(&s.engine, &p.ids, &p.positions)?;
             if let Phase::Prompt { fed } = s.phase {
                 s.phase = Phase::Prompt {
                     fed: fed + p.ids.len(),
@@ -529,7 +565,7 @@ impl Scheduler {
                 s.phase = Phase::Decode { next };
             }
         }
-        Ok(())
+        Ok(failed)
     }
 
     /// Removes sequence `i` and returns its generation; its cache is freed,

@@ -122,26 +122,27 @@ impl Batch {
     /// Runs one step of every sequence in `seqs` together and returns each
     /// one's sampled token (None where it does not sample). Every check of
     /// `Engine::step` applies to each sequence; the rows of all of them
-    /// must fit the batch.
+    /// must fit the batch. A sequence's own failure (non-finite logits) is
+    /// the step's error, after every sequence's step completed.
     pub fn step(&mut self, seqs: &mut [(&mut Engine, SeqStep)]) -> Result<Vec<Option<u32>>> {
+        self.step_each(seqs)?.into_iter().collect()
+    }
+
+    /// As `step`, with each sequence's own result: one whose logits are
+    /// not finite fails alone, and the others' steps stand. The outer
+    /// error is the step's (a check, the submission): nothing ran.
+    pub fn step_each(
+        &mut self,
+        seqs: &mut [(&mut Engine, SeqStep)],
+    ) -> Result<Vec<Result<Option<u32>>>> {
         let submitted = self.submit(seqs)?;
-        let mut tokens = Vec::with_capacity(seqs.len());
-        let mut first_error = None;
         // Every sequence's step is completed (its readbacks freed) even
         // after one fails.
-        for ((engine, _), s) in seqs.iter_mut().zip(submitted) {
-            match engine.complete(s) {
-                Ok(t) => tokens.push(t),
-                Err(e) => {
-                    tokens.push(None);
-                    first_error.get_or_insert(e);
-                }
-            }
-        }
-        match first_error {
-            Some(e) => Err(e),
-            None => Ok(tokens),
-        }
+        Ok(seqs
+            .iter_mut()
+            .zip(submitted)
+            .map(|((engine, _), s)| engine.complete(s))
+            .collect())
     }
 
     /// The logits of rows `rows` of the last step (a sequence's rows follow

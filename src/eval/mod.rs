@@ -104,7 +104,11 @@ pub fn greedy_jobs(
         if scheduler.active() == 0 {
             return Ok(());
         }
-        for (id, g) in scheduler.step()? {
+        let finished = scheduler.step()?;
+        if let Some((_, e)) = scheduler.take_failed().into_iter().next() {
+            return Err(e.into());
+        }
+        for (id, g) in finished {
             let (i, t) = running
                 .remove(&id)
                 .context("a finished sequence was added")?;

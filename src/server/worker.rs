@@ -123,6 +123,13 @@ pub fn run(
                         .fetch_add(g.stats.generated_tokens as u64, Ordering::Relaxed);
                     let _ = events.send(Event::Done(g));
                 }
+                // Non-finite logits, say: that request fails, the others go on.
+                for (id, e) in scheduler.take_failed() {
+                    if let Some(events) = running.remove(&id) {
+                        counters.failed.fetch_add(1, Ordering::Relaxed);
+                        let _ = events.send(Event::Failed(e));
+                    }
+                }
             }
             Err(e) => {
                 // The step's sequences were removed; they fail, the others

@@ -16,28 +16,32 @@ if ! PYTHONPATH="$deps" python3 -c "import openai" 2>/dev/null; then
 fi
 pids=()
 trap 'kill "${pids[@]}" 2>/dev/null || true' EXIT
-# start NAME ARGS...: starts a server on a free port; prints its address
-# once it answers /health.
+# start NAME ARGS...: starts a server on a free port (in this shell, so
+# that its pid is kept) and sets `address` once it answers /health.
 start() {
   local name=$1
   shift
   "$bin" serve --port 0 --parallel 6 "$@" >"$out/$name.out" 2>"$out/$name.err" &
   pids+=($!)
-  local address=""
+  address=""
   for _ in $(seq 600); do
     address=$(sed -n 's|.*listening on \(http://[^ ]*\).*|\1|p' "$out/$name.out")
-    if [ -n "$address" ] && python3 - "$address" <<'PY' 2>/dev/null; then break; fi
+    if [ -n "$address" ] && python3 - "$address" <<'PY' 2>/dev/null; then return 0; fi
 import sys, urllib.request
 urllib.request.urlopen(sys.argv[1] + "/health", timeout=5)
 PY
     sleep 0.5
   done
-  [ -n "$address" ] || { cat "$out/$name.err" >&2; echo "openai-client: $name did not start" >&2; exit 1; }
-  echo "$address"
+  cat "$out/$name.err" >&2
+  echo "openai-client: $name did not start" >&2
+  exit 1
 }
-serving=$(start serving)
-fresh=$(start fresh --no-cache-reuse)
+start serving
+serving=$address
+start fresh --no-cache-reuse
+fresh=$address
 PYTHONPATH="$deps" python3 tests/openai_client.py "$serving" "$fresh"
+[ "${#pids[@]}" = 2 ] || { echo "openai-client: expected 2 servers, have ${#pids[@]}" >&2; exit 1; }
 for pid in "${pids[@]}"; do
   kill -TERM "$pid"
   wait "$pid" || { echo "openai-client: a server did not exit 0 after SIGTERM" >&2; exit 1; }

@@ -59,10 +59,10 @@ pub struct SchedulerOptions {
     pub cache: Option<CacheOptions>,
     /// Keep a finished sequence's cache (until its place in the pool is
     /// needed) for a later prompt that continues it, such as the next turn
-    /// of a conversation: only the new part is fed. A full cache is reused
-    /// for the longest prefix it shares with the prompt, a bounded one when
-    /// all it was fed is a prefix of the prompt, with the same cache
-    /// options either way.
+    /// of a conversation: only the new part is fed. The prompt must begin
+    /// with all the cache was fed, with the same cache options; when no
+    /// cache of the pool is free, a full cache also serves a prompt that
+    /// shares only a prefix with it (cut to that prefix).
     pub reuse: bool,
 }
 
@@ -111,6 +111,9 @@ pub struct Scheduler {
     evicted: BTreeMap<&'static str, u64>,
     /// Sequences that failed on their own (`take_failed`).
     failed: Vec<(SequenceId, Error)>,
+    /// Sequences finished and not yet returned by `step` (kept when a step
+    /// fails after they ended).
+    done: Vec<(SequenceId, Generation)>,
     next_id: u64,
 }
 
@@ -195,6 +198,7 @@ impl Scheduler {
                 parked: vec![],
                 evicted: BTreeMap::new(),
                 failed: vec![],
+                done: vec![],
                 next_id: 0,
             })
         };
@@ -293,7 +297,7 @@ impl Scheduler {
             );
         }
         let reused = match self.opts.reuse {
-            true => self.take_parked(prompt, &cache_opts)?,
+            true => self.take_parked(prompt, &cache_opts),
             false => None,
         };
         let (block, engine, cache, cached) = match reused {
@@ -371,42 +375,47 @@ impl Scheduler {
     /// One sequence's own failure removes it alone (`take_failed`).
     pub fn step(&mut self) -> Result<Vec<(SequenceId, Generation)>> {
         self.step_inner()
-            .map_err(|e| Error::classify(e, ErrorKind::Gpu))
+            .map_err(|e| Error::classify(e, ErrorKind::Gpu))?;
+        Ok(std::mem::take(&mut self.done))
     }
 
-    fn step_inner(&mut self) -> anyhow::Result<Vec<(SequenceId, Generation)>> {
-        let mut finished = vec![];
+    /// One step; the sequences that finish go to `done` (and stay there,
+    /// to be returned, when the step fails after they ended).
+    fn step_inner(&mut self) -> anyhow::Result<()> {
         // Ends decided before a token is fed: cancel, max tokens, end of
         // sequence, a full context.
         let mut i = 0;
         while i < self.sequences.len() {
             match self.end_before_step(i) {
-                Some(stop) => finished.push(self.finish(i, stop)),
+                Some(stop) => {
+                    let finished = self.finish(i, stop);
+                    self.done.push(finished);
+                }
                 None => i += 1,
             }
         }
-        let parts = self.plan()?;
-        if parts.is_empty() {
-            if !self.sequences.is_empty() {
-                // Cannot happen (every running sequence decodes one token or
-                // reads part of its prompt); an error rather than a hang.
-                bail_kind!(ErrorKind::Gpu, "no sequence could take a token this step");
-            }
-            return Ok(finished);
+        let (parts, mut failed) = self.plan();
+        if parts.is_empty() && failed.is_empty() && !self.sequences.is_empty() {
+            // Cannot happen (every running sequence decodes one token or
+            // reads part of its prompt); an error rather than a hang.
+            bail_kind!(ErrorKind::Gpu, "no sequence could take a token this step");
         }
-        let failed = match self.run_parts(&parts) {
-            Ok(failed) => failed,
-            Err(e) => {
-                // The step's sequences are out of step with their caches.
-                let mut failed: Vec<usize> = parts.iter().map(|p| p.index).collect();
-                failed.sort_unstable();
-                for &i in failed.iter().rev() {
-                    self.remove(i);
+        if !parts.is_empty() {
+            match self.run_parts(&parts) {
+                Ok(f) => failed.extend(f),
+                Err(e) => {
+                    // The step's sequences are out of step with their caches.
+                    let mut gone: Vec<usize> = parts.iter().map(|p| p.index).collect();
+                    gone.extend(failed.iter().map(|(i, _)| *i));
+                    gone.sort_unstable();
+                    for &i in gone.iter().rev() {
+                        self.remove(i);
+                    }
+                    return Err(e);
                 }
-                return Err(e);
             }
-        };
-        // Those that end after this step, or failed in it (not both).
+        }
+        // Those that end after this step, and those that failed (not both).
         let mut leaving: Vec<(usize, std::result::Result<StopReason, anyhow::Error>)> = parts
             .iter()
             .filter(|p| !failed.iter().any(|(i, _)| *i == p.index))
@@ -416,14 +425,17 @@ impl Scheduler {
         leaving.sort_unstable_by_key(|(i, _)| std::cmp::Reverse(*i));
         for (i, end) in leaving {
             match end {
-                Ok(stop) => finished.push(self.finish(i, stop)),
+                Ok(stop) => {
+                    let finished = self.finish(i, stop);
+                    self.done.push(finished);
+                }
                 Err(e) => {
                     let s = self.remove(i);
                     self.failed.push((s.id, Error::classify(e, ErrorKind::Gpu)));
                 }
             }
         }
-        Ok(finished)
+        Ok(())
     }
 
     /// Why sequence `i` ends before this step feeds it anything, emitting
@@ -453,9 +465,11 @@ impl Scheduler {
     /// left, the prompt with the fewest tokens left first (a short request
     /// gets its first token within a step even while long prompts are
     /// read; the long ones take the rest of every step), then the oldest.
-    /// Refreshes each full bounded cache first.
-    fn plan(&mut self) -> anyhow::Result<Vec<Part>> {
+    /// Refreshes each full bounded cache first. Also returns the sequences
+    /// that failed on their own here (by index), with no part.
+    fn plan(&mut self) -> (Vec<Part>, Vec<(usize, anyhow::Error)>) {
         let mut parts = vec![];
+        let mut failed = vec![];
         let mut budget = self.opts.step_tokens;
         for i in 0..self.sequences.len() {
             let s = &mut self.sequences[i];
@@ -463,10 +477,19 @@ impl Scheduler {
                 continue;
             };
             let pos = s.tokens.len() as u32;
+            // A refresh or the text failing fails this sequence alone.
+            let emitted = make_room(s, pos, &mut self.evicted).and_then(|()| {
+                let text = s.text.as_mut().expect("a running sequence has its text");
+                text.push(&self.tokenizer, next, &mut s.on_text)
+            });
+            let stop_after = match emitted {
+                Ok(stop) => stop,
+                Err(e) => {
+                    failed.push((i, e));
+                    continue;
+                }
+            };
             s.ids.push(next);
-            let text = s.text.as_mut().expect("a running sequence has its text");
-            let stop_after = text.push(&self.tokenizer, next, &mut s.on_text)?;
-            make_room(s, pos, &mut self.evicted)?;
             parts.push(Part {
                 index: i,
                 ids: vec![next],
@@ -484,15 +507,18 @@ impl Scheduler {
             .collect();
         prompting.sort_unstable();
         for (_, i) in prompting {
+            if budget == 0 {
+                break;
+            }
             let s = &mut self.sequences[i];
             let Phase::Prompt { fed } = s.phase else {
                 continue;
             };
-            if budget == 0 {
-                break;
-            }
             let pos = s.tokens.len() as u32;
-            make_room(s, pos, &mut self.evicted)?;
+            if let Err(e) = make_room(s, pos, &mut self.evicted) {
+                failed.push((i, e));
+                continue;
+            }
             let room = s.cache.room(&s.engine);
             let n = (s.prompt.len() - fed)
                 .min(budget)
@@ -511,7 +537,7 @@ impl Scheduler {
             });
             budget -= n;
         }
-        Ok(parts)
+        (parts, failed)
     }
 
     /// Runs the planned step and records it: each sequence's cache entries,
@@ -618,14 +644,13 @@ impl Scheduler {
         oldest.block
     }
 
-    /// The parked sequence whose cache serves `prompt` best (the longest
-    /// prefix of it), truncated to the part it shares, and that part's
-    /// length; None when none shares any.
-    fn take_parked(
-        &mut self,
-        prompt: &[u32],
-        opts: &CacheOptions,
-    ) -> anyhow::Result<Option<(Parked, usize)>> {
+    /// The parked sequence whose cache serves `prompt` best, and the
+    /// length of the prompt's prefix it holds: one whose every token the
+    /// prompt continues (the next turn of its conversation), or, when no
+    /// cache of the pool is free, a full cache cut to the prefix it shares
+    /// (rather than evicting it for nothing). None when none serves.
+    fn take_parked(&mut self, prompt: &[u32], opts: &CacheOptions) -> Option<(Parked, usize)> {
+        let none_free = self.pool.iter().all(|(_, busy)| *busy);
         let usable = |p: &Parked| -> usize {
             let full = opts.policy == Policy::Full;
             if (p.cache.opts.policy == Policy::Full) != full || (!full && p.cache.opts != *opts) {
@@ -638,7 +663,8 @@ impl Scheduler {
                 .take_while(|(a, b)| a == b)
                 .count()
                 .min(prompt.len() - 1);
-            match full || shared == p.tokens.len() {
+            let continues = shared == p.tokens.len();
+            match continues || (full && none_free) {
                 true => shared,
                 false => 0,
             }
@@ -647,15 +673,17 @@ impl Scheduler {
             .map(|i| (usable(&self.parked[i]), i))
             .filter(|&(n, _)| n > 0)
             .max();
-        let Some((n, i)) = best else {
-            return Ok(None);
-        };
+        let (n, i) = best?;
         let mut p = self.parked.remove(i);
         if p.tokens.len() > n {
-            p.cache.truncate(&mut p.engine, n)?;
+            if p.cache.truncate(&mut p.engine, n).is_err() {
+                // Out of step with its engine (cannot happen): not reused.
+                self.pool[p.block].1 = false;
+                return None;
+            }
             p.tokens.truncate(n);
         }
-        Ok(Some((p, n)))
+        Some((p, n))
     }
 
     /// Removes sequence `i`, its cache back in the pool.

@@ -74,6 +74,10 @@ fn fidelity_matches_the_reference_metrics() {
             serde_json::to_value(&sums).unwrap(),
             "{name}"
         );
+        // A document no longer than J + h: nothing to compare, no error.
+        let short = &ids[..u("J")];
+        let none = fidelity_document(&model, short, &base, &configs, 4, |_| {}).unwrap();
+        assert!(none.iter().all(|m| m.positions == 0), "{name}");
         for (p, m) in policies.iter().zip(&sums) {
             let g = &metrics[name][p];
             let f = |k: &str| g[k].as_f64().unwrap();

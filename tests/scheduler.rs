@@ -251,6 +251,18 @@ fn opts_small() -> SchedulerOptions {
     }
 }
 
+/// Two sequences of 256 slots, 16 tokens a step.
+fn small_scheduler(llm: &Llm, reuse: bool) -> Scheduler {
+    let opts = SchedulerOptions {
+        max_sequences: 2,
+        step_tokens: 16,
+        max_context: 256,
+        cache: None,
+        reuse,
+    };
+    Scheduler::new(llm, opts).unwrap()
+}
+
 /// A scheduler can live on a worker thread.
 #[test]
 fn a_scheduler_is_send() {
@@ -346,17 +358,7 @@ fn a_finished_sequence_serves_the_prompt_that_continues_it() {
 #[test]
 fn a_short_prompt_is_not_stuck_behind_a_long_one() {
     let llm = llm();
-    let mut scheduler = Scheduler::new(
-        &llm,
-        SchedulerOptions {
-            max_sequences: 2,
-            step_tokens: 16,
-            max_context: 256,
-            cache: None,
-            reuse: false,
-        },
-    )
-    .unwrap();
+    let mut scheduler = small_scheduler(&llm, false);
     let opts = |n| GenerateOptions {
         max_new_tokens: n,
         stop_at_eos: false,
@@ -373,4 +375,37 @@ fn a_short_prompt_is_not_stuck_behind_a_long_one() {
     assert_eq!(finished, vec![short_id], "the short prompt waited");
     let rest = scheduler.run().unwrap();
     assert_eq!(rest[0].0, long_id);
+}
+
+/// While the pool has a free cache, a prompt that shares only a prefix
+/// with a parked conversation (a chat template's first tokens, say) does
+/// not take and cut its cache: the conversation's next turn still finds it
+/// whole.
+#[test]
+fn a_parked_conversation_is_not_cut_while_a_cache_is_free() {
+    let llm = llm();
+    let mut scheduler = small_scheduler(&llm, true);
+    let opts = GenerateOptions {
+        max_new_tokens: 4,
+        stop_at_eos: false,
+        ..Default::default()
+    };
+    let a: Vec<u32> = (0..12).map(|i| 100 + i).collect();
+    scheduler.add(&a, opts.clone(), None, |_| true).unwrap();
+    let (_, first) = scheduler.run().unwrap().remove(0);
+    // Another conversation with the same first 5 tokens.
+    let b: Vec<u32> = a[..5].iter().chain(&[300, 301, 302]).copied().collect();
+    scheduler.add(&b, opts.clone(), None, |_| true).unwrap();
+    let (_, other) = scheduler.run().unwrap().remove(0);
+    assert_eq!(other.stats.cached_tokens, 0);
+    // The first conversation's next turn.
+    let next: Vec<u32> = a
+        .iter()
+        .chain(&first.ids)
+        .chain(&[400, 401])
+        .copied()
+        .collect();
+    scheduler.add(&next, opts, None, |_| true).unwrap();
+    let (_, second) = scheduler.run().unwrap().remove(0);
+    assert_eq!(second.stats.cached_tokens, a.len() + first.ids.len());
 }

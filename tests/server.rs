@@ -435,6 +435,14 @@ fn bad_requests_get_their_status_and_error_object() {
             None,
         ),
         (
+            json!({"messages": user, "max_tokens": u64::MAX})
+                .to_string()
+                .into(),
+            400,
+            Some("messages"),
+            Some("context_length_exceeded"),
+        ),
+        (
             json!({"messages": [{"role": "user", "content": "word ".repeat(300)}]})
                 .to_string()
                 .into(),
@@ -468,6 +476,9 @@ fn bad_requests_get_their_status_and_error_object() {
     }
     let (status, _, text) = server.get("/v1/nothing");
     assert_eq!(status, 404);
+    assert!(text.contains("\"error\""), "{text}");
+    let (status, _, text) = server.get("/v1/chat/completions");
+    assert_eq!(status, 405);
     assert!(text.contains("\"error\""), "{text}");
 
     // A client that goes mid-stream: its sequence ends and frees its cache.

@@ -135,7 +135,6 @@ pub fn fidelity_document(
         progress(tokens.len());
     }
     let group = batch.clamp(1, configs.len() + 1);
-    let mut stepper = Batch::new(model.clone(), h * group, h * group, tokens.len().max(1))?;
     let mut caches = vec![BoundedCache::new(
         CacheOptions::new(Policy::Full, 0, h),
         layers,
@@ -158,6 +157,14 @@ pub fn fidelity_document(
             _ => BoundedCache::new(opts, layers)?,
         });
     }
+    // A bounded cache takes J + h slots, more than a short document's.
+    let slots = caches
+        .iter()
+        .map(|c| c.capacity().unwrap_or(tokens.len()))
+        .max()
+        .unwrap_or(1)
+        .max(1);
+    let mut stepper = Batch::new(model.clone(), h * group, h * group, slots)?;
     let mut runs = caches
         .into_iter()
         .map(|cache| {

@@ -209,10 +209,19 @@ pub fn parse_generate(body: &Map<String, Value>) -> Result<Generate, ApiError> {
             ))
         }
     };
+    // Without a seed, each request samples differently (as OpenAI's API).
+    let seed = seed.unwrap_or_else(|| {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+        static DRAWS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let draw = DRAWS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        nanos ^ draw.wrapping_mul(0x9e37_79b9_7f4a_7c15)
+    });
     let sampling = SamplingParams {
         temperature: temperature as f32,
         top_p: top_p as f32,
-        seed: seed.unwrap_or(0),
+        seed,
         ..SamplingParams::GREEDY
     };
     Ok(Generate {
@@ -399,6 +408,14 @@ pub enum Kind {
 }
 
 impl Kind {
+    /// The request field that holds the prompt.
+    pub fn prompt_param(self) -> &'static str {
+        match self {
+            Kind::Chat => "messages",
+            Kind::Text => "prompt",
+        }
+    }
+
     fn object(self, chunk: bool) -> &'static str {
         match (self, chunk) {
             (Kind::Chat, false) => "chat.completion",

@@ -179,6 +179,13 @@ fn router(app: Arc<App>) -> Router {
         .route("/v1/models", get(models))
         .route("/health", get(health))
         .route("/metrics", get(metrics))
+        .method_not_allowed_fallback(|| async {
+            ApiError::status(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "invalid_request_error",
+                "this endpoint does not take that method (completions are POST, the rest GET)",
+            )
+        })
         .fallback(|| async {
             ApiError::status(
                 StatusCode::NOT_FOUND,
@@ -263,8 +270,8 @@ async fn complete(
     body: Result<Bytes, BytesRejection>,
     kind: Kind,
 ) -> Response {
-    app.requests.fetch_add(1, Ordering::Relaxed);
-    match start(&app, headers, body, kind) {
+    let id = app.requests.fetch_add(1, Ordering::Relaxed) + 1;
+    match start(&app, headers, body, kind, id) {
         Ok((envelope, generate, events)) => {
             if generate.stream {
                 stream(envelope, generate, events).into_response()
@@ -285,6 +292,7 @@ fn start(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
     kind: Kind,
+    id: u64,
 ) -> Result<(Envelope, Generate, UnboundedReceiver<Event>), ApiError> {
     app.authorize(&headers)?;
     let bytes = body_bytes(body, app.opts.body_limit)?;
@@ -310,12 +318,8 @@ fn start(
     let cache = api::parse_cache(&body, &app.opts.cache, app.opts.max_context)?;
     let bounded = cache.policy != Policy::Full;
     let max_context = app.opts.max_context;
-    let prompt_param = match kind {
-        Kind::Chat => "messages",
-        Kind::Text => "prompt",
-    };
     let context_error = |message: String| {
-        ApiError::invalid(Some(prompt_param), message).with_code("context_length_exceeded")
+        ApiError::invalid(Some(kind.prompt_param()), message).with_code("context_length_exceeded")
     };
     if prompt.is_empty() {
         return Err(ApiError::invalid(None, "the prompt has no tokens"));
@@ -325,13 +329,15 @@ fn start(
         (None, true) => max_context,
         (None, false) => max_context.saturating_sub(prompt.len()),
     };
-    if !bounded && prompt.len() + max_tokens > max_context {
+    if !bounded && prompt.len().saturating_add(max_tokens) > max_context {
         return Err(context_error(format!(
             "this model's context is {max_context} tokens; the request has {} prompt tokens and asks for {max_tokens} more",
             prompt.len()
         )));
     }
-    if app.counters.waiting.load(Ordering::Relaxed) >= app.opts.queue {
+    // Counted before the check, so that requests at once cannot all pass it.
+    if app.counters.waiting.fetch_add(1, Ordering::Relaxed) >= app.opts.queue {
+        app.counters.waiting.fetch_sub(1, Ordering::Relaxed);
         return Err(ApiError {
             retry_after: Some(1),
             ..ApiError::status(
@@ -359,7 +365,6 @@ fn start(
         cache: Some(cache),
         events: tx,
     };
-    app.counters.waiting.fetch_add(1, Ordering::Relaxed);
     if loaded.jobs.send(job).is_err() {
         app.counters.waiting.fetch_sub(1, Ordering::Relaxed);
         return Err(ApiError::status(
@@ -368,7 +373,6 @@ fn start(
             "the model's worker has stopped",
         ));
     }
-    let id = app.requests.load(Ordering::Relaxed);
     let envelope = Envelope {
         kind,
         id: match kind {
@@ -385,13 +389,12 @@ fn start(
     Ok((envelope, generate, rx))
 }
 
-/// The error of a failed generation.
-fn failure(e: crate::error::Error) -> ApiError {
+/// The error of a failed generation of a request of `kind`.
+fn failure(e: crate::error::Error, kind: Kind) -> ApiError {
     use crate::error::ErrorKind;
     match e.kind() {
-        ErrorKind::PromptTooLong => {
-            ApiError::invalid(Some("messages"), e.to_string()).with_code("context_length_exceeded")
-        }
+        ErrorKind::PromptTooLong => ApiError::invalid(Some(kind.prompt_param()), e.to_string())
+            .with_code("context_length_exceeded"),
         ErrorKind::InvalidOptions => ApiError::invalid(None, e.to_string()),
         _ => ApiError::status(
             StatusCode::INTERNAL_SERVER_ERROR,
@@ -406,7 +409,7 @@ async fn whole(envelope: Envelope, mut events: UnboundedReceiver<Event>) -> Resp
         match event {
             Event::Text(_) => {}
             Event::Done(g) => return Json(envelope.response(&g)).into_response(),
-            Event::Failed(e) => return failure(e).into_response(),
+            Event::Failed(e) => return failure(e, envelope.kind).into_response(),
         }
     }
     ApiError::status(
@@ -435,7 +438,14 @@ fn stream(
             return;
         }
         let mut generation: Option<Generation> = None;
-        while let Some(event) = events.recv().await {
+        loop {
+            // A client that goes drops the stream: stop reading events, so
+            // that the worker sees the request gone (even before a token).
+            let event = tokio::select! {
+                event = events.recv() => event,
+                _ = tx.closed() => return,
+            };
+            let Some(event) = event else { break };
             let chunk = match event {
                 Event::Text(t) => envelope.text_chunk(&t),
                 Event::Done(g) => {
@@ -443,7 +453,7 @@ fn stream(
                     generation = Some(g);
                     chunk
                 }
-                Event::Failed(e) => failure(e).body(),
+                Event::Failed(e) => failure(e, envelope.kind).body(),
             };
             if !send(chunk).await {
                 return;

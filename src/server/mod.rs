@@ -530,7 +530,7 @@ async fn metrics(State(app): State<Arc<App>>) -> Response {
     metric(
         "sieve_requests_cancelled_total",
         counter,
-        "Generations cancelled (the client went).",
+        "Requests cancelled (the client went, while running or waiting).",
         &one(load(&c.cancelled)),
     );
     metric(

@@ -81,6 +81,8 @@ pub fn run(
             let Some(job) = queue.pop_front() else { break };
             counters.waiting.fetch_sub(1, Ordering::Relaxed);
             if job.events.is_closed() {
+                // Its client went while it waited: it never starts.
+                counters.cancelled.fetch_add(1, Ordering::Relaxed);
                 continue;
             }
             let tx = job.events.clone();

@@ -126,6 +126,11 @@ struct Parked {
     tokens: Vec<u32>,
 }
 
+/// Steps in a row a prompt may get no token before it goes first (shortest
+/// first otherwise): a long prompt still reads at least one chunk every
+/// `PROMPT_WAIT_STEPS + 1` steps however many short ones arrive.
+const PROMPT_WAIT_STEPS: usize = 4;
+
 /// Where a sequence is.
 enum Phase {
     /// Reading its prompt: `fed` tokens of it so far.
@@ -147,6 +152,9 @@ struct Sequence {
     tokens: Vec<u32>,
     opts: GenerateOptions,
     phase: Phase,
+    /// Steps in a row this sequence was reading its prompt and got no
+    /// token of the step (see `PROMPT_WAIT_STEPS`).
+    waited: usize,
     /// Sampling steps so far (each sampling step's counter).
     steps: u32,
     ids: Vec<u32>,
@@ -328,6 +336,7 @@ impl Scheduler {
             text: Some(StopText::new(&opts.stop_strings)),
             opts,
             phase: Phase::Prompt { fed: cached },
+            waited: 0,
             steps: 0,
             ids: vec![],
             on_text,
@@ -464,7 +473,10 @@ impl Scheduler {
     /// (emitted to its callback now), then prompt chunks with the tokens
     /// left, the prompt with the fewest tokens left first (a short request
     /// gets its first token within a step even while long prompts are
-    /// read; the long ones take the rest of every step), then the oldest.
+    /// read; the long ones take the rest of every step), then the oldest;
+    /// but a prompt that got nothing for `PROMPT_WAIT_STEPS` steps in a
+    /// row goes before them all (short prompts arriving without end do
+    /// not starve a long one).
     /// Refreshes each full bounded cache first. Also returns the sequences
     /// that failed on their own here (by index), with no part.
     fn plan(&mut self) -> (Vec<Part>, Vec<(usize, anyhow::Error)>) {
@@ -499,18 +511,22 @@ impl Scheduler {
             });
             budget -= 1;
         }
-        let mut prompting: Vec<(usize, usize)> = (self.sequences.iter().enumerate())
+        let mut prompting: Vec<(bool, usize, usize)> = (self.sequences.iter().enumerate())
             .filter_map(|(i, s)| match s.phase {
-                Phase::Prompt { fed } => Some((s.prompt.len() - fed, i)),
+                Phase::Prompt { fed } => {
+                    Some((s.waited < PROMPT_WAIT_STEPS, s.prompt.len() - fed, i))
+                }
                 Phase::Decode { .. } => None,
             })
             .collect();
         prompting.sort_unstable();
-        for (_, i) in prompting {
-            if budget == 0 {
-                break;
-            }
+        for (_, _, i) in prompting {
             let s = &mut self.sequences[i];
+            // Counts back to 0 below when it gets a chunk.
+            s.waited += 1;
+            if budget == 0 {
+                continue;
+            }
             let Phase::Prompt { fed } = s.phase else {
                 continue;
             };
@@ -528,6 +544,7 @@ impl Scheduler {
                 continue;
             }
             let ids = s.prompt[fed..fed + n].to_vec();
+            s.waited = 0;
             parts.push(Part {
                 index: i,
                 positions: (pos..pos + n as u32).collect(),

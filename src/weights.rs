@@ -557,6 +557,13 @@ impl GpuMatrix {
                 b.ggml
             );
         }
+        if let Some((i, v)) = b.first_nonfinite_scale(blocks) {
+            bail!(
+                "{what}: block {i} (row {}) has the scale {v}; a {} block's scales must be finite",
+                row0 + i * b.values / self.cols,
+                b.ggml
+            );
+        }
         let values = blocks.len() / row_in * self.cols;
         self.write_encoded(gpu, row0, values, what, |lo, hi, part_format| {
             if part_format != format {

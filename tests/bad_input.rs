@@ -819,3 +819,49 @@ fn interrupted_conversion_leaves_nothing() {
         let _ = std::fs::remove_dir_all(&parent);
     }
 }
+
+/// A GGUF block whose scale is not finite (a corrupt file) is refused when
+/// the model loads, naming the tensor, rather than kept on the GPU to turn
+/// every answer into NaN: for every quantized type, each of its scales.
+#[test]
+fn a_quantized_block_with_a_nan_scale_is_refused() {
+    use sieve::formats::WeightFormat;
+    use sieve::gguf::GgufFile;
+    let dir = golden_dir().join("quant");
+    let mut checked = std::collections::BTreeSet::new();
+    for tag in ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q4_K_M", "Q5_K_M", "Q6_K"] {
+        let file = dir.join(format!("tiny-llama-{tag}.gguf"));
+        let g = GgufFile::open(&file).unwrap();
+        let bytes = std::fs::read(&file).unwrap();
+        // The first matrix of each block type the file holds.
+        let mut seen = std::collections::BTreeSet::new();
+        for t in &g.tensors {
+            let Some(block) = WeightFormat::of_ggml(t.ggml_type).and_then(|f| f.block()) else {
+                continue;
+            };
+            if t.dims.len() != 2 || !seen.insert(t.ggml_type.name()) {
+                continue;
+            }
+            let data = g.tensor_data(t).unwrap();
+            let start = bytes.windows(64).position(|w| w == &data[..64]).unwrap();
+            for &at in block.scales {
+                // The second block's scale.
+                let at = start + block.ggml.block_bytes() as usize + at;
+                let mut bad = bytes.clone();
+                bad[at..at + 2].copy_from_slice(&half::f16::NAN.to_le_bytes());
+                let path = std::env::temp_dir()
+                    .join(format!("sieve-nan-scale-{}-{tag}.gguf", std::process::id()));
+                std::fs::write(&path, &bad).unwrap();
+                let e = load_err(&path);
+                assert!(
+                    e.contains(&t.name) && e.contains("scale") && e.contains("finite"),
+                    "{tag} {}: {e}",
+                    t.name
+                );
+                std::fs::remove_file(&path).unwrap();
+            }
+            checked.insert(t.ggml_type.name());
+        }
+    }
+    assert_eq!(checked.len(), 7, "{checked:?}");
+}

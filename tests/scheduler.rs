@@ -409,3 +409,43 @@ fn a_parked_conversation_is_not_cut_while_a_cache_is_free() {
     let (_, second) = scheduler.run().unwrap().remove(0);
     assert_eq!(second.stats.cached_tokens, a.len() + first.ids.len());
 }
+
+/// Short prompts arriving without end do not starve a long one: it reads a
+/// chunk at least every few steps (shortest first alone, it gets none while
+/// four short prompts at a time take every step's tokens).
+#[test]
+fn a_long_prompt_is_not_starved_by_short_ones() {
+    let llm = llm();
+    let opts = SchedulerOptions {
+        max_sequences: 5,
+        step_tokens: 16,
+        max_context: 256,
+        cache: None,
+        reuse: false,
+    };
+    let mut scheduler = Scheduler::new(&llm, opts).unwrap();
+    let opts = GenerateOptions {
+        max_new_tokens: 1,
+        stop_at_eos: false,
+        ..Default::default()
+    };
+    let long: Vec<u32> = (0..64).map(|i| 100 + i).collect();
+    let long_id = scheduler.add(&long, opts.clone(), None, |_| true).unwrap();
+    let short: Vec<u32> = (0..16).map(|i| 300 + i).collect();
+    for step in 0..40 {
+        while scheduler.active() < 5 {
+            scheduler.add(&short, opts.clone(), None, |_| true).unwrap();
+        }
+        if scheduler
+            .step()
+            .unwrap()
+            .iter()
+            .any(|(id, _)| *id == long_id)
+        {
+            // 4 chunks of 16, each after at most 4 steps without one.
+            assert!(step <= 25, "the long prompt took {step} steps");
+            return;
+        }
+    }
+    panic!("the long prompt never finished while short ones kept coming");
+}

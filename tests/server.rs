@@ -502,11 +502,7 @@ fn bad_requests_get_their_status_and_error_object() {
     let mut first = [0u8; 64];
     s.read_exact(&mut first).unwrap();
     drop(s);
-    let metrics = || server.get("/metrics").2;
     wait_for("the sequence to be cancelled", || {
-        if std::env::var_os("SIEVE_SERVER_DEBUG").is_some() {
-            eprintln!("{}", metrics());
-        }
         server.metric("sieve_requests_cancelled_total") >= 1
     });
     assert_eq!(server.metric("sieve_sequences_busy"), 0);
@@ -743,4 +739,55 @@ fn mutated_request_bodies_never_break_the_server() {
         &json!({"prompt": "Hello", "max_tokens": 2}),
     );
     assert_eq!(status, 200, "{answer}");
+}
+
+/// A model that cannot be loaded ends the server with exit status 1 and
+/// the reason (the file and what is wrong), after it said where it
+/// listened: the load runs while /health answers 503.
+#[test]
+fn a_model_that_cannot_load_ends_the_server() {
+    let dir = std::env::temp_dir().join(format!("sieve-serve-truncated-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let model = tiny_text_model();
+    for f in std::fs::read_dir(&model).unwrap() {
+        let f = f.unwrap().path();
+        std::fs::copy(&f, dir.join(f.file_name().unwrap())).unwrap();
+    }
+    let weights = std::fs::read(model.join("model.safetensors")).unwrap();
+    std::fs::write(dir.join("model.safetensors"), &weights[..weights.len() / 2]).unwrap();
+    let missing = dir.join("no-such-model");
+    for (model, expected) in [
+        (&dir, "not a valid safetensors"),
+        (&missing, "no-such-model"),
+    ] {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_sieve"))
+            .args(["serve", "--model", model.to_str().unwrap(), "--port", "0"])
+            .env("NODEVICE_SELECT", "1")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let t = Instant::now();
+        let status = loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                break status;
+            }
+            if t.elapsed() > Duration::from_secs(120) {
+                let _ = child.kill();
+                panic!("sieve serve --model {} did not end", model.display());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let mut err = String::new();
+        child
+            .stderr
+            .take()
+            .unwrap()
+            .read_to_string(&mut err)
+            .unwrap();
+        assert_eq!(status.code(), Some(1), "{err}");
+        assert!(err.contains(expected) && !err.contains("panicked"), "{err}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -250,6 +250,27 @@ pub struct Block {
     /// Appends the GPU words of one group of GGUF blocks (fewer blocks at
     /// a row's end; the group is padded with zero blocks).
     pub repack: fn(&[u8], &mut Vec<u32>),
+    /// Byte offsets of the f16 scales in one GGUF block: the only floats a
+    /// block holds, so a block decodes to finite values when they are finite.
+    pub scales: &'static [usize],
+}
+
+impl Block {
+    /// The first block of `blocks` (GGUF blocks of this format) with a
+    /// scale that is not finite, and that scale.
+    pub fn first_nonfinite_scale(&self, blocks: &[u8]) -> Option<(usize, f32)> {
+        let bytes = self.ggml.block_bytes() as usize;
+        blocks
+            .chunks_exact(bytes)
+            .enumerate()
+            .find_map(|(i, block)| {
+                self.scales
+                    .iter()
+                    .map(|&at| half::f16::from_le_bytes([block[at], block[at + 1]]).to_f32())
+                    .find(|v| !v.is_finite())
+                    .map(|v| (i, v))
+            })
+    }
 }
 
 /// Everything about one storage format that is not code: its name, its
@@ -276,6 +297,7 @@ const fn block(
     group: usize,
     words: usize,
     repack: fn(&[u8], &mut Vec<u32>),
+    scales: &'static [usize],
 ) -> Option<Block> {
     Some(Block {
         values,
@@ -283,6 +305,7 @@ const fn block(
         group,
         words,
         repack,
+        scales,
     })
 }
 
@@ -310,7 +333,7 @@ const FORMATS: [FormatRow; 9] = [
         name: "q8_0",
         prelude: quantized!("q8_0"),
         texture_words: WEIGHTS_TEXTURE_U32,
-        block: block(32, GgmlType::Q8_0, 1, 9, repack::q8_0),
+        block: block(32, GgmlType::Q8_0, 1, 9, repack::q8_0, &[0]),
         dequantize: dequant::Q8_0,
     },
     FormatRow {
@@ -318,7 +341,7 @@ const FORMATS: [FormatRow; 9] = [
         name: "q4_0",
         prelude: quantized!("q4_0", own_words),
         texture_words: WEIGHTS_TEXTURE_U32X4,
-        block: block(32, GgmlType::Q4_0, 8, 36, repack::q4_0),
+        block: block(32, GgmlType::Q4_0, 8, 36, repack::q4_0, &[0]),
         dequantize: dequant::Q4_0,
     },
     FormatRow {
@@ -326,7 +349,7 @@ const FORMATS: [FormatRow; 9] = [
         name: "q4_1",
         prelude: quantized!("q4_1"),
         texture_words: WEIGHTS_TEXTURE_U32,
-        block: block(32, GgmlType::Q4_1, 1, 5, repack::q4_1),
+        block: block(32, GgmlType::Q4_1, 1, 5, repack::q4_1, &[0, 2]),
         dequantize: dequant::Q4_1,
     },
     FormatRow {
@@ -334,7 +357,7 @@ const FORMATS: [FormatRow; 9] = [
         name: "q5_0",
         prelude: quantized!("q5_0"),
         texture_words: WEIGHTS_TEXTURE_U32,
-        block: block(32, GgmlType::Q5_0, 1, 6, repack::q5_0),
+        block: block(32, GgmlType::Q5_0, 1, 6, repack::q5_0, &[0]),
         dequantize: dequant::Q5_0,
     },
     FormatRow {
@@ -342,7 +365,7 @@ const FORMATS: [FormatRow; 9] = [
         name: "q4_k",
         prelude: quantized!("q4_k"),
         texture_words: WEIGHTS_TEXTURE_U32,
-        block: block(256, GgmlType::Q4_K, 1, 36, repack::q4_k),
+        block: block(256, GgmlType::Q4_K, 1, 36, repack::q4_k, &[0, 2]),
         dequantize: dequant::Q4_K,
     },
     FormatRow {
@@ -350,7 +373,7 @@ const FORMATS: [FormatRow; 9] = [
         name: "q5_k",
         prelude: quantized!("q5_k"),
         texture_words: WEIGHTS_TEXTURE_U32,
-        block: block(256, GgmlType::Q5_K, 1, 44, repack::q5_k),
+        block: block(256, GgmlType::Q5_K, 1, 44, repack::q5_k, &[0, 2]),
         dequantize: dequant::Q5_K,
     },
     FormatRow {
@@ -358,7 +381,7 @@ const FORMATS: [FormatRow; 9] = [
         name: "q6_k",
         prelude: quantized!("q6_k"),
         texture_words: WEIGHTS_TEXTURE_U32,
-        block: block(256, GgmlType::Q6_K, 1, 53, repack::q6_k),
+        block: block(256, GgmlType::Q6_K, 1, 53, repack::q6_k, &[208]),
         dequantize: dequant::Q6_K,
     },
 ];
@@ -401,6 +424,43 @@ mod tests {
             }
         }
         assert_eq!(WeightFormat::ALL.len(), 9);
+    }
+
+    /// A block's listed scales are the floats llama.cpp decodes it with: a
+    /// NaN at each of them makes the CPU decoder's output non-finite, and
+    /// `first_nonfinite_scale` finds it (in the second of two blocks).
+    #[test]
+    fn scales_are_where_the_decoder_reads_them() {
+        for f in WeightFormat::ALL {
+            let Some(b) = f.block() else { continue };
+            let bytes = b.ggml.block_bytes() as usize;
+            let mut blocks = vec![0x11u8; 2 * bytes];
+            for &at in b.scales {
+                blocks[at..at + 2].copy_from_slice(&half::f16::from_f32(0.5).to_le_bytes());
+                blocks[bytes + at..bytes + at + 2]
+                    .copy_from_slice(&half::f16::from_f32(0.5).to_le_bytes());
+            }
+            assert_eq!(b.first_nonfinite_scale(&blocks), None, "{f:?}");
+            for &at in b.scales {
+                let mut bad = blocks.clone();
+                bad[bytes + at..bytes + at + 2].copy_from_slice(&half::f16::NAN.to_le_bytes());
+                assert!(
+                    matches!(b.first_nonfinite_scale(&bad), Some((1, v)) if v.is_nan()),
+                    "{f:?}"
+                );
+                let mut out = vec![0f32; 2 * b.values];
+                dequant::dequantize_blocks(b.ggml, &bad, &mut out).unwrap();
+                assert!(out[..b.values].iter().all(|v| v.is_finite()), "{f:?}");
+                assert!(
+                    out[b.values..].iter().any(|v| !v.is_finite()),
+                    "{f:?} at {at}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn kv_formats_parse() {
         for f in KvFormat::ALL {
             assert_eq!(KvFormat::parse(f.name()), Some(f));
         }

@@ -35,7 +35,6 @@ use crate::cache::CacheOptions;
 use crate::eviction::Policy;
 use crate::scheduler::SchedulerOptions;
 use crate::session::{GenerateOptions, Generation, Llm, SubmitAhead};
-use crate::tokenizer::Tokenizer;
 
 /// How a server runs its model and admits requests.
 #[derive(Clone, Debug)]
@@ -82,7 +81,6 @@ impl Default for ServerOptions {
 
 /// The model and the worker's door, once loaded.
 struct Loaded {
-    tokenizer: Arc<Tokenizer>,
     llm: Llm,
     jobs: mpsc::Sender<Job>,
 }
@@ -141,7 +139,6 @@ pub async fn serve(
                 };
                 let (tx, rx) = mpsc::channel();
                 let loaded = Loaded {
-                    tokenizer: llm.tokenizer.clone(),
                     llm: llm.clone(),
                     jobs: tx,
                 };
@@ -310,6 +307,7 @@ fn start(
         Kind::Text => {
             let text = api::parse_prompt(&body)?;
             loaded
+                .llm
                 .tokenizer
                 .encode(&text)
                 .map_err(|e| ApiError::invalid(Some("prompt"), e.to_string()))?

@@ -32,7 +32,10 @@ impl Drop for Server {
 
 impl Server {
     fn start(args: &[&str]) -> Server {
-        let model = tiny_text_model();
+        Server::start_with(&tiny_text_model(), args)
+    }
+
+    fn start_with(model: &std::path::Path, args: &[&str]) -> Server {
         let mut child = Command::new(env!("CARGO_BIN_EXE_sieve"))
             .args(["serve", "--model", model.to_str().unwrap(), "--port", "0"])
             .args(["--max-context", "128", "--alias", "tiny"])
@@ -789,5 +792,87 @@ fn a_model_that_cannot_load_ends_the_server() {
         assert_eq!(status.code(), Some(1), "{err}");
         assert!(err.contains(expected) && !err.contains("panicked"), "{err}");
     }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// The tiny text model with a final norm of 3e38 in a folder of its own:
+/// finite weights whose logits overflow, whatever the prompt.
+fn overflowing_text_model() -> std::path::PathBuf {
+    let model = tiny_text_model();
+    let dir = std::env::temp_dir().join(format!("sieve-serve-overflow-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for f in std::fs::read_dir(&model).unwrap() {
+        let f = f.unwrap().path();
+        std::fs::copy(&f, dir.join(f.file_name().unwrap())).unwrap();
+    }
+    let bytes = std::fs::read(model.join("model.safetensors")).unwrap();
+    let tensors = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let huge: Vec<u8> = tensors
+        .tensor("model.norm.weight")
+        .unwrap()
+        .data()
+        .chunks(4)
+        .flat_map(|_| 3e38f32.to_le_bytes())
+        .collect();
+    let views: Vec<(String, safetensors::tensor::TensorView)> = tensors
+        .tensors()
+        .into_iter()
+        .map(|(name, view)| match name.as_str() {
+            "model.norm.weight" => {
+                let v = safetensors::tensor::TensorView::new(
+                    view.dtype(),
+                    view.shape().to_vec(),
+                    &huge,
+                )
+                .unwrap();
+                (name, v)
+            }
+            _ => (name, view),
+        })
+        .collect();
+    safetensors::serialize_to_file(views, None, &dir.join("model.safetensors")).unwrap();
+    dir
+}
+
+/// Non-finite logits fail the request that met them (a 500 with the error
+/// object, or an error chunk in a stream that has started) and the server
+/// keeps serving: it stays healthy, counts the failures, frees the
+/// sequences, and answers the next request the same way.
+#[test]
+fn non_finite_logits_fail_the_request_and_the_server_keeps_serving() {
+    let dir = overflowing_text_model();
+    let server = Server::start_with(&dir, &["--parallel", "2"]);
+    let chat = json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4});
+    for _ in 0..2 {
+        let (status, _, body) = server.post("/v1/chat/completions", &chat);
+        assert_eq!(status, 500, "{body}");
+        let e: Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(e["error"]["type"], "server_error", "{body}");
+        assert!(
+            e["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("NaN or infinity"),
+            "{body}"
+        );
+    }
+    let streamed =
+        json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4, "stream": true});
+    let (status, _, body) = server.post("/v1/chat/completions", &streamed);
+    assert_eq!(status, 200, "{body}");
+    let (chunks, _) = sse_chunks(&body);
+    assert_eq!(
+        chunks[0]["choices"][0]["delta"]["role"], "assistant",
+        "{body}"
+    );
+    let error = chunks
+        .iter()
+        .find(|c| c.get("error").is_some())
+        .expect(&body);
+    assert_eq!(error["error"]["type"], "server_error", "{body}");
+    assert_eq!(server.get("/health").0, 200);
+    assert_eq!(server.metric("sieve_requests_failed_total"), 3);
+    assert_eq!(server.metric("sieve_sequences_busy"), 0);
+    drop(server);
     std::fs::remove_dir_all(&dir).unwrap();
 }

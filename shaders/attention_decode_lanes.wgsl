@@ -16,13 +16,16 @@
 // Bindings (group 0): as attention_io.wgsl.
 // Dispatch: (n_chunks of the page, n_kv, 1), as decode_partial.
 // Workgroup memory: 16,384 bytes (attention_decode_io.wgsl).
-// Needs the SUBGROUP feature, with subgroups of one size, a power of two
+// Extensions: `subgroups` (wgpu's SUBGROUP feature; blanked for naga,
+// `shaders::naga_source`), with subgroups of one size, a power of two
 // of at least 8 lanes, in a workgroup (a lane's number below counts
 // 256 / num_subgroups lanes per subgroup, whatever size the adapter
-// reports); naga takes subgroup builtins without an `enable`. Because
+// reports). Because
 // Vulkan does not promise full subgroups unless a pipeline asks (wgpu does
 // not), a device whose `tuned` set would time this kernel first runs it
 // once against the CPU reference (`attention::check_decode_variant`).
+
+enable subgroups;
 
 const KEY_LANES: u32 = 8u;
 const ROUND_KEYS: u32 = 32u; // 256 lanes / KEY_LANES

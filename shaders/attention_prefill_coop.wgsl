@@ -35,6 +35,7 @@
 // Bindings (group 0): as attention_io.wgsl.
 // Workgroup memory: 31,232 bytes.
 enable f16;
+enable subgroups;
 enable wgpu_cooperative_matrix;
 
 override SUBGROUP_SIZE: u32 = 32u;

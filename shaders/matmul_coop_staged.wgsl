@@ -39,6 +39,7 @@
 // Dispatch: (ceil(rows / 128), ceil(n / (64 * WIDE)), 1), or with
 // TOKENS_FAST (below, `CoopStagedTokensFast`) the two swapped.
 enable f16;
+enable subgroups;
 enable wgpu_cooperative_matrix;
 
 override SUBGROUP_SIZE: u32 = 32u;

@@ -15,8 +15,11 @@
 // Dispatch: (min(groups, 32768), ceil(groups / 32768), 1), groups =
 // ceil(rows / ROWS); workgroup g = id.x + id.y * 32768 takes rows ROWS * g ..
 // ROWS * g + ROWS - 1 (LANES and ROWS: override constants, matvec_rows.wgsl).
-// Needs the SUBGROUP feature (naga takes subgroup builtins without an
-// `enable`; the device refuses the module without the feature).
+// Extensions: `subgroups` (wgpu's SUBGROUP feature; the device refuses the
+// module without it). naga does not parse that `enable`: the assembler
+// blanks it for naga (`shaders::naga_source`) and keeps it for Tint.
+
+enable subgroups;
 
 // One slot per subgroup and row (subgroup s, row i at s * ROWS + i); LANES
 // subgroups cover any subgroup size. Sized by the override constants, so

@@ -311,9 +311,16 @@ impl Gpu {
             // The override constants are applied already, by naga.
             return self.compute_pipeline(&module, src, shader.file, key, entry, &[]);
         }
+        // wgpu compiles WGSL with naga, except on the web, where the
+        // browser's compiler reads the source as written.
+        let wgsl = if cfg!(target_arch = "wasm32") {
+            src.to_string()
+        } else {
+            shaders::naga_source(src)
+        };
         let desc = wgpu::ShaderModuleDescriptor {
             label: Some(shader.name),
-            source: wgpu::ShaderSource::Wgsl(src.into()),
+            source: wgpu::ShaderSource::Wgsl(wgsl.into()),
         };
         // wgpu adds a 64-bit counter to every shader loop by default, so
         // that a loop that never ends cannot let the driver's compiler assume
@@ -437,8 +444,8 @@ impl Gpu {
     /// entry points of one file share it (wgpu's automatic layouts keep only the
     /// bindings each entry point uses).
     fn layout_for(&self, src: &str, file: &str) -> Result<wgpu::PipelineLayout> {
-        let module = naga::front::wgsl::parse_str(src)
-            .map_err(|e| anyhow!("{file}: {}", e.emit_to_string(src)))?;
+        let module =
+            shaders::parse(src).map_err(|e| anyhow!("{file}: {}", e.emit_to_string(src)))?;
         let mut entries = Vec::new();
         for (_, var) in module.global_variables.iter() {
             let Some(binding) = &var.binding else {
@@ -792,7 +799,7 @@ pub fn check_limits(limits: &wgpu::Limits) -> Result<()> {
         // storage bindings.
         let format = shaders::formats(shader)[0];
         let src = shaders::source(shader, format, shaders::WeightStore::Buffer);
-        let module = naga::front::wgsl::parse_str(&src)
+        let module = shaders::parse(&src)
             .map_err(|e| anyhow!("{}: {}", shader.file, e.emit_to_string(&src)))?;
         let count = |f: fn(&naga::AddressSpace) -> bool| {
             module

@@ -34,6 +34,8 @@ enum Command {
     /// Serve the OpenAI chat and completions API over HTTP.
     #[cfg(feature = "server")]
     Serve(cli::serve::ServeArgs),
+    /// Write every kernel module sieve assembles, for other WGSL compilers.
+    Shaders(cli::shaders::ShadersArgs),
 }
 
 /// Mesa's Vulkan drivers print "XDG_RUNTIME_DIR is invalid or not set in the
@@ -83,6 +85,7 @@ fn main() {
     let result = match cli.command {
         Command::Run(a) => cli::run::main(a),
         Command::Tokenize(a) => cli::tokenize::main(a),
+        Command::Shaders(a) => cli::shaders::main(a),
         Command::Logits(a) => cli::logits::main(a),
         Command::Info(a) => cli::info::main(a),
         Command::Bench(a) => cli::bench::main(a),

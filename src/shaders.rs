@@ -257,6 +257,53 @@ pub fn source(shader: &Shader, packed: Option<Packed>, store: WeightStore) -> St
     )
 }
 
+/// One kernel module [`source`] can assemble: a kernel with one format
+/// and one weight store ([`formats`], [`stores`]).
+#[derive(Clone, Copy, Debug)]
+pub struct Module {
+    pub shader: &'static Shader,
+    pub packed: Option<Packed>,
+    pub store: WeightStore,
+}
+
+impl Module {
+    /// Its WGSL, as the WGSL specification wants it ([`source`]).
+    pub fn source(&self) -> String {
+        source(self.shader, self.packed, self.store)
+    }
+
+    /// A file name that says what it is: the kernel, then its format and,
+    /// for a kernel that reads weights, where they live
+    /// (`matvec_subgroup-q4_k-buffer.wgsl`, `attention-kv_f16.wgsl`).
+    pub fn file_name(&self) -> String {
+        let mut name = self.shader.name.to_string();
+        match self.packed {
+            Some(Packed::Weights(f)) => name = format!("{name}-{}-{}", f.name(), self.store.name()),
+            Some(Packed::Kv(f)) => name = format!("{name}-kv_{}", f.name()),
+            None => {}
+        }
+        name + ".wgsl"
+    }
+}
+
+/// Every kernel module sieve can assemble: each kernel with each format
+/// and store it takes.
+pub fn modules() -> Vec<Module> {
+    let mut out = vec![];
+    for shader in all() {
+        for packed in formats(shader) {
+            for store in stores(shader) {
+                out.push(Module {
+                    shader,
+                    packed,
+                    store,
+                });
+            }
+        }
+    }
+    out
+}
+
 /// A hash of every kernel module sieve can assemble with weights stored
 /// as `store` (each kernel with each format it takes): what the tuning
 /// cache's key holds of the kernels, so that a changed kernel, prelude or
@@ -270,6 +317,30 @@ pub fn sources_hash(store: WeightStore) -> u64 {
         }
     }
     h.finish()
+}
+
+/// Enable-extensions the WGSL specification requires (and Tint, Dawn's
+/// compiler, with it) that naga 30 refuses to parse: naga takes subgroup
+/// builtins without an `enable` and checks them against the device's
+/// features instead.
+const NOT_FOR_NAGA: &[&str] = &["enable subgroups;"];
+
+/// A kernel source as naga reads it: [`source`]'s text with the
+/// directives of `NOT_FOR_NAGA` blanked (spaces, so that naga's error
+/// spans still point into `src`). wgpu compiles WGSL with naga except on
+/// the web, where the browser reads [`source`]'s text as it is.
+pub fn naga_source(src: &str) -> String {
+    let mut out = src.to_string();
+    for directive in NOT_FOR_NAGA {
+        out = out.replace(directive, &" ".repeat(directive.len()));
+    }
+    out
+}
+
+/// naga's module of a kernel source ([`source`]'s text, read as
+/// [`naga_source`]); its error spans point into `src`.
+pub fn parse(src: &str) -> Result<naga::Module, naga::front::wgsl::ParseError> {
+    naga::front::wgsl::parse_str(&naga_source(src))
 }
 
 /// Whether a kernel uses cooperative matrices (tensor cores).
@@ -315,8 +386,7 @@ pub(crate) fn validated_module(
     file: &str,
     capabilities: naga::valid::Capabilities,
 ) -> Result<(naga::Module, naga::valid::ModuleInfo)> {
-    let module = naga::front::wgsl::parse_str(src)
-        .map_err(|e| anyhow!("{file}: {}", e.emit_to_string(src)))?;
+    let module = parse(src).map_err(|e| anyhow!("{file}: {}", e.emit_to_string(src)))?;
     let info = naga::valid::Validator::new(naga::valid::ValidationFlags::all(), capabilities)
         .validate(&module)
         .map_err(|e| anyhow!("{file}: {}", e.emit_to_string(src)))?;

@@ -304,7 +304,7 @@ mod tests {
                 continue;
             }
             let formats = shaders::formats(s);
-            let entries: Vec<String> = naga::front::wgsl::parse_str(&shaders::source(
+            let entries: Vec<String> = shaders::parse(&shaders::source(
                 s,
                 formats[0],
                 shaders::WeightStore::Buffer,

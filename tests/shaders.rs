@@ -4,24 +4,17 @@
 
 use sieve::shaders::{self, WeightStore};
 
-/// (name, source, uses cooperative matrices) for every kernel and format.
+/// (name, source, uses cooperative matrices) for every kernel module:
+/// weights in every format, quantized ones included, from a buffer and
+/// from a texture; the KV cache in f16 and f32.
 fn variants() -> Vec<(String, String, bool)> {
-    let mut out = vec![];
-    for s in shaders::all() {
-        let coop = shaders::uses_cooperative_matrices(s);
-        // Weights in every format, quantized ones included, from a buffer
-        // and from a texture.
-        for f in shaders::formats(s) {
-            for store in shaders::stores(s) {
-                let name = match f {
-                    Some(f) => format!("{} ({}, {})", s.file, f.name(), store.name()),
-                    None => s.file.to_string(),
-                };
-                out.push((name, shaders::source(s, f, store), coop));
-            }
-        }
-    }
-    out
+    shaders::modules()
+        .iter()
+        .map(|m| {
+            let coop = shaders::uses_cooperative_matrices(m.shader);
+            (m.file_name(), m.source(), coop)
+        })
+        .collect()
 }
 
 #[test]
@@ -33,8 +26,8 @@ fn every_shader_validates_and_translates() {
         "the cooperative-matrix kernel is in the list"
     );
     for (name, src, coop) in all {
-        let module = naga::front::wgsl::parse_str(&src)
-            .unwrap_or_else(|e| panic!("{name}: {}", e.emit_to_string(&src)));
+        let module =
+            shaders::parse(&src).unwrap_or_else(|e| panic!("{name}: {}", e.emit_to_string(&src)));
         let info = naga::valid::Validator::new(
             naga::valid::ValidationFlags::all(),
             naga::valid::Capabilities::all(),
@@ -164,7 +157,7 @@ fn host_uniform_structs_match_their_wgsl_layout() {
             // f16: the first format of each list.
             let format = shaders::formats(shader)[0];
             let src = shaders::source(shader, format, WeightStore::Buffer);
-            let module = naga::front::wgsl::parse_str(&src)
+            let module = shaders::parse(&src)
                 .unwrap_or_else(|e| panic!("{}: {}", shader.file, e.emit_to_string(&src)));
             let what = format!(
                 "{} against {} in {}",
@@ -344,4 +337,46 @@ fn texture_shifts_match_the_texture_width() {
             .unwrap();
         assert_eq!(1u32 << shift, width, "{file}: {name} = {shift}");
     }
+}
+
+/// Every module states the extensions it uses, as the WGSL specification
+/// (and Tint, Dawn's compiler) requires and naga does not: subgroup
+/// builtins and functions need `enable subgroups;`, the f16 type
+/// `enable f16;`. A module without such a use has no such `enable`.
+#[test]
+fn every_module_states_its_extensions() {
+    let uses = |code: &str, words: &[&str]| {
+        code.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .any(|w| words.iter().any(|p| w.starts_with(p)))
+    };
+    let mut with_subgroups = 0;
+    for m in shaders::modules() {
+        let src = m.source();
+        // The code without its comments and its `enable`s.
+        let (enables, code): (Vec<&str>, Vec<&str>) = src
+            .lines()
+            .map(|l| l.split("//").next().unwrap())
+            .partition(|l| l.starts_with("enable "));
+        let code = code.join("\n");
+        let name = m.file_name();
+        let subgroups = uses(&code, &["subgroup", "num_subgroups"]);
+        let f16 = code
+            .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .any(|w| w == "f16");
+        assert_eq!(
+            enables.contains(&"enable subgroups;"),
+            subgroups,
+            "{name}: subgroup builtins without `enable subgroups;`, or the reverse"
+        );
+        assert_eq!(
+            enables.contains(&"enable f16;"),
+            f16,
+            "{name}: the f16 type without `enable f16;`, or the reverse"
+        );
+        with_subgroups += subgroups as usize;
+    }
+    assert!(
+        with_subgroups >= 4,
+        "{with_subgroups} modules use subgroups"
+    );
 }

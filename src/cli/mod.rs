@@ -8,6 +8,7 @@ pub mod logits;
 pub mod run;
 #[cfg(feature = "server")]
 pub mod serve;
+pub mod shaders;
 pub mod tokenize;
 
 use anyhow::{bail, Context, Result};

@@ -1026,7 +1026,7 @@ mod tests {
             Some(WeightFormat::F16.into()),
             WeightStore::Buffer,
         );
-        let module = naga::front::wgsl::parse_str(&src).unwrap();
+        let module = shaders::parse(&src).unwrap();
         let value = |name: &str| -> u32 {
             let (_, c) = module
                 .constants

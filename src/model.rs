@@ -83,6 +83,15 @@ impl Model {
         Self::upload(Runtime::new(gpu), config, store.as_ref(), path, opts)
     }
 
+    /// A GGUF model already opened ([`GgufModel::from_bytes`] for a file
+    /// in memory), onto the GPU `opts` choose.
+    ///
+    /// [`GgufModel::from_bytes`]: crate::gguf_model::GgufModel::from_bytes
+    pub fn from_gguf(g: &crate::gguf_model::GgufModel, opts: &LoadOptions) -> Result<Arc<Model>> {
+        let gpu = Runtime::open(&opts.gpu)?;
+        Self::upload(gpu, g.config.clone(), g, &g.file.path, opts)
+    }
+
     /// The config and the weights of a model folder or GGUF file, checked
     /// against each other.
     fn open_files(path: &Path) -> Result<(ModelConfig, Box<dyn WeightSource>)> {

@@ -53,6 +53,21 @@ impl Llm {
         Self::load_with(dir, || Model::load_on(gpu, dir, opts))
     }
 
+    /// As [`Llm::load`], for a GGUF file's bytes already in memory (a
+    /// browser page's file, a download): the weights, the tokenizer and the
+    /// chat template all come from it; `name` names it in errors.
+    pub fn from_gguf_bytes(name: &str, bytes: Vec<u8>, opts: &LoadOptions) -> Result<Llm> {
+        (|| -> anyhow::Result<Llm> {
+            let g = crate::gguf_model::GgufModel::from_bytes(name, bytes)?;
+            let tokenizer = Arc::new(Tokenizer::from_gguf(&g)?);
+            Ok(Llm {
+                model: Model::from_gguf(&g, opts)?,
+                tokenizer,
+            })
+        })()
+        .map_err(|e| Error::classify(e, ErrorKind::ModelLoading))
+    }
+
     /// The tokenizer of `dir`, then the weights `model` loads.
     fn load_with(dir: &Path, model: impl FnOnce() -> anyhow::Result<Arc<Model>>) -> Result<Llm> {
         (|| -> anyhow::Result<Llm> {

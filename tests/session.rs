@@ -784,3 +784,36 @@ fn bounded_cache_decode_submitted_ahead_changes_nothing() {
         }
     }
 }
+
+/// A GGUF file's bytes in memory (as a browser page has them) load as the
+/// file does: the same tokenizer, chat prompt and greedy tokens; damaged
+/// bytes are an error naming the file; nothing is read from disk.
+#[test]
+fn a_gguf_in_memory_loads_as_the_file_does() {
+    use sieve::session::Llm;
+    use sieve::tokenizer::Message;
+    // The default model's file (scripts/setup.sh): what the browser page loads.
+    let file = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    let bytes = std::fs::read(&file).unwrap();
+    let opts = LoadOptions::default();
+    let from_file = Llm::load(&file, &opts).unwrap();
+    let in_memory = Llm::from_gguf_bytes("page.gguf", bytes.clone(), &opts).unwrap();
+    let chat = [Message::new("user", "What is the capital of France?")];
+    let prompt = from_file.chat_prompt(&chat).unwrap();
+    assert_eq!(in_memory.chat_prompt(&chat).unwrap(), prompt);
+    let generate = |llm: &Llm| {
+        let mut s = llm.session(SessionOptions::default()).unwrap();
+        let opts = GenerateOptions {
+            max_new_tokens: 4,
+            stop_at_eos: false,
+            ..Default::default()
+        };
+        s.generate(&prompt, &opts, |_| true).unwrap().ids
+    };
+    assert_eq!(generate(&in_memory), generate(&from_file));
+    let e = Llm::from_gguf_bytes("page.gguf", bytes[..bytes.len() / 3].to_vec(), &opts)
+        .map(|_| ())
+        .unwrap_err();
+    assert!(e.to_string().contains("page.gguf"), "{e}");
+}

@@ -44,7 +44,17 @@ pub fn is_gguf(path: &Path) -> bool {
 
 impl GgufModel {
     pub fn open(path: &Path) -> Result<Self> {
-        let file = GgufFile::open(path)?;
+        Self::from_file(GgufFile::open(path)?)
+    }
+
+    /// As [`GgufModel::open`], for a file's bytes already in memory (a
+    /// browser page's file); `name` names it in messages.
+    pub fn from_bytes(name: &str, bytes: Vec<u8>) -> Result<Self> {
+        Self::from_file(GgufFile::from_bytes(name, bytes)?)
+    }
+
+    fn from_file(file: GgufFile) -> Result<Self> {
+        let path = file.path.clone();
         let meta = ModelMeta::read(&file)?;
         let tensors = meta
             .tensors(&file)?
@@ -54,7 +64,7 @@ impl GgufModel {
         // Weights are read as f32 (or kept in their blocks), whatever
         // config.json would say.
         let documents = meta.documents(&file, "float32")?;
-        let config = ModelConfig::from_json(&documents[0].1, path)
+        let config = ModelConfig::from_json(&documents[0].1, &path)
             .with_context(|| format!("{}: the configuration its metadata gives", path.display()))?;
         Ok(GgufModel {
             file,

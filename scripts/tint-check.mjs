@@ -6,36 +6,24 @@
 // adapter lacks (shader-f16, or wgpu's cooperative matrices, which no
 // browser has) is listed as skipped, with the reason.
 //
-// Usage: node scripts/tint-check.mjs DUMP_DIR OUT_JSON
-// (needs playwright-core, which scripts/tint-check.sh installs, and
-// $CHROMIUM, default /usr/bin/chromium). Exits 1 when a module fails.
+// Usage: bash scripts/browser.sh scripts/tint-check.mjs DUMP_DIR OUT_JSON
+// (scripts/tint-check.sh does it). Exits 1 when a module fails.
 
-import { chromium } from "playwright-core";
 import { readFileSync, writeFileSync } from "node:fs";
-import { createServer } from "node:http";
 import { join } from "node:path";
+import { launch, serve } from "./browser.mjs";
 
 const [dir, out] = process.argv.slice(2);
 const index = JSON.parse(readFileSync(join(dir, "index.json"), "utf8"));
 const modules = index.map((m) => ({ ...m, code: readFileSync(join(dir, m.file), "utf8") }));
 
 // WebGPU needs a secure context: a page on localhost.
-const server = createServer((_, res) => res.end("<!doctype html><title>tint-check</title>"));
-await new Promise((ok) => server.listen(0, "127.0.0.1", ok));
-const url = `http://127.0.0.1:${server.address().port}/`;
-
-const browser = await chromium.launch({
-  executablePath: process.env.CHROMIUM || "/usr/bin/chromium",
-  args: [
-    "--no-sandbox", "--enable-unsafe-webgpu", "--enable-unsafe-swiftshader",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
-    "--no-first-run",
-  ],
-});
+const server = await serve(dir);
+const browser = await launch();
 let result;
 try {
   const page = await browser.newPage();
-  await page.goto(url);
+  await page.goto(`${server.url}index.json`);
   result = await page.evaluate(async (modules) => {
     if (!navigator.gpu) return { error: "this browser offers no WebGPU (navigator.gpu)" };
     const adapter = await navigator.gpu.requestAdapter();

@@ -70,6 +70,22 @@ fn device_rank(t: wgpu::DeviceType) -> u32 {
     }
 }
 
+/// The adapters an instance offers: every one (native), or the browser's
+/// (WebGPU offers one adapter, high performance first).
+fn adapters(instance: &wgpu::Instance, backends: wgpu::Backends) -> Vec<wgpu::Adapter> {
+    if cfg!(target_arch = "wasm32") {
+        let options = wgpu::RequestAdapterOptions {
+            power_preference: wgpu::PowerPreference::HighPerformance,
+            ..Default::default()
+        };
+        crate::platform::block_on(instance.request_adapter(&options))
+            .into_iter()
+            .collect()
+    } else {
+        crate::platform::block_on(instance.enumerate_adapters(backends))
+    }
+}
+
 fn backend_rank(b: wgpu::Backend) -> u32 {
     // GL lacks the features we prefer (f16, subgroups); take it only when nothing else exists.
     if b == wgpu::Backend::Gl {
@@ -102,7 +118,7 @@ impl Gpu {
             flags: wgpu::InstanceFlags::empty(),
             ..wgpu::InstanceDescriptor::new_without_display_handle()
         });
-        let mut adapters = pollster::block_on(instance.enumerate_adapters(backends));
+        let mut adapters = adapters(&instance, backends);
         if adapters.is_empty() {
             bail!(
                 "no GPU adapter found (backends: {}). On Linux install a Vulkan driver, e.g. \
@@ -135,7 +151,7 @@ impl Gpu {
         let info = adapter.get_info();
         let kernel_set = opts.kernels.or(settings.kernels).unwrap_or_default();
         let (device, queue) =
-            pollster::block_on(adapter.request_device(&device_descriptor(&adapter)))
+            crate::platform::block_on(adapter.request_device(&device_descriptor(&adapter)))
                 .with_context(|| format!("opening a device on adapter '{}'", info.name))?;
         let binding = opts.max_binding_override;
         Ok(Self::assemble(
@@ -289,8 +305,8 @@ impl Gpu {
         let validation = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
         let internal = self.device.push_error_scope(wgpu::ErrorFilter::Internal);
         let out = f();
-        let internal = pollster::block_on(internal.pop());
-        let validation = pollster::block_on(validation.pop());
+        let internal = crate::platform::block_on(internal.pop());
+        let validation = crate::platform::block_on(validation.pop());
         (out, internal.or(validation))
     }
 
@@ -692,25 +708,7 @@ impl Gpu {
         slice.map_async(wgpu::MapMode::Read, move |r| {
             let _ = tx.send(r);
         });
-        let wait = |submission_index| {
-            self.device
-                .poll(wgpu::PollType::Wait {
-                    submission_index,
-                    timeout: None,
-                })
-                .map_err(|e| anyhow!("waiting for the GPU: {e}"))
-        };
-        wait(submission)?;
-        // A wait for one submission runs the callbacks it made ready, which
-        // includes this map when the buffer was last used there; should the
-        // callback still be pending, waiting for everything is correct too.
-        let mapped = match rx.try_recv() {
-            Ok(r) => r,
-            Err(_) => {
-                wait(None)?;
-                rx.recv().map_err(|_| anyhow!("GPU readback was dropped"))?
-            }
-        };
+        let mapped = crate::platform::recv_after(&self.device, &self.queue, submission, &rx)?;
         mapped.map_err(|e| anyhow!("mapping a readback buffer: {e}"))?;
         let out = slice
             .get_mapped_range()

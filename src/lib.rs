@@ -66,6 +66,7 @@ pub mod gguf_model;
 pub mod gpu;
 pub mod kernels;
 pub mod model;
+pub mod platform;
 pub mod profile;
 pub mod progress;
 pub mod scheduler;

@@ -219,8 +219,7 @@ impl Model {
         for l in &layers {
             weight_bytes += l.qkv.bytes() + l.o.bytes() + l.gate_up.bytes() + l.down.bytes();
         }
-        gpu.device
-            .poll(wgpu::PollType::wait_indefinitely())
+        crate::platform::wait_for_gpu(&gpu.device, &gpu.queue, None)
             .context("waiting for weight uploads")?;
         Ok(Arc::new(Model {
             gpu,

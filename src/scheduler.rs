@@ -29,7 +29,7 @@
 use anyhow::Context;
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::Instant;
+use web_time::Instant;
 
 use crate::cache::{BoundedCache, CacheOptions};
 use crate::engine::{Batch, Engine, EngineOptions, KvCache, SeqStep};

@@ -19,7 +19,7 @@ use crate::error::{bail_kind, Error, ErrorKind, Result};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
+use web_time::Instant;
 
 use crate::cache::{BoundedCache, CacheOptions, FeedOutput};
 use crate::device::DeviceProfile;

@@ -209,8 +209,8 @@ impl Engine {
         let oom = device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
         let invalid = device.push_error_scope(wgpu::ErrorFilter::Validation);
         let built = Self::build(model, opts, key_slots);
-        let invalid = pollster::block_on(invalid.pop());
-        let oom = pollster::block_on(oom.pop());
+        let invalid = crate::platform::block_on(invalid.pop());
+        let oom = crate::platform::block_on(oom.pop());
         let engine = built?;
         if let Some(err) = oom.or(invalid) {
             crate::error::bail_kind!(
@@ -409,7 +409,7 @@ impl Engine {
         positions: &[u32],
         out: StepOutput,
     ) -> Result<Submitted> {
-        let recording = std::time::Instant::now();
+        let recording = web_time::Instant::now();
         let n = self.check_step(&ids, positions, &out)?;
         let gpu = self.model.gpu.clone();
         let step = Step {
@@ -620,12 +620,7 @@ impl Engine {
                 Some(u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]))
             }
             None => {
-                gpu.device
-                    .poll(wgpu::PollType::Wait {
-                        submission_index: Some(s.index.clone()),
-                        timeout: None,
-                    })
-                    .map_err(|e| anyhow::anyhow!("waiting for the GPU: {e}"))?;
+                crate::platform::wait_for_gpu(&gpu.device, &gpu.queue, Some(s.index.clone()))?;
                 None
             }
         };
@@ -733,12 +728,8 @@ impl Engine {
 
     /// Waits for all submitted work.
     pub fn sync(&self) -> Result<()> {
-        self.model
-            .gpu
-            .device
-            .poll(wgpu::PollType::wait_indefinitely())
-            .map_err(|e| anyhow::anyhow!("waiting for the GPU: {e}"))?;
-        Ok(())
+        let gpu = &self.model.gpu;
+        crate::platform::wait_for_gpu(&gpu.device, &gpu.queue, None)
     }
 }
 

@@ -16,8 +16,8 @@
 //! the adapter has them; else the host's wall clock around submission and
 //! wait). The median of several runs after a warm-up is kept.
 
-use anyhow::{anyhow, Result};
-use std::time::Instant;
+use anyhow::Result;
+use web_time::Instant;
 
 use crate::gpu::Gpu;
 use crate::profile::Profiler;
@@ -130,9 +130,7 @@ impl Probe {
         }
         let t = Instant::now();
         gpu.queue.submit([enc.finish()]);
-        gpu.device
-            .poll(wgpu::PollType::wait_indefinitely())
-            .map_err(|e| anyhow!("waiting for the GPU: {e}"))?;
+        crate::platform::wait_for_gpu(&gpu.device, &gpu.queue, None)?;
         let host = t.elapsed().as_secs_f64();
         match prof {
             Some(p) => {

@@ -305,7 +305,7 @@ impl Tuner {
             });
             return kept.choice;
         }
-        let start = std::time::Instant::now();
+        let start = web_time::Instant::now();
         let mut tuned = if gpu.features.contains(wgpu::Features::TIMESTAMP_QUERY) {
             // The scratch buffers and the flush are not the engine's: a
             // device too full for them skips the timings instead of failing
@@ -314,7 +314,7 @@ impl Tuner {
             let candidates = build();
             let tuned = time_all(gpu, key.clone(), labels.clone(), &candidates);
             drop(candidates);
-            match pollster::block_on(scope.pop()) {
+            match crate::platform::block_on(scope.pop()) {
                 None => tuned,
                 Some(e) => Tuned {
                     untimed: Some(format!(
@@ -521,9 +521,7 @@ impl Timer {
             self.flush.encode(&mut pass);
         }
         gpu.queue.submit([enc.finish()]);
-        gpu.device
-            .poll(wgpu::PollType::wait_indefinitely())
-            .map_err(|e| anyhow!("waiting for the GPU: {e}"))?;
+        crate::platform::wait_for_gpu(&gpu.device, &gpu.queue, None)?;
         let mut enc = gpu.device.create_command_encoder(&Default::default());
         {
             let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
@@ -542,7 +540,7 @@ impl Timer {
         enc.copy_buffer_to_buffer(&self.resolve, 0, &self.readback, 0, 16);
         let scope = gpu.device.push_error_scope(wgpu::ErrorFilter::Validation);
         gpu.queue.submit([enc.finish()]);
-        if let Some(e) = pollster::block_on(scope.pop()) {
+        if let Some(e) = crate::platform::block_on(scope.pop()) {
             return Err(anyhow!("running the candidate: {e}"));
         }
         let ticks: Vec<u64> = bytemuck::pod_collect_to_vec(&gpu.map_and_read(&self.readback, 16)?);
@@ -568,9 +566,7 @@ impl Timer {
             }
         }
         gpu.queue.submit([enc.finish()]);
-        gpu.device
-            .poll(wgpu::PollType::wait_indefinitely())
-            .map_err(|e| anyhow!("waiting for the GPU: {e}"))?;
+        crate::platform::wait_for_gpu(&gpu.device, &gpu.queue, None)?;
         Ok(())
     }
 }

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Builds the chat page into target/web (serve that folder with any static
+# web server): sieve-web for wasm32 (web/), wasm-bindgen's glue, and the
+# page's own files. Needs the wasm32-unknown-unknown target and the
+# wasm-bindgen command line of the version web/Cargo.toml pins (both
+# installed here when missing).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+version=$(sed -n 's/^wasm-bindgen = "=\(.*\)"/\1/p' web/Cargo.toml)
+rustup target add wasm32-unknown-unknown >/dev/null 2>&1 || true
+if [ "$(wasm-bindgen --version 2>/dev/null | cut -d' ' -f2)" != "$version" ]; then
+  cargo install --quiet wasm-bindgen-cli --version "$version"
+fi
+cargo build --release --quiet --target wasm32-unknown-unknown -p sieve-web
+out=target/web
+rm -rf "$out"
+wasm-bindgen --target web --no-typescript --out-dir "$out" \
+  target/wasm32-unknown-unknown/release/sieve_web.wasm
+cp web/index.html web/app.js web/jspi.js "$out/"
+wasm=$(stat -c %s "$out/sieve_web_bg.wasm")
+gz=$(gzip -9 -c "$out/sieve_web_bg.wasm" | wc -c)
+echo "web-build: $out (sieve_web_bg.wasm $wasm bytes, $gz gzipped; glue $(stat -c %s "$out/sieve_web.js") bytes)"

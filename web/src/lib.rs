@@ -1,0 +1,179 @@
+//! sieve in the browser: the chat page's entry points (web/index.html,
+//! web/app.js). The library runs unchanged on the browser's WebGPU; where
+//! it waits for the GPU it suspends through JSPI (`sieve::platform`), so
+//! the two calls that reach the GPU, [`sieve_load`] and [`sieve_generate`],
+//! are plain wasm exports that the page calls through
+//! `WebAssembly.promising` (a promise that settles when they return). Their
+//! inputs are set before (the model's bytes, the options, the prompt) and
+//! their outputs read after (`status`), with wasm-bindgen calls; text
+//! streams to the `on_text` callback.
+//!
+//! State lives in thread locals: a page has one thread. A call made while
+//! the model is suspended in a step (`stop`, `status`) touches only
+//! state no step holds.
+
+use std::cell::{Cell, RefCell};
+
+use sieve::cache::CacheOptions;
+use sieve::eviction::Policy;
+use sieve::model::LoadOptions;
+use sieve::session::{CancelToken, GenerateOptions, Llm, Session, SessionOptions};
+use wasm_bindgen::prelude::*;
+
+struct Chat {
+    llm: Llm,
+    session: Session,
+}
+
+thread_local! {
+    static CHAT: RefCell<Option<Chat>> = const { RefCell::new(None) };
+    /// The GGUF file's bytes, until `sieve_load` takes them.
+    static MODEL: RefCell<Option<(String, Vec<u8>)>> = const { RefCell::new(None) };
+    static CACHE: RefCell<Option<CacheOptions>> = const { RefCell::new(None) };
+    static PROMPT: RefCell<String> = const { RefCell::new(String::new()) };
+    static ON_TEXT: RefCell<Option<js_sys::Function>> = const { RefCell::new(None) };
+    static CANCEL: RefCell<Option<CancelToken>> = const { RefCell::new(None) };
+    /// A JSON object: the last call's outcome (`error`, or its figures).
+    static STATUS: RefCell<String> = const { RefCell::new(String::new()) };
+    static BUSY: Cell<bool> = const { Cell::new(false) };
+}
+
+/// The GGUF file to load next (`name` names it in errors).
+#[wasm_bindgen]
+pub fn set_model(name: String, bytes: Vec<u8>) {
+    MODEL.with(|m| *m.borrow_mut() = Some((name, bytes)));
+}
+
+/// The KV cache of the next conversation: `full`, or a policy (`window`,
+/// `h2o`, `tova`, `epikv`, `ccs`, ...) with a budget of `budget` entries
+/// refreshed every `chunk` tokens. An error names what is wrong.
+#[wasm_bindgen]
+pub fn set_cache(policy: &str, budget: usize, chunk: usize) -> Result<(), JsError> {
+    let policy = Policy::parse(policy).map_err(|e| JsError::new(&format!("{e:#}")))?;
+    let cache = (policy != Policy::Full).then(|| CacheOptions::new(policy, budget, chunk));
+    CACHE.with(|c| *c.borrow_mut() = cache);
+    Ok(())
+}
+
+/// The next user message, and the function each piece of the answer goes
+/// to (`on_text(piece)`; returning `false` stops the answer).
+#[wasm_bindgen]
+pub fn set_prompt(text: String, on_text: js_sys::Function) {
+    PROMPT.with(|p| *p.borrow_mut() = text);
+    ON_TEXT.with(|f| *f.borrow_mut() = Some(on_text));
+}
+
+/// Stops the answer (or the prompt) in progress at its next token or chunk.
+#[wasm_bindgen]
+pub fn stop() {
+    CANCEL.with(|c| {
+        if let Some(c) = c.borrow().as_ref() {
+            c.cancel()
+        }
+    });
+}
+
+/// The outcome of the last `sieve_load` or `sieve_generate`: a JSON object
+/// with `error`, or its figures.
+#[wasm_bindgen]
+pub fn status() -> String {
+    STATUS.with(|s| s.borrow().clone())
+}
+
+fn set_status(v: serde_json::Value) {
+    STATUS.with(|s| *s.borrow_mut() = v.to_string());
+}
+
+/// Runs `f` unless a call is running; its error goes to `status`. Returns 1
+/// on success, 0 on failure.
+fn run(f: impl FnOnce() -> Result<serde_json::Value, String>) -> u32 {
+    if BUSY.with(|b| b.replace(true)) {
+        set_status(serde_json::json!({"error": "sieve is busy with another call"}));
+        return 0;
+    }
+    let outcome = f();
+    BUSY.with(|b| b.set(false));
+    match outcome {
+        Ok(v) => {
+            set_status(v);
+            1
+        }
+        Err(e) => {
+            set_status(serde_json::json!({ "error": e }));
+            0
+        }
+    }
+}
+
+/// Loads the model `set_model` gave and starts a conversation with the
+/// cache of `set_cache`. Call through `WebAssembly.promising`.
+#[no_mangle]
+pub extern "C" fn sieve_load() -> u32 {
+    run(|| {
+        let (name, bytes) = MODEL
+            .with(|m| m.borrow_mut().take())
+            .ok_or("no model given (set_model)")?;
+        let llm = Llm::from_gguf_bytes(&name, bytes, &LoadOptions::default())
+            .map_err(|e| format!("{e:#}"))?;
+        let cache = CACHE.with(|c| *c.borrow());
+        let session = llm
+            .session(SessionOptions {
+                cache,
+                ..Default::default()
+            })
+            .map_err(|e| format!("{e:#}"))?;
+        let figures = serde_json::json!({
+            "adapter": llm.model.gpu.describe(),
+            "weights_bytes": session.memory().weights,
+            "buffers_bytes": session.memory().buffers,
+        });
+        CANCEL.with(|c| *c.borrow_mut() = Some(session.cancel_token()));
+        CHAT.with(|c| *c.borrow_mut() = Some(Chat { llm, session }));
+        Ok(figures)
+    })
+}
+
+/// Answers the message `set_prompt` gave (the conversation goes on), at most
+/// `max_tokens` tokens, greedy. Call through `WebAssembly.promising`.
+#[no_mangle]
+pub extern "C" fn sieve_generate(max_tokens: u32) -> u32 {
+    run(|| {
+        let prompt = PROMPT.with(|p| p.borrow().clone());
+        // A Stop of the last answer does not stop this one.
+        CANCEL.with(|c| c.borrow().as_ref().map(CancelToken::reset));
+        let on_text = ON_TEXT
+            .with(|f| f.borrow().clone())
+            .ok_or("no callback given (set_prompt)")?;
+        CHAT.with(|c| {
+            let mut chat = c.borrow_mut();
+            let chat = chat.as_mut().ok_or("no model loaded (sieve_load)")?;
+            let opts = GenerateOptions {
+                max_new_tokens: max_tokens as usize,
+                ..Default::default()
+            };
+            let g = chat
+                .session
+                .chat(&prompt, &opts, |piece| {
+                    on_text
+                        .call1(&JsValue::NULL, &JsValue::from_str(piece))
+                        .map(|r| r.as_bool() != Some(false))
+                        .unwrap_or(false)
+                })
+                .map_err(|e| format!("{e:#}"))?;
+            let s = &g.stats;
+            let memory = chat.session.memory();
+            Ok(serde_json::json!({
+                "text": g.text,
+                "prompt_tokens": s.prompt_tokens,
+                "generated_tokens": s.generated_tokens,
+                "prefill_tokens_per_second": s.prefill_tokens_per_second(),
+                "decode_tokens_per_second": s.decode_tokens_per_second(),
+                "stop": format!("{:?}", s.stop),
+                "conversation_tokens": chat.session.tokens().len(),
+                "weights_bytes": memory.weights,
+                "buffers_bytes": memory.buffers,
+                "model": chat.llm.model.config.architecture.clone(),
+            }))
+        })
+    })
+}

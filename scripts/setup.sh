@@ -15,7 +15,9 @@ GGUF_SHA256=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
 as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
 
 has_vulkan_driver() {
-  ldconfig -p 2>/dev/null | grep -q 'libvulkan.so.1' || return 1
+  # Not `grep -q`: it would stop reading, ldconfig would die of SIGPIPE,
+  # and with pipefail a machine with a driver would look like one without.
+  ldconfig -p 2>/dev/null | grep 'libvulkan.so.1' >/dev/null || return 1
   for d in /usr/share/vulkan/icd.d /etc/vulkan/icd.d /usr/local/share/vulkan/icd.d; do
     if ls "$d"/*.json >/dev/null 2>&1; then return 0; fi
   done

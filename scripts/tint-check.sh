@@ -8,5 +8,6 @@ cd "$(dirname "$0")/.."
 out=target/tint-check
 rm -rf "$out/modules"
 mkdir -p "$out"
+cargo build --release --quiet
 target/release/sieve shaders --dump "$out/modules"
 bash scripts/browser.sh scripts/tint-check.mjs "$PWD/$out/modules" "$PWD/$out/result.json"

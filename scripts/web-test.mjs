@@ -58,9 +58,25 @@ try {
   if (stop !== "Cancelled") fail(`Stop ended the answer with ${stop}, not Cancelled`);
   figures.stopped = await page.textContent("#status");
   console.log(`web-test: stopped: ${figures.stopped}`);
+
+  // Another cache starts a new conversation on the loaded model; a budget
+  // below the protected entries is refused, naming it, and changes nothing.
+  await page.selectOption("#policy", "window");
+  await page.waitForFunction(() => document.querySelector("#status").textContent
+    .includes("window cache") || document.querySelector("#problem").textContent, null,
+  { timeout: 600_000, polling: 200 });
+  if (await problem()) fail(`changing the cache: ${await problem()}`);
+  await page.fill("#budget", "8");
+  await page.dispatchEvent("#budget", "change");
+  await page.waitForFunction(() => document.querySelector("#problem").textContent, null,
+    { timeout: 60_000, polling: 200 });
+  const refused = await problem();
+  if (!refused.includes("budget")) fail(`a budget of 8 was not refused by name: ${refused}`);
+  if (await page.isDisabled("#send")) fail("a refused cache left Send disabled");
+  console.log(`web-test: another cache: a new conversation; budget 8: ${refused}`);
 } finally {
   await browser.close();
   server.close();
 }
 writeFileSync(join(out, "web-test.json"), JSON.stringify(figures, null, 1));
-console.log("web-test: the page answers Paris and Stop works");
+console.log("web-test: the page answers Paris, Stop works, and the cache can change");

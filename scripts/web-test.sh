@@ -11,6 +11,7 @@ gguf=models/SmolLM2-135M-Instruct.Q4_1.gguf
 out=target/web-test
 mkdir -p "$out"
 bash scripts/web-build.sh
+cargo build --release --quiet   # the command line, for the figures beside the page's
 bash scripts/browser.sh scripts/web-test.mjs "$PWD/target/web" "$PWD/$gguf" "$PWD/$out"
 echo "web-test: the same question and cache with the native command line:"
 target/release/sieve run --model "$gguf" --prompt "What is the capital of France?" \

@@ -1,5 +1,6 @@
-//! What differs between native code and the browser (wasm32 on WebGPU),
-//! in one place: waiting.
+//! Waiting for the GPU, the main thing that differs between native code and
+//! the browser (wasm32 on WebGPU; the others: the adapter's choice and the
+//! shader text, in src/gpu.rs).
 //!
 //! Native code blocks: `pollster::block_on` for wgpu's futures (adapters,
 //! devices, error scopes) and `Device::poll` for submitted work and buffer

@@ -127,8 +127,9 @@ struct Parked {
 }
 
 /// Steps in a row a prompt may get no token before it goes first (shortest
-/// first otherwise): a long prompt still reads at least one chunk every
-/// `PROMPT_WAIT_STEPS + 1` steps however many short ones arrive.
+/// first otherwise); among such overdue prompts the one that waited
+/// longest goes first, so none waits for ever, however many short ones
+/// arrive (the wait grows with the number of prompts overdue at once).
 const PROMPT_WAIT_STEPS: usize = 4;
 
 /// Where a sequence is.
@@ -475,8 +476,8 @@ impl Scheduler {
     /// gets its first token within a step even while long prompts are
     /// read; the long ones take the rest of every step), then the oldest;
     /// but a prompt that got nothing for `PROMPT_WAIT_STEPS` steps in a
-    /// row goes before them all (short prompts arriving without end do
-    /// not starve a long one).
+    /// row goes before them all, the longest waiting first (short prompts
+    /// arriving without end do not starve a long one).
     /// Refreshes each full bounded cache first. Also returns the sequences
     /// that failed on their own here (by index), with no part.
     fn plan(&mut self) -> (Vec<Part>, Vec<(usize, anyhow::Error)>) {
@@ -511,11 +512,14 @@ impl Scheduler {
             });
             budget -= 1;
         }
+        // (not overdue, then tokens left or, when overdue, the longest
+        // wait first; index).
         let mut prompting: Vec<(bool, usize, usize)> = (self.sequences.iter().enumerate())
             .filter_map(|(i, s)| match s.phase {
-                Phase::Prompt { fed } => {
-                    Some((s.waited < PROMPT_WAIT_STEPS, s.prompt.len() - fed, i))
-                }
+                Phase::Prompt { fed } => Some(match s.waited < PROMPT_WAIT_STEPS {
+                    true => (true, s.prompt.len() - fed, i),
+                    false => (false, usize::MAX - s.waited, i),
+                }),
                 Phase::Decode { .. } => None,
             })
             .collect();

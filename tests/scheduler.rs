@@ -411,13 +411,21 @@ fn a_parked_conversation_is_not_cut_while_a_cache_is_free() {
 }
 
 /// Short prompts arriving without end do not starve a long one: it reads a
-/// chunk at least every few steps (shortest first alone, it gets none while
-/// four short prompts at a time take every step's tokens).
+/// chunk every few steps (shortest first alone, it gets none while four
+/// short prompts at a time take every step's tokens), also when so many
+/// wait that short ones are overdue too (the longest wait goes first: 31
+/// steps with 12 sequences, 98 when the overdue went shortest first).
 #[test]
 fn a_long_prompt_is_not_starved_by_short_ones() {
+    for (sequences, bound) in [(5, 25), (12, 45)] {
+        long_prompt_among_short_ones(sequences, bound);
+    }
+}
+
+fn long_prompt_among_short_ones(sequences: usize, bound: usize) {
     let llm = llm();
     let opts = SchedulerOptions {
-        max_sequences: 5,
+        max_sequences: sequences,
         step_tokens: 16,
         max_context: 256,
         cache: None,
@@ -432,8 +440,8 @@ fn a_long_prompt_is_not_starved_by_short_ones() {
     let long: Vec<u32> = (0..64).map(|i| 100 + i).collect();
     let long_id = scheduler.add(&long, opts.clone(), None, |_| true).unwrap();
     let short: Vec<u32> = (0..16).map(|i| 300 + i).collect();
-    for step in 0..40 {
-        while scheduler.active() < 5 {
+    for step in 0..400 {
+        while scheduler.active() < sequences {
             scheduler.add(&short, opts.clone(), None, |_| true).unwrap();
         }
         if scheduler
@@ -442,10 +450,14 @@ fn a_long_prompt_is_not_starved_by_short_ones() {
             .iter()
             .any(|(id, _)| *id == long_id)
         {
-            // 4 chunks of 16, each after at most 4 steps without one.
-            assert!(step <= 25, "the long prompt took {step} steps");
+            // 4 chunks of 16; with 5 sequences each after at most 4 steps
+            // without one.
+            assert!(
+                step <= bound,
+                "{sequences} sequences: the long prompt took {step} steps"
+            );
             return;
         }
     }
-    panic!("the long prompt never finished while short ones kept coming");
+    panic!("{sequences} sequences: the long prompt never finished while short ones kept coming");
 }

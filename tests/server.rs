@@ -749,14 +749,7 @@ fn mutated_request_bodies_never_break_the_server() {
 /// listened: the load runs while /health answers 503.
 #[test]
 fn a_model_that_cannot_load_ends_the_server() {
-    let dir = std::env::temp_dir().join(format!("sieve-serve-truncated-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    let model = tiny_text_model();
-    for f in std::fs::read_dir(&model).unwrap() {
-        let f = f.unwrap().path();
-        std::fs::copy(&f, dir.join(f.file_name().unwrap())).unwrap();
-    }
+    let (model, dir) = tiny_text_model_copy("truncated");
     let weights = std::fs::read(model.join("model.safetensors")).unwrap();
     std::fs::write(dir.join("model.safetensors"), &weights[..weights.len() / 2]).unwrap();
     let missing = dir.join("no-such-model");
@@ -764,11 +757,13 @@ fn a_model_that_cannot_load_ends_the_server() {
         (&dir, "not a valid safetensors"),
         (&missing, "no-such-model"),
     ] {
+        // stderr to a file: a pipe read only after the exit could fill.
+        let err_file = dir.join("stderr.txt");
         let mut child = Command::new(env!("CARGO_BIN_EXE_sieve"))
             .args(["serve", "--model", model.to_str().unwrap(), "--port", "0"])
             .env("NODEVICE_SELECT", "1")
             .stdout(Stdio::null())
-            .stderr(Stdio::piped())
+            .stderr(std::fs::File::create(&err_file).unwrap())
             .spawn()
             .unwrap();
         let t = Instant::now();
@@ -782,13 +777,7 @@ fn a_model_that_cannot_load_ends_the_server() {
             }
             std::thread::sleep(Duration::from_millis(20));
         };
-        let mut err = String::new();
-        child
-            .stderr
-            .take()
-            .unwrap()
-            .read_to_string(&mut err)
-            .unwrap();
+        let err = std::fs::read_to_string(&err_file).unwrap();
         assert_eq!(status.code(), Some(1), "{err}");
         assert!(err.contains(expected) && !err.contains("panicked"), "{err}");
     }
@@ -798,13 +787,7 @@ fn a_model_that_cannot_load_ends_the_server() {
 /// The tiny text model with a final norm of 3e38 in a folder of its own:
 /// finite weights whose logits overflow, whatever the prompt.
 fn overflowing_text_model() -> std::path::PathBuf {
-    let model = tiny_text_model();
-    let dir = std::env::temp_dir().join(format!("sieve-serve-overflow-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    for f in std::fs::read_dir(&model).unwrap() {
-        let f = f.unwrap().path();
-        std::fs::copy(&f, dir.join(f.file_name().unwrap())).unwrap();
-    }
+    let (model, dir) = tiny_text_model_copy("overflow");
     let bytes = std::fs::read(model.join("model.safetensors")).unwrap();
     let tensors = safetensors::SafeTensors::deserialize(&bytes).unwrap();
     let huge: Vec<u8> = tensors
@@ -875,4 +858,18 @@ fn non_finite_logits_fail_the_request_and_the_server_keeps_serving() {
     assert_eq!(server.metric("sieve_sequences_busy"), 0);
     drop(server);
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// The tiny text model and a fresh copy of its folder (`tag` names it), for
+/// a test to damage.
+fn tiny_text_model_copy(tag: &str) -> (std::path::PathBuf, std::path::PathBuf) {
+    let model = tiny_text_model();
+    let dir = std::env::temp_dir().join(format!("sieve-serve-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    for f in std::fs::read_dir(&model).unwrap() {
+        let f = f.unwrap().path();
+        std::fs::copy(&f, dir.join(f.file_name().unwrap())).unwrap();
+    }
+    (model, dir)
 }

@@ -17,7 +17,11 @@ let adapterName = "";
 if (missing.length) {
   problem(`This browser cannot run sieve: it lacks ${missing.join(" and ")}.`);
 } else {
-  wasm = await init();
+  try {
+    wasm = await init();
+  } catch (e) {
+    problem(`sieve's wasm module did not start: ${e.message}`);
+  }
   const adapter = await navigator.gpu.requestAdapter();
   if (!adapter) problem("This browser offers WebGPU but no GPU adapter.");
   else adapterName = [adapter.info.vendor, adapter.info.architecture, adapter.info.description]
@@ -26,6 +30,22 @@ if (missing.length) {
 const load = wasm && WebAssembly.promising(wasm.sieve_load);
 const generate = wasm && WebAssembly.promising(wasm.sieve_generate);
 let busy = false;
+let loaded = false;
+
+// A call whose promise is rejected trapped (a panic; the console has it):
+// the wasm instance is gone.
+const trapped = (e) => new Error(`sieve stopped (${e.message}); reload the page`);
+const call = async (f, ...args) => {
+  let ok;
+  try {
+    ok = await f(...args);
+  } catch (e) {
+    throw trapped(e);
+  }
+  const s = JSON.parse(sieve.status());
+  if (!ok) throw new Error(s.error);
+  return s;
+};
 
 // Reads a file with its progress on the bar (the first half; the GPU upload
 // takes the second).
@@ -54,9 +74,8 @@ async function loadFile(file) {
     sieve.set_cache($("policy").value, Number($("budget").value), Number($("chunk").value));
     sieve.set_model(file.name, await readFile(file));
     $("loaded").textContent = `uploading ${file.name} to the GPU`;
-    const ok = await load();
-    const s = JSON.parse(sieve.status());
-    if (!ok) throw new Error(s.error);
+    const s = await call(load);
+    loaded = true;
     $("progress").value = 1;
     const seconds = ((performance.now() - t0) / 1000).toFixed(1);
     $("loaded").textContent = `${file.name} on ${adapterName || s.adapter}, loaded in ${seconds} s: ` +
@@ -64,13 +83,44 @@ async function loadFile(file) {
     document.body.dataset.loadSeconds = seconds;
     $("send").disabled = false;
   } catch (e) {
+    loaded = false;
     $("progress").value = 0;
     $("loaded").textContent = "";
     problem(`Loading ${file.name} failed: ${e.message}`);
   } finally {
     busy = false;
+    $("file").value = ""; // the same file can be picked again
   }
 }
+
+// A changed cache starts a new conversation on the model loaded.
+async function changeCache() {
+  if (!wasm || !loaded || busy) return;
+  busy = true;
+  problem("");
+  $("send").disabled = true;
+  try {
+    // A cache refused here leaves the conversation as it is.
+    sieve.set_cache($("policy").value, Number($("budget").value), Number($("chunk").value));
+  } catch (e) {
+    problem(`The cache was not changed: ${e.message}`);
+    busy = false;
+    $("send").disabled = false;
+    return;
+  }
+  try {
+    await call(load);
+    $("answer").textContent = "";
+    $("status").textContent = `a new conversation with the ${$("policy").value} cache`;
+  } catch (e) {
+    loaded = false; // the old conversation is gone with the failed call
+    problem(`A new conversation could not start (${e.message}); load the model again`);
+  } finally {
+    busy = false;
+    $("send").disabled = !loaded;
+  }
+}
+for (const id of ["policy", "budget", "chunk"]) $(id).addEventListener("change", changeCache);
 
 $("file").addEventListener("change", () => $("file").files[0] && loadFile($("file").files[0]));
 const drop = $("drop");
@@ -100,9 +150,7 @@ $("send").addEventListener("click", async () => {
     return true;
   });
   try {
-    const ok = await generate(Number($("max").value));
-    const s = JSON.parse(sieve.status());
-    if (!ok) throw new Error(s.error);
+    const s = await call(generate, Number($("max").value));
     $("status").textContent = `${s.generated_tokens} tokens (${s.stop}); prompt ` +
       `${s.prompt_tokens} tokens at ${s.prefill_tokens_per_second.toFixed(1)} tok/s, decode ` +
       `${s.decode_tokens_per_second.toFixed(2)} tok/s; conversation ${s.conversation_tokens} ` +

@@ -46,13 +46,33 @@ pub fn set_model(name: String, bytes: Vec<u8>) {
 
 /// The KV cache of the next conversation: `full`, or a policy (`window`,
 /// `h2o`, `tova`, `epikv`, `ccs`, ...) with a budget of `budget` entries
-/// refreshed every `chunk` tokens. An error names what is wrong.
+/// refreshed every `chunk` tokens. An error names what is wrong (before any
+/// model is loaded).
 #[wasm_bindgen]
 pub fn set_cache(policy: &str, budget: usize, chunk: usize) -> Result<(), JsError> {
-    let policy = Policy::parse(policy).map_err(|e| JsError::new(&format!("{e:#}")))?;
+    let error = |e: anyhow::Error| JsError::new(&format!("{e:#}"));
+    let policy = Policy::parse(policy).map_err(error)?;
     let cache = (policy != Policy::Full).then(|| CacheOptions::new(policy, budget, chunk));
+    if let Some(c) = &cache {
+        c.validate().map_err(error)?;
+    }
     CACHE.with(|c| *c.borrow_mut() = cache);
     Ok(())
+}
+
+/// Where a panic is reported: the browser's console (a panic traps the
+/// wasm instance; the page then asks for a reload).
+#[wasm_bindgen(start)]
+pub fn start() {
+    std::panic::set_hook(Box::new(|info| {
+        console_error(&format!("sieve panicked: {info}"))
+    }));
+}
+
+#[wasm_bindgen]
+extern "C" {
+    #[wasm_bindgen(js_namespace = console, js_name = error)]
+    fn console_error(message: &str);
 }
 
 /// The next user message, and the function each piece of the answer goes
@@ -105,16 +125,24 @@ fn run(f: impl FnOnce() -> Result<serde_json::Value, String>) -> u32 {
     }
 }
 
-/// Loads the model `set_model` gave and starts a conversation with the
-/// cache of `set_cache`. Call through `WebAssembly.promising`.
+/// Loads the model `set_model` gave (or keeps the one loaded when none was
+/// given) and starts a new conversation with the cache of `set_cache`.
+/// Call through `WebAssembly.promising`.
 #[no_mangle]
 pub extern "C" fn sieve_load() -> u32 {
     run(|| {
-        let (name, bytes) = MODEL
-            .with(|m| m.borrow_mut().take())
-            .ok_or("no model given (set_model)")?;
-        let llm = Llm::from_gguf_bytes(&name, bytes, &LoadOptions::default())
-            .map_err(|e| format!("{e:#}"))?;
+        // The old conversation goes first, and the old model when a new one
+        // comes: the GPU holds one at a time.
+        CANCEL.with(|c| *c.borrow_mut() = None);
+        let old = CHAT.with(|c| c.borrow_mut().take());
+        let llm = match MODEL.with(|m| m.borrow_mut().take()) {
+            Some((name, bytes)) => {
+                drop(old);
+                Llm::from_gguf_bytes(&name, bytes, &LoadOptions::default())
+                    .map_err(|e| format!("{e:#}"))?
+            }
+            None => old.ok_or("no model given (set_model)")?.llm,
+        };
         let cache = CACHE.with(|c| *c.borrow());
         let session = llm
             .session(SessionOptions {

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Builds the chat page into target/web (serve that folder with any static
-# web server): sieve-web for wasm32 (web/), wasm-bindgen's glue, and the
-# page's own files. Needs the wasm32-unknown-unknown target and the
+# Builds the chat page and the kernel check page into target/web (serve
+# that folder with any static web server): sieve-web for wasm32 (web/),
+# wasm-bindgen's glue, and the pages' own files. Needs the wasm32-unknown-unknown target and the
 # wasm-bindgen command line of the version web/Cargo.toml pins (both
 # installed here when missing).
 set -euo pipefail
@@ -18,7 +18,7 @@ out=target/web
 rm -rf "$out"
 wasm-bindgen --target web --no-typescript --out-dir "$out" \
   target/wasm32-unknown-unknown/release/sieve_web.wasm
-cp web/index.html web/app.js web/jspi.js "$out/"
+cp web/index.html web/app.js web/jspi.js web/checks.html web/checks.js "$out/"
 wasm=$(stat -c %s "$out/sieve_web_bg.wasm")
 gz=$(gzip -9 -c "$out/sieve_web_bg.wasm" | wc -c)
 echo "web-build: $out (sieve_web_bg.wasm $wasm bytes, $gz gzipped; glue $(stat -c %s "$out/sieve_web.js") bytes)"

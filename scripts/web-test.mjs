@@ -1,6 +1,7 @@
 // The chat page (target/web, scripts/web-build.sh) in headless Chromium on
 // its WebGPU (Dawn on SwiftShader): loads a GGUF through the file picker,
-// asks "What is the capital of France?" and checks that the answer names
+// checks that the upload's progress reached the bar, asks "What is the
+// capital of France?" and checks that the answer names
 // Paris, then stops a long answer with Stop; writes a screenshot and the
 // figures (load time, tok/s).
 //
@@ -28,6 +29,11 @@ try {
     document.querySelector("#problem").textContent, null, { timeout: 600_000, polling: 500 });
   if (await problem()) fail(`loading: ${await problem()}`);
   figures.load_seconds = Number(await page.evaluate(() => document.body.dataset.loadSeconds));
+  // The upload reported each layer to the bar (SmolLM2: 30 layers and 3
+  // steps around them).
+  const uploaded = await page.evaluate(() => document.body.dataset.uploaded);
+  const [done, total] = (uploaded || "0/0").split("/").map(Number);
+  if (!(total > 3 && done === total)) fail(`the upload's progress ended at ${uploaded}`);
   console.log(`web-test: ${await page.textContent("#loaded")} (${(Date.now() - t0) / 1000} s)`);
 
   // The question, whole.

@@ -36,6 +36,36 @@ struct RopeParams {
 @group(0) @binding(7) var<storage, read_write> vc: array<KvPacked>;
 @group(0) @binding(8) var<uniform> page: Page;
 
+// sin and cos of `x` (>= 0) to within a few f32 ulps on every driver.
+// WGSL's own sin and cos promise 2^-11 absolute error, and only inside
+// [-pi, pi] (SwiftShader's were 2e-4 off at angles below 20 radians, where
+// the CPU reference and Hugging Face evaluate them exactly). x is reduced by
+// k multiples of pi/2 in three parts (Cody-Waite; Cephes' sinf constants,
+// doubled): 1.5703125 has 8 significant bits and k is applied as its
+// multiple of 256 and the rest, so both products are exact for k < 2^24;
+// the parts after it err by about 1e-7 k ulps of pi/2 (4e-6 at an angle of
+// 200,000). Cephes' minimax polynomials then take the rest, in
+// [-pi/4, pi/4], and the quadrant k mod 4 picks and signs them.
+fn sin_cos(x: f32) -> vec2<f32> {
+    let k = round(x * 0.63661977236758134); // x / (pi/2)
+    let k_high = floor(k / 256.0) * 256.0;
+    var r = x - k_high * 1.5703125;
+    r = r - (k - k_high) * 1.5703125;
+    r = r - k * 4.837512969970703125e-4;
+    r = r - k * 7.54978995489188216e-8;
+    let z = r * r;
+    let s = ((-1.9515295891e-4 * z + 8.3321608736e-3) * z - 1.6666654611e-1) * z * r + r;
+    let c = ((2.443315711809948e-5 * z - 1.388731625493765e-3) * z + 4.166664568298827e-2) * z * z
+        - 0.5 * z + 1.0;
+    // sin and cos of r + q pi/2.
+    switch (u32(k) & 3u) {
+        case 0u: { return vec2<f32>(s, c); }
+        case 1u: { return vec2<f32>(c, -s); }
+        case 2u: { return vec2<f32>(-s, -c); }
+        default: { return vec2<f32>(-c, s); }
+    }
+}
+
 @compute @workgroup_size(64)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let t = gid.y;
@@ -57,9 +87,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
             let a = qkv[src + j];
             let b = qkv[src + j + half];
             let angle = f32(pos[r]) * inv_freq[j];
-            let c = cos(angle);
-            let s = sin(angle);
-            out[e] = select(b * c + a * s, a * c - b * s, d < half);
+            let sc = sin_cos(angle);
+            out[e] = select(b * sc.y + a * sc.x, a * sc.y - b * sc.x, d < half);
         } else {
             out[e] = qkv[src + d];
         }

@@ -107,7 +107,7 @@ impl DeviceProfile {
     /// A made-up device for unit tests of the choices made from a profile:
     /// a CPU implementation or a discrete GPU, with or without subgroups
     /// and cooperative matrices.
-    #[cfg(test)]
+    #[cfg(any(test, feature = "kernel-checks"))]
     pub(crate) fn for_tests(cpu: bool, subgroups: bool, coop: bool) -> Self {
         DeviceProfile {
             name: "test".into(),

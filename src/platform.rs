@@ -79,6 +79,14 @@ mod browser {
     }
 }
 
+/// Lets the browser's event loop run once (a repaint, a click) during long
+/// work that has no GPU wait to do it, such as a model's upload; nothing
+/// natively.
+pub fn let_browser_run() {
+    #[cfg(target_arch = "wasm32")]
+    browser::yield_now();
+}
+
 #[cfg(target_arch = "wasm32")]
 pub fn block_on<F: Future>(f: F) -> F::Output {
     use std::task::{Context, Poll, Waker};

@@ -74,6 +74,10 @@ async function loadFile(file) {
     sieve.set_cache($("policy").value, Number($("budget").value), Number($("chunk").value));
     sieve.set_model(file.name, await readFile(file));
     $("loaded").textContent = `uploading ${file.name} to the GPU`;
+    sieve.set_load_progress((done, total) => {
+      $("progress").value = 0.5 + 0.5 * done / total;
+      document.body.dataset.uploaded = `${done}/${total}`;
+    });
     const s = await call(load);
     loaded = true;
     $("progress").value = 1;

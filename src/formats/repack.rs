@@ -219,14 +219,7 @@ pub fn encode(format: WeightFormat, values: &[f32], cols: usize) -> Result<Vec<u
 pub(crate) mod tests {
     use super::*;
     use crate::formats::dequant::dequantize_blocks;
-
-    /// Every quantized format, for tests.
-    pub fn quantized() -> Vec<WeightFormat> {
-        WeightFormat::ALL
-            .into_iter()
-            .filter(|f| f.block().is_some())
-            .collect()
-    }
+    use crate::kernels::testutil::{quantized, random_blocks};
 
     /// The GPU layout of rows of `cols` values decoded on the CPU the way
     /// the WGSL preludes decode it (written from the layout table,
@@ -298,39 +291,6 @@ pub(crate) mod tests {
                     _ => unreachable!(),
                 };
                 out.push(x);
-            }
-        }
-        out
-    }
-
-    /// Random GGUF blocks of `format`: random quants and scale bytes, with
-    /// finite, moderate f16 scales.
-    pub fn random_blocks(format: WeightFormat, n_blocks: usize, seed: u64) -> Vec<u8> {
-        let b = format.block().unwrap();
-        let bytes = b.ggml.block_bytes() as usize;
-        let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-        let mut next = move || {
-            s ^= s << 13;
-            s ^= s >> 7;
-            s ^= s << 17;
-            s
-        };
-        let mut out = vec![0u8; n_blocks * bytes];
-        for block in out.chunks_exact_mut(bytes) {
-            for x in block.iter_mut() {
-                *x = next() as u8;
-            }
-            let mut scale = |at: usize| {
-                let v = (next() % 1000) as f32 / 1000.0 * 0.02 + 0.001;
-                block[at..at + 2].copy_from_slice(&f16::from_f32(v).to_le_bytes());
-            };
-            match format {
-                WeightFormat::Q4_1 | WeightFormat::Q4_K | WeightFormat::Q5_K => {
-                    scale(0);
-                    scale(2);
-                }
-                WeightFormat::Q6_K => scale(208),
-                _ => scale(0),
             }
         }
         out

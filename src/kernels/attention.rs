@@ -878,8 +878,8 @@ pub fn anticausal_reference(
     reference_over(q, k, v, h, |t| (qslot[t] as usize + 1..n_present).collect()).0
 }
 
-#[cfg(test)]
-mod tests {
+#[cfg(any(test, feature = "kernel-checks"))]
+pub(crate) mod tests {
     use super::*;
     use crate::device::KernelSet;
     use crate::formats::KvFormat;
@@ -888,7 +888,7 @@ mod tests {
 
     /// Head shapes past the kernels' limits (their override constants) are
     /// refused with an error naming them, before anything is compiled.
-    #[test]
+    #[cfg_attr(test, test)]
     fn head_shapes_past_the_kernel_limits_are_refused() {
         let gpu = gpu();
         let step = step_buffer(&gpu, Step::default());
@@ -987,7 +987,7 @@ mod tests {
     /// choice: forced here to differ (the serial kernel to 1,024 keys, the
     /// parallel one past), the deep step matches the reference, and the
     /// choice by depth is the forced one. Equal choices merge.
-    #[test]
+    #[cfg_attr(test, test)]
     fn tuned_decode_runs_each_depths_choice() {
         let gpu = gpu_with(KernelSet::Tuned);
         let cands = gpu.kernels.attn_decode_candidates();
@@ -1027,7 +1027,7 @@ mod tests {
     }
 
     /// Both prefill variants (`cpu`: attention.wgsl, `gpu`: attention_prefill.wgsl).
-    #[test]
+    #[cfg_attr(test, test)]
     fn prefill_matches_reference() {
         for set in [KernelSet::Cpu, KernelSet::Gpu] {
             let gpu = gpu_with(set);
@@ -1044,7 +1044,7 @@ mod tests {
 
     /// A cache split into pages of whole key chunks gives the same result,
     /// with queries on both sides of page boundaries and a short last page.
-    #[test]
+    #[cfg_attr(test, test)]
     fn paged_caches_match_reference() {
         for gpu in decode_devices() {
             check(&gpu, 4, 2, 32, 100, 200, 256);
@@ -1091,15 +1091,15 @@ mod tests {
             gpu.info.name, p.subgroup_min, p.subgroup_max
         );
         if !subgroups_take_it {
-            eprintln!(
-                "note: {} has subgroups of {}..{} lanes; the LanesPerKey decode (8 lanes a key) is not run",
-                gpu.info.name, p.subgroup_min, p.subgroup_max
-            );
+            note(format!(
+                "this device has subgroups of {}..{} lanes; the LanesPerKey decode (8 lanes a key) is not run",
+                p.subgroup_min, p.subgroup_max
+            ));
         }
         subgroups_take_it
     }
 
-    #[test]
+    #[cfg_attr(test, test)]
     fn decode_matches_reference() {
         for gpu in decode_devices() {
             // Head sizes 64, 128 and 32, and 36, 100 and 16 (columns not a
@@ -1123,7 +1123,7 @@ mod tests {
     /// head, columns fewer than the lanes of a slice, a cache in pages of
     /// 256 slots (four chunks each), in both cache formats. The other
     /// shapes are the batched kernel's, which differs in CHUNK only.
-    #[test]
+    #[cfg_attr(test, test)]
     fn short_chunks_match_reference() {
         let gpu = gpu_with_variants(KernelSet::Gpu, |v| {
             v.attn_decode = AttnDecodeVariant::ParallelShort;
@@ -1196,7 +1196,7 @@ mod tests {
 
     /// Decode (one token each) and prefill (several) sequences sharing a
     /// step, with every decode variant and both prefill variants.
-    #[test]
+    #[cfg_attr(test, test)]
     fn sequences_sharing_a_step_stay_apart() {
         let mut devices = decode_devices();
         devices.push(gpu_with_variants(KernelSet::Gpu, |v| {
@@ -1215,7 +1215,7 @@ mod tests {
     /// With `tuned`, each attention shape's decode and prefill candidates
     /// are timed once, on the engine's own buffers, and the chosen kernels
     /// still match the reference.
-    #[test]
+    #[cfg_attr(test, test)]
     fn tuned_attention_times_each_shape_once() {
         let gpu = gpu_with(KernelSet::Tuned);
         // A decode step deep enough to time decode; its one-row query
@@ -1299,7 +1299,7 @@ mod tests {
     }
 
     /// The start-up check passes every decode variant this device takes.
-    #[test]
+    #[cfg_attr(test, test)]
     fn decode_check_passes_every_variant() {
         let gpu = gpu_with(KernelSet::Gpu);
         let mut variants = vec![
@@ -1324,7 +1324,7 @@ mod tests {
     /// (partial query blocks) and across a key chunk's end, heads of 16, 32,
     /// 64 and 128 values (one to eight output blocks), and the
     /// counter-causal entry.
-    #[test]
+    #[cfg_attr(test, test)]
     fn coop_prefill_emulated_matches_reference() {
         let gpu = gpu();
         if !can_emulate_coop(&gpu, "the emulated matrix-unit prefill") {
@@ -1389,7 +1389,7 @@ mod tests {
     /// The prefill start-up check passes the kernels that run here and
     /// refuses (an error, no panic) the matrix-unit one where the device
     /// has no cooperative matrices.
-    #[test]
+    #[cfg_attr(test, test)]
     fn prefill_check_passes_what_runs_here() {
         let gpu = gpu();
         for v in [AttnPrefillVariant::RowPerLane, AttnPrefillVariant::Tiled] {
@@ -1407,7 +1407,7 @@ mod tests {
     }
 
     /// Both variants of the counter-causal pass (with the prefill kernels).
-    #[test]
+    #[cfg_attr(test, test)]
     fn anticausal_matches_reference() {
         for set in [KernelSet::Cpu, KernelSet::Gpu] {
             anticausal_cases(&gpu_with(set));
@@ -1476,7 +1476,7 @@ mod tests {
         }
     }
 
-    #[test]
+    #[cfg_attr(test, test)]
     fn long_contexts_past_4096() {
         for gpu in decode_devices() {
             check(&gpu, 4, 1, 128, 1, 5000, 0);
@@ -1484,4 +1484,20 @@ mod tests {
             check(&gpu, 8, 2, 128, 70, 4100, 0);
         }
     }
+
+    crate::kernels::checks::register![
+        head_shapes_past_the_kernel_limits_are_refused,
+        tuned_decode_runs_each_depths_choice,
+        prefill_matches_reference,
+        paged_caches_match_reference,
+        decode_matches_reference,
+        short_chunks_match_reference,
+        sequences_sharing_a_step_stay_apart,
+        tuned_attention_times_each_shape_once,
+        decode_check_passes_every_variant,
+        coop_prefill_emulated_matches_reference,
+        prefill_check_passes_what_runs_here,
+        anticausal_matches_reference,
+        long_contexts_past_4096,
+    ];
 }

@@ -169,15 +169,15 @@ pub fn reference(q: &[f32], k: &[f32], h: Heads, start_slot: usize, mode: Weight
     out
 }
 
-#[cfg(test)]
-mod tests {
+#[cfg(any(test, feature = "kernel-checks"))]
+pub(crate) mod tests {
     use super::*;
     use crate::formats::KvFormat;
     use crate::kernels::attention::Attention;
     use crate::kernels::testutil::*;
     use crate::kernels::Step;
 
-    #[test]
+    #[cfg_attr(test, test)]
     fn weights_from_lse_match_softmax() {
         let gpu = gpu();
         // The last two hold the keys in pages of 256 slots (0: one page).
@@ -282,4 +282,6 @@ mod tests {
             );
         }
     }
+
+    crate::kernels::checks::register![weights_from_lse_match_softmax,];
 }

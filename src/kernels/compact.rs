@@ -292,12 +292,12 @@ pub fn reference(data: &[u32], row: usize, keep: &[u32]) -> Vec<u32> {
         .collect()
 }
 
-#[cfg(test)]
-mod tests {
+#[cfg(any(test, feature = "kernel-checks"))]
+pub(crate) mod tests {
     use super::*;
     use crate::kernels::testutil::*;
 
-    #[test]
+    #[cfg_attr(test, test)]
     fn keep_lists_that_stress_in_place_moves() {
         keep_lists_on(&gpu(), 300);
     }
@@ -305,7 +305,7 @@ mod tests {
     /// Buffers split into pages (a long KV cache on a device with small
     /// bindings): kept rows move between pages, and page sizes need not
     /// divide the slot count or the keep count.
-    #[test]
+    #[cfg_attr(test, test)]
     fn paged_buffers() {
         let gpu = gpu();
         keep_lists_on(&gpu, 64);
@@ -315,7 +315,7 @@ mod tests {
     /// With a storage-binding limit that holds the kept rows of only one
     /// buffer, the compactor gathers in batches (what a long context needs on
     /// a device with small bindings).
-    #[test]
+    #[cfg_attr(test, test)]
     fn scratch_larger_than_one_binding_is_split_into_batches() {
         let opts = crate::gpu::GpuOptions {
             max_binding_override: Some(93_000),
@@ -391,7 +391,7 @@ mod tests {
         }
     }
 
-    #[test]
+    #[cfg_attr(test, test)]
     fn rejects_unsorted_or_long_keep_lists() {
         let gpu = gpu();
         let b = SlotPages::single(&gpu, gpu.storage("b", 64), 16, 4);
@@ -399,4 +399,11 @@ mod tests {
         assert!(c.compact(&gpu, &[2, 1]).is_err());
         assert!(c.compact(&gpu, &[0, 1, 2, 3, 4]).is_err());
     }
+
+    crate::kernels::checks::register![
+        keep_lists_that_stress_in_place_moves,
+        paged_buffers,
+        scratch_larger_than_one_binding_is_split_into_batches,
+        rejects_unsorted_or_long_keep_lists,
+    ];
 }

@@ -57,15 +57,15 @@ pub fn reference(table: &[f32], hidden: usize, ids: &[u32]) -> Vec<f32> {
         .collect()
 }
 
-#[cfg(test)]
-mod tests {
+#[cfg(any(test, feature = "kernel-checks"))]
+pub(crate) mod tests {
     use super::*;
     use crate::formats::WeightFormat;
     use crate::kernels::testutil::*;
     use crate::kernels::Step;
     use crate::shaders::WeightStore;
 
-    #[test]
+    #[cfg_attr(test, test)]
     fn gathers_rows_across_table_parts() {
         for store in WeightStore::ALL {
             // 256-byte bindings split a 37 x 12 f16 table into parts of 8 rows.
@@ -117,15 +117,14 @@ mod tests {
     /// Every quantized format gathers the dequantized rows (a 256-value
     /// row is one K-quant super-block or eight 32-value blocks), across
     /// table parts.
-    #[test]
+    #[cfg_attr(test, test)]
     fn gathers_quantized_rows() {
         let (vocab, hidden) = (37, 256);
         let ids = vec![36u32, 0, 8, 7, 9, 16, 35];
-        for (store, format) in WeightStore::ALL.into_iter().flat_map(|s| {
-            crate::formats::repack::tests::quantized()
-                .into_iter()
-                .map(move |f| (s, f))
-        }) {
+        for (store, format) in WeightStore::ALL
+            .into_iter()
+            .flat_map(|s| quantized().into_iter().map(move |f| (s, f)))
+        {
             let gpu = gpu_storing(store, Some(4096));
             let m = GpuMatrix::new(&gpu, "emb", vocab, hidden, format).unwrap();
             assert!(m.parts.len() > 1, "{format:?}");
@@ -135,4 +134,6 @@ mod tests {
             assert!(max_abs_diff(&got, &want) < 1e-5, "{format:?} {store:?}");
         }
     }
+
+    crate::kernels::checks::register![gathers_rows_across_table_parts, gathers_quantized_rows,];
 }

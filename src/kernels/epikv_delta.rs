@@ -86,13 +86,13 @@ pub fn reference(x: &[f32], prev: &[f32], positions: &[u32]) -> Vec<f32> {
         .collect()
 }
 
-#[cfg(test)]
-mod tests {
+#[cfg(any(test, feature = "kernel-checks"))]
+pub(crate) mod tests {
     use super::*;
     use crate::kernels::testutil::*;
     use crate::kernels::Step;
 
-    #[test]
+    #[cfg_attr(test, test)]
     fn deltas_chain_across_steps() {
         let gpu = gpu();
         let h = 20;
@@ -132,4 +132,6 @@ mod tests {
         }
         assert_eq!(reference(&rows[..h], &want_prev, &[0])[0], 0.0);
     }
+
+    crate::kernels::checks::register![deltas_chain_across_steps,];
 }

@@ -931,8 +931,8 @@ pub fn reference(
     }
 }
 
-#[cfg(test)]
-mod tests {
+#[cfg(any(test, feature = "kernel-checks"))]
+pub(crate) mod tests {
     use super::*;
     use crate::device::KernelSet;
     use crate::formats::WeightFormat;
@@ -1019,7 +1019,7 @@ mod tests {
 
     /// The flag bits the host sets are the values matmul_io.wgsl tests
     /// (naga's reading of the assembled source of a kernel that includes it).
-    #[test]
+    #[cfg_attr(test, test)]
     fn flag_bits_match_the_shaders() {
         let src = shaders::source(
             &shaders::MATMUL_TILED,
@@ -1153,7 +1153,7 @@ mod tests {
         ran
     }
 
-    #[test]
+    #[cfg_attr(test, test)]
     fn matches_reference_on_awkward_shapes() {
         for store in WeightStore::ALL {
             matches_reference_on_awkward_shapes_in(&gpu_storing(store, None));
@@ -1188,13 +1188,12 @@ mod tests {
     /// Every quantized format through every variant: rows not a multiple of
     /// any tile, K of one block and of many, one token and several tiles of
     /// tokens; the reference is llama.cpp's dequantization of the same blocks.
-    #[test]
+    #[cfg_attr(test, test)]
     fn quantized_formats_match_reference() {
-        for (store, format) in WeightStore::ALL.into_iter().flat_map(|s| {
-            crate::formats::repack::tests::quantized()
-                .into_iter()
-                .map(move |f| (s, f))
-        }) {
+        for (store, format) in WeightStore::ALL
+            .into_iter()
+            .flat_map(|s| quantized().into_iter().map(move |f| (s, f)))
+        {
             let gpu = gpu_storing(store, None);
             let block = format.block().unwrap().values;
             for &(rows, blocks, n) in &[
@@ -1227,7 +1226,7 @@ mod tests {
     /// A stacked matrix whose tensors keep different formats (a Q4_K_M
     /// file's q|k|v: Q4_K, Q4_K, Q6_K), with a float block too: every
     /// variant, one token and several, each part through its own kernels.
-    #[test]
+    #[cfg_attr(test, test)]
     fn mixed_format_stacks_match_reference() {
         let gpu = gpu();
         let blocks = [
@@ -1252,7 +1251,7 @@ mod tests {
         assert_eq!(m.format_at(20), Some(WeightFormat::Q6_K));
         assert!(m.single_format("w").is_err());
         // Blocks of one format cannot run on into rows stored in another.
-        let q4 = crate::formats::repack::tests::random_blocks(WeightFormat::Q4_K, 2 * 20, 1);
+        let q4 = random_blocks(WeightFormat::Q4_K, 2 * 20, 1);
         let err = m.write_blocks(&gpu, 0, &q4, "w").unwrap_err();
         assert!(err.to_string().contains("stored as q6_k"), "{err}");
     }
@@ -1260,7 +1259,7 @@ mod tests {
     /// Shapes the cooperative GEMM takes (rows and K multiples of 64; tokens
     /// not a multiple of its 32-token tile). On a device without cooperative
     /// matrices (lavapipe) the other variants run and a note says so.
-    #[test]
+    #[cfg_attr(test, test)]
     fn cooperative_shapes() {
         let gpu = gpu();
         let mut coop = false;
@@ -1294,7 +1293,7 @@ mod tests {
             wide |= ran.contains(&MatmulVariant::CoopStagedWide);
         }
         if gpu_set_matmul(&gpu) != MatmulVariant::Coop {
-            eprintln!("note: {} has no 16x16 f16 cooperative matrices with subgroups; matmul_coop.wgsl and matmul_coop_staged.wgsl are only validated and translated (tests/shaders.rs)", gpu.info.name);
+            note("this device has no 16x16 f16 cooperative matrices with subgroups; matmul_coop.wgsl and matmul_coop_staged.wgsl are only validated and translated (tests/shaders.rs)");
         } else {
             assert!(coop, "the cooperative variant did not run");
             assert!(staged, "the staged cooperative variant did not run");
@@ -1317,7 +1316,7 @@ mod tests {
 
     /// The `gpu` mat-vecs with the RMSNorm folded in match the norm's CPU
     /// reference followed by the product's; the `cpu` mat-vec declines it.
-    #[test]
+    #[cfg_attr(test, test)]
     fn fused_norm_matches_reference() {
         let gpu = gpu();
         for &(rows, cols, format) in FUSED_SHAPES {
@@ -1337,7 +1336,7 @@ mod tests {
 
     /// The `gpu` mat-vecs with the SwiGLU folded in match the SwiGLU's CPU
     /// reference followed by the product's.
-    #[test]
+    #[cfg_attr(test, test)]
     fn fused_swiglu_matches_reference() {
         let gpu = gpu();
         for &(rows, cols, format) in FUSED_SHAPES {
@@ -1354,14 +1353,11 @@ mod tests {
     /// the mat-mul's at the tokens y holds), uses the one it chose, and
     /// still matches the reference; a second product of the same shape
     /// reuses the timing.
-    #[test]
+    #[cfg_attr(test, test)]
     fn tuned_products_time_their_candidates_once_per_shape() {
         let gpu = gpu_with(KernelSet::Tuned);
         if !gpu.features.contains(wgpu::Features::TIMESTAMP_QUERY) {
-            eprintln!(
-                "note: {} has no timestamp queries: nothing to time",
-                gpu.info.name
-            );
+            note("this device has no timestamp queries: nothing to time");
             return;
         }
         let (rows, cols, n) = (40, 96, 5);
@@ -1479,7 +1475,7 @@ mod tests {
     /// the fused one for the other (forced here): it no longer fuses its
     /// input, so the norm kernel runs, and both parts match the reference,
     /// the fused one reading the norm's input, the other the norm's output.
-    #[test]
+    #[cfg_attr(test, test)]
     fn tuned_product_mixes_fused_and_unfused_parts() {
         let gpu = gpu_with(KernelSet::Tuned);
         let cands = gpu.kernels.matvec_candidates();
@@ -1604,7 +1600,7 @@ mod tests {
     /// staging, dequantization, tile and subgroup offsets, row and token
     /// bounds, the epilogue with bias and residual. Shapes with partial row
     /// and token tiles, K of several steps, a K-quant.
-    #[test]
+    #[cfg_attr(test, test)]
     fn cooperative_kernels_emulated_match_reference() {
         // The direct kernel loads f16 weights from a buffer: the `gpu` set's store.
         let gpu = gpu_with(KernelSet::Gpu);
@@ -1758,7 +1754,7 @@ mod tests {
     /// The start-up check that guards the cooperative GEMM passes for the
     /// kernels that work here and fails (an error, no panic) for one the
     /// device cannot run, which is what makes the engine fall back.
-    #[test]
+    #[cfg_attr(test, test)]
     fn start_up_check_accepts_working_and_refuses_broken_variants() {
         let gpu = gpu();
         for format in [WeightFormat::F16, WeightFormat::Q4_0] {
@@ -1790,7 +1786,7 @@ mod tests {
         }
     }
 
-    #[test]
+    #[cfg_attr(test, test)]
     fn matrices_split_across_bindings() {
         // A 1 KiB binding limit forces 8-row parts for 32 f32 columns.
         let gpu = Runtime::new(
@@ -1804,4 +1800,19 @@ mod tests {
             check(&gpu, 45, 32, n, WeightFormat::F32, true, false);
         }
     }
+
+    crate::kernels::checks::register![
+        flag_bits_match_the_shaders,
+        matches_reference_on_awkward_shapes,
+        quantized_formats_match_reference,
+        mixed_format_stacks_match_reference,
+        cooperative_shapes,
+        fused_norm_matches_reference,
+        fused_swiglu_matches_reference,
+        tuned_products_time_their_candidates_once_per_shape,
+        tuned_product_mixes_fused_and_unfused_parts,
+        cooperative_kernels_emulated_match_reference,
+        start_up_check_accepts_working_and_refuses_broken_variants,
+        matrices_split_across_bindings,
+    ];
 }

@@ -4,6 +4,8 @@
 
 pub mod attention;
 pub mod attn_weights;
+#[cfg(any(test, feature = "kernel-checks"))]
+pub mod checks;
 pub mod compact;
 pub mod embed;
 pub mod epikv_delta;
@@ -214,7 +216,7 @@ pub(crate) fn max_error(got: &[f32], want: &[f32]) -> f32 {
 }
 
 /// Test helpers shared by the kernel tests: a device, a step buffer, one-pass runs.
-#[cfg(test)]
+#[cfg(any(test, feature = "kernel-checks"))]
 pub(crate) mod testutil {
     use super::paging::SlotPages;
     use super::runtime::Runtime;
@@ -222,6 +224,8 @@ pub(crate) mod testutil {
     use crate::device::KernelSet;
     use crate::formats::{KvFormat, WeightFormat};
     use crate::gpu::{Gpu, GpuOptions};
+    pub use crate::kernels::checks::note;
+    use half::f16;
     use std::sync::Arc;
 
     /// A device for the kernel tests: the timings of `tuned` are not kept
@@ -480,10 +484,9 @@ fn emu_store_{name}(c: u32, at: u32, stride: u32) {{
         let prof = &gpu.profile;
         let can = prof.shader_f16 && prof.subgroups && prof.subgroup_min == prof.subgroup_max;
         if !can {
-            eprintln!(
-                "note: {} lacks f16, subgroups or a fixed subgroup size; {what} is not run",
-                gpu.info.name
-            );
+            note(format!(
+                "this device lacks f16, subgroups or a fixed subgroup size; {what} is not run"
+            ));
         }
         can
     }
@@ -555,11 +558,7 @@ fn emu_store_{name}(c: u32, at: u32, stride: u32) {{
             let (n, seed) = (part.rows * m.cols, seed + i as u64);
             let w = match part.format.block() {
                 Some(b) => {
-                    let blocks = crate::formats::repack::tests::random_blocks(
-                        part.format,
-                        n / b.values,
-                        seed,
-                    );
+                    let blocks = random_blocks(part.format, n / b.values, seed);
                     let mut w = vec![0f32; n];
                     crate::formats::dequant::dequantize_blocks(b.ggml, &blocks, &mut w).unwrap();
                     m.write_blocks(gpu, part.row0, &blocks, "w").unwrap();
@@ -582,6 +581,47 @@ fn emu_store_{name}(c: u32, at: u32, stride: u32) {{
             all.extend(w);
         }
         all
+    }
+
+    /// Every quantized format, for tests.
+    pub fn quantized() -> Vec<WeightFormat> {
+        WeightFormat::ALL
+            .into_iter()
+            .filter(|f| f.block().is_some())
+            .collect()
+    }
+
+    /// Random GGUF blocks of `format`: random quants and scale bytes, with
+    /// finite, moderate f16 scales.
+    pub fn random_blocks(format: WeightFormat, n_blocks: usize, seed: u64) -> Vec<u8> {
+        let b = format.block().unwrap();
+        let bytes = b.ggml.block_bytes() as usize;
+        let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        let mut next = move || {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            s
+        };
+        let mut out = vec![0u8; n_blocks * bytes];
+        for block in out.chunks_exact_mut(bytes) {
+            for x in block.iter_mut() {
+                *x = next() as u8;
+            }
+            let mut scale = |at: usize| {
+                let v = (next() % 1000) as f32 / 1000.0 * 0.02 + 0.001;
+                block[at..at + 2].copy_from_slice(&f16::from_f32(v).to_le_bytes());
+            };
+            match format {
+                WeightFormat::Q4_1 | WeightFormat::Q4_K | WeightFormat::Q5_K => {
+                    scale(0);
+                    scale(2);
+                }
+                WeightFormat::Q6_K => scale(208),
+                _ => scale(0),
+            }
+        }
+        out
     }
 
     pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {

@@ -192,12 +192,12 @@ impl SlotPages {
     }
 }
 
-#[cfg(test)]
-mod tests {
+#[cfg(any(test, feature = "kernel-checks"))]
+pub(crate) mod tests {
     use super::*;
     use crate::gpu::GpuOptions;
 
-    #[test]
+    #[cfg_attr(test, test)]
     fn pages_follow_the_binding_limit_and_the_alignment() {
         let gpu = Gpu::new(&GpuOptions {
             max_binding_override: Some(10_000),
@@ -231,7 +231,7 @@ mod tests {
         );
     }
 
-    #[test]
+    #[cfg_attr(test, test)]
     fn reads_back_across_pages() {
         let gpu = Gpu::new(&GpuOptions::default()).unwrap();
         let data: Vec<u32> = (0..3 * 70).collect();
@@ -245,4 +245,9 @@ mod tests {
         assert_eq!(first.read::<u32>(&gpu, 40).unwrap(), data[..120]);
         assert!(p.first(&gpu, 71).is_err() && p.first(&gpu, 0).is_err());
     }
+
+    crate::kernels::checks::register![
+        pages_follow_the_binding_limit_and_the_alignment,
+        reads_back_across_pages,
+    ];
 }

@@ -128,12 +128,12 @@ pub fn reference_value(d: Distribution, e: u32) -> f32 {
     d.offset + d.scale * u
 }
 
-#[cfg(test)]
-mod tests {
+#[cfg(any(test, feature = "kernel-checks"))]
+pub(crate) mod tests {
     use super::*;
     use crate::kernels::testutil::*;
 
-    #[test]
+    #[cfg_attr(test, test)]
     fn matches_the_cpu_reference() {
         let gpu = gpu();
         let fill = RandomFill::new(&gpu).unwrap();
@@ -222,4 +222,6 @@ mod tests {
             "{mean} {sd}"
         );
     }
+
+    crate::kernels::checks::register![matches_the_cpu_reference,];
 }

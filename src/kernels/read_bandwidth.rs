@@ -219,14 +219,14 @@ fn probe_texture(gpu: &Gpu, width: u32, height: u32) -> wgpu::Texture {
     )
 }
 
-#[cfg(test)]
-mod tests {
+#[cfg(any(test, feature = "kernel-checks"))]
+pub(crate) mod tests {
     use super::*;
     use crate::kernels::testutil::*;
 
     /// Every element is read exactly once: the lanes' sums add up to the sum
     /// of the buffer, for sizes that leave partial strides and groups.
-    #[test]
+    #[cfg_attr(test, test)]
     fn reads_every_element_once() {
         let gpu = gpu();
         for n_vec4 in [1usize, 255, 256 * 32 * 3 + 17, 256 * 32 * 9 + 4 * 256 + 3] {
@@ -246,7 +246,7 @@ mod tests {
     /// The same through a texture: full rows of `WEIGHT_TEXTURE_WIDTH`
     /// texels (one, or enough for partial strides and groups), and one
     /// shorter row.
-    #[test]
+    #[cfg_attr(test, test)]
     fn reads_every_texel_once() {
         let gpu = gpu();
         let w = WEIGHT_TEXTURE_WIDTH;
@@ -288,7 +288,7 @@ mod tests {
         v.iter().fold(0u32, |a, &b| a.wrapping_add(b))
     }
 
-    #[test]
+    #[cfg_attr(test, test)]
     fn measures_a_positive_bandwidth_on_each_path() {
         let got = measure(&gpu(), 2).unwrap();
         let paths: Vec<ReadPath> = got.iter().map(|b| b.path).collect();
@@ -304,4 +304,10 @@ mod tests {
             .iter()
             .all(|b| b.bytes_per_second <= best.bytes_per_second));
     }
+
+    crate::kernels::checks::register![
+        reads_every_element_once,
+        reads_every_texel_once,
+        measures_a_positive_bandwidth_on_each_path,
+    ];
 }

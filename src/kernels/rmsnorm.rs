@@ -84,13 +84,13 @@ pub fn reference(x: &[f32], w: &[f32], eps: f32) -> Vec<f32> {
         .collect()
 }
 
-#[cfg(test)]
-mod tests {
+#[cfg(any(test, feature = "kernel-checks"))]
+pub(crate) mod tests {
     use super::*;
     use crate::kernels::testutil::*;
     use crate::kernels::Step;
 
-    #[test]
+    #[cfg_attr(test, test)]
     fn matches_reference_including_logit_rows() {
         let gpu = gpu();
         for &(dim, n) in &[(4, 1), (12, 3), (576, 5), (1028, 2)] {
@@ -124,4 +124,6 @@ mod tests {
             );
         }
     }
+
+    crate::kernels::checks::register![matches_reference_including_logit_rows,];
 }

@@ -147,12 +147,12 @@ fn tuning_cache(gpu: &Gpu) -> Option<DiskCache> {
     Some(DiskCache::open(dir, h.finish(), &gpu.describe()))
 }
 
-#[cfg(test)]
-mod tests {
+#[cfg(any(test, feature = "kernel-checks"))]
+pub(crate) mod tests {
     /// The `cpu` products' input texture: past the device's largest side a
     /// clear error naming the limit and the way out, not a wgpu validation
     /// failure; within it one texture per shape, shared.
-    #[test]
+    #[cfg_attr(test, test)]
     fn x_texture_past_the_largest_side_is_a_clear_error() {
         // A device of its own: the shared one's textures are other tests'
         // too, made while this one runs.
@@ -254,4 +254,6 @@ mod tests {
         assert!(again[0].untimed.is_none(), "{again:?}");
         std::fs::remove_dir_all(&dir).unwrap();
     }
+
+    crate::kernels::checks::register![x_texture_past_the_largest_side_is_a_clear_error,];
 }

@@ -228,8 +228,8 @@ pub fn reference(logits: &[f32], seen: &[u32], s: &SamplingParams, counter: u32)
     argmax as u32
 }
 
-#[cfg(test)]
-mod tests {
+#[cfg(any(test, feature = "kernel-checks"))]
+pub(crate) mod tests {
     use super::*;
     use crate::kernels::testutil::*;
 
@@ -242,7 +242,7 @@ mod tests {
         gpu.read::<u32>(&sm.result, 0, 1).unwrap()[0]
     }
 
-    #[test]
+    #[cfg_attr(test, test)]
     fn greedy_takes_the_first_maximum() {
         let gpu = gpu();
         let mut l = rand_vec(1000, 1, 3.0);
@@ -260,7 +260,7 @@ mod tests {
 
     /// A NaN or an infinity anywhere in the row gives NONFINITE in every
     /// mode, and marks no token as seen.
-    #[test]
+    #[cfg_attr(test, test)]
     fn non_finite_logits_give_no_token() {
         let gpu = gpu();
         let sampled = SamplingParams {
@@ -283,7 +283,7 @@ mod tests {
         assert_ne!(run(&gpu, &l, &[], &sampled, 0), NONFINITE);
     }
 
-    #[test]
+    #[cfg_attr(test, test)]
     fn validate_refuses_degenerate_settings() {
         let ok = SamplingParams {
             temperature: 0.7,
@@ -325,7 +325,7 @@ mod tests {
         }
     }
 
-    #[test]
+    #[cfg_attr(test, test)]
     fn sampling_matches_reference() {
         let gpu = gpu();
         let l = rand_vec(49152, 8, 6.0);
@@ -370,4 +370,11 @@ mod tests {
             }
         }
     }
+
+    crate::kernels::checks::register![
+        greedy_takes_the_first_maximum,
+        non_finite_logits_give_no_token,
+        validate_refuses_degenerate_settings,
+        sampling_matches_reference,
+    ];
 }

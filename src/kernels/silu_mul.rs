@@ -69,13 +69,13 @@ pub fn reference(gate_up: &[f32], ffn: usize) -> Vec<f32> {
         .collect()
 }
 
-#[cfg(test)]
-mod tests {
+#[cfg(any(test, feature = "kernel-checks"))]
+pub(crate) mod tests {
     use super::*;
     use crate::kernels::testutil::*;
     use crate::kernels::Step;
 
-    #[test]
+    #[cfg_attr(test, test)]
     fn matches_reference() {
         let gpu = gpu();
         for &(ffn, n) in &[(4, 1), (352, 3), (260, 7)] {
@@ -95,4 +95,6 @@ mod tests {
             assert!(max_abs_diff(&got, &reference(&gu, ffn)) < 1e-5);
         }
     }
+
+    crate::kernels::checks::register![matches_reference,];
 }

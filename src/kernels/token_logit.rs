@@ -50,23 +50,21 @@ pub fn reference(head: &[f32], hidden: usize, ids: &[u32], x: &[f32]) -> Vec<f32
         .collect()
 }
 
-#[cfg(test)]
-mod tests {
+#[cfg(any(test, feature = "kernel-checks"))]
+pub(crate) mod tests {
     use super::*;
     use crate::formats::WeightFormat;
     use crate::kernels::testutil::*;
     use crate::kernels::Step;
     use crate::shaders::WeightStore;
 
-    #[test]
+    #[cfg_attr(test, test)]
     fn own_token_logits_across_head_parts() {
         // f32 rows of 36 values; quantized rows of one K-quant super-block
         // or eight 32-value blocks; weights in buffers and in textures.
-        let formats = [(WeightFormat::F32, 36)].into_iter().chain(
-            crate::formats::repack::tests::quantized()
-                .into_iter()
-                .map(|f| (f, 256)),
-        );
+        let formats = [(WeightFormat::F32, 36)]
+            .into_iter()
+            .chain(quantized().into_iter().map(|f| (f, 256)));
         for (store, (format, hidden)) in WeightStore::ALL
             .into_iter()
             .flat_map(|s| formats.clone().map(move |f| (s, f)))
@@ -98,4 +96,6 @@ mod tests {
             );
         }
     }
+
+    crate::kernels::checks::register![own_token_logits_across_head_parts,];
 }

@@ -369,7 +369,7 @@ impl Tuner {
 
     /// Records `choice` for `key` as if timed (tests: to make a product
     /// take a given candidate).
-    #[cfg(test)]
+    #[cfg(any(test, feature = "kernel-checks"))]
     pub fn force(&self, key: TuneKey, labels: Vec<String>, choice: usize) {
         let n = labels.len();
         self.done.lock().unwrap().push(Tuned {

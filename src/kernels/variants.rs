@@ -783,8 +783,8 @@ impl KernelVariants {
     }
 }
 
-#[cfg(test)]
-mod tests {
+#[cfg(any(test, feature = "kernel-checks"))]
+pub(crate) mod tests {
     use super::*;
     use crate::device::Settings;
 
@@ -798,7 +798,7 @@ mod tests {
         CompileOptions::new(set.resolve(profile), false, &Settings::default())
     }
 
-    #[test]
+    #[cfg_attr(test, test)]
     fn auto_picks_by_device_kind_and_features() {
         let v = select(
             &DeviceProfile::for_tests(true, true, false),
@@ -848,7 +848,7 @@ mod tests {
         assert_eq!(v.matmul, MatmulVariant::Tiled);
     }
 
-    #[test]
+    #[cfg_attr(test, test)]
     fn loop_counters_are_said() {
         let profile = DeviceProfile::for_tests(false, true, true);
         let v = select(&profile, KernelSet::Gpu);
@@ -862,7 +862,7 @@ mod tests {
 
     /// `describe` says who writes the SPIR-V where sieve does (which
     /// kernels it writes: `device::tests`).
-    #[test]
+    #[cfg_attr(test, test)]
     fn spirv_path_is_said() {
         let profile = DeviceProfile::for_tests(false, true, true);
         let v = select(&profile, KernelSet::Tuned);
@@ -885,7 +885,7 @@ mod tests {
     /// Weights in textures take the tiled kernel where the direct
     /// cooperative one would read a buffer, for the device's choice and
     /// for a part asked for by name.
-    #[test]
+    #[cfg_attr(test, test)]
     fn texture_store_leaves_the_direct_kernel_out() {
         let profile = DeviceProfile::for_tests(false, true, true);
         let mut compile = compile_options(&profile, KernelSet::Tuned);
@@ -899,7 +899,7 @@ mod tests {
         assert_eq!(part, MatmulVariant::Tiled);
     }
 
-    #[test]
+    #[cfg_attr(test, test)]
     fn staged_kernel_off_leaves_block_formats_tiled() {
         let mut v = select(&DeviceProfile::for_tests(false, true, true), KernelSet::Gpu);
         let staged = v.part_variant(
@@ -934,7 +934,7 @@ mod tests {
         );
     }
 
-    #[test]
+    #[cfg_attr(test, test)]
     fn coop_falls_back_on_shapes_it_does_not_take() {
         let v = select(&DeviceProfile::for_tests(false, true, true), KernelSet::Gpu).matmul;
         assert_eq!(v, MatmulVariant::Coop);
@@ -981,7 +981,7 @@ mod tests {
     /// Every override constant a mat-mul variant sets is declared by its
     /// shader (a misspelt name would otherwise be set on nothing), and
     /// only the cooperative kernels take the subgroup size.
-    #[test]
+    #[cfg_attr(test, test)]
     fn matmul_constants_are_overrides_of_their_shaders() {
         for v in MatmulVariant::ALL {
             let k = v.kernel();
@@ -999,7 +999,7 @@ mod tests {
         }
     }
 
-    #[test]
+    #[cfg_attr(test, test)]
     fn candidates_start_with_the_rule() {
         let coop = DeviceProfile::for_tests(false, true, true);
         let mut v = select(&coop, KernelSet::Tuned);
@@ -1106,7 +1106,7 @@ mod tests {
     /// The attention candidates: the rule's first; the eight-lanes-per-key
     /// decode only with subgroups of at least 8 lanes; one variant for the
     /// fixed sets.
-    #[test]
+    #[cfg_attr(test, test)]
     fn attention_candidates_start_with_the_rule() {
         use AttnDecodeVariant::*;
         use AttnPrefillVariant::*;
@@ -1175,4 +1175,16 @@ mod tests {
         assert_eq!(v.attn_decode_candidates(), [Serial]);
         assert_eq!(v.attn_prefill_candidates(128, KvFormat::F16), [RowPerLane]);
     }
+
+    crate::kernels::checks::register![
+        auto_picks_by_device_kind_and_features,
+        loop_counters_are_said,
+        spirv_path_is_said,
+        texture_store_leaves_the_direct_kernel_out,
+        staged_kernel_off_leaves_block_formats_tiled,
+        coop_falls_back_on_shapes_it_does_not_take,
+        matmul_constants_are_overrides_of_their_shaders,
+        candidates_start_with_the_rule,
+        attention_candidates_start_with_the_rule,
+    ];
 }

@@ -8,6 +8,9 @@
 //! their outputs read after (`status`), with wasm-bindgen calls; text
 //! streams to the `on_text` callback.
 //!
+//! The check page (web/checks.html) runs sieve's kernel tests here, one a
+//! call ([`sieve_check`]), on the browser's GPU.
+//!
 //! State lives in thread locals: a page has one thread. A call made while
 //! the model is suspended in a step (`stop`, `status`) touches only
 //! state no step holds.
@@ -17,6 +20,7 @@ use std::cell::{Cell, RefCell};
 use sieve::cache::CacheOptions;
 use sieve::eviction::Policy;
 use sieve::model::LoadOptions;
+use sieve::progress::Progress;
 use sieve::session::{CancelToken, GenerateOptions, Llm, Session, SessionOptions};
 use wasm_bindgen::prelude::*;
 
@@ -32,6 +36,7 @@ thread_local! {
     static CACHE: RefCell<Option<CacheOptions>> = const { RefCell::new(None) };
     static PROMPT: RefCell<String> = const { RefCell::new(String::new()) };
     static ON_TEXT: RefCell<Option<js_sys::Function>> = const { RefCell::new(None) };
+    static ON_PROGRESS: RefCell<Option<js_sys::Function>> = const { RefCell::new(None) };
     static CANCEL: RefCell<Option<CancelToken>> = const { RefCell::new(None) };
     /// A JSON object: the last call's outcome (`error`, or its figures).
     static STATUS: RefCell<String> = const { RefCell::new(String::new()) };
@@ -42,6 +47,13 @@ thread_local! {
 #[wasm_bindgen]
 pub fn set_model(name: String, bytes: Vec<u8>) {
     MODEL.with(|m| *m.borrow_mut() = Some((name, bytes)));
+}
+
+/// The function a model's upload reports to, `on_progress(done, total)`
+/// (in layers and the tensors around them); the page repaints after each.
+#[wasm_bindgen]
+pub fn set_load_progress(on_progress: js_sys::Function) {
+    ON_PROGRESS.with(|f| *f.borrow_mut() = Some(on_progress));
 }
 
 /// The KV cache of the next conversation: `full`, or a policy (`window`,
@@ -138,8 +150,21 @@ pub extern "C" fn sieve_load() -> u32 {
         let llm = match MODEL.with(|m| m.borrow_mut().take()) {
             Some((name, bytes)) => {
                 drop(old);
-                Llm::from_gguf_bytes(&name, bytes, &LoadOptions::default())
-                    .map_err(|e| format!("{e:#}"))?
+                // The upload's progress goes to the page, which gets to
+                // repaint its bar after each layer.
+                let progress = Progress::new(|done, total| {
+                    ON_PROGRESS.with(|f| {
+                        if let Some(f) = f.borrow().as_ref() {
+                            let _ = f.call2(&JsValue::NULL, &done.into(), &total.into());
+                        }
+                    });
+                    sieve::platform::let_browser_run();
+                });
+                let opts = LoadOptions {
+                    progress: Some(progress),
+                    ..Default::default()
+                };
+                Llm::from_gguf_bytes(&name, bytes, &opts).map_err(|e| format!("{e:#}"))?
             }
             None => old.ok_or("no model given (set_model)")?.llm,
         };
@@ -203,5 +228,38 @@ pub extern "C" fn sieve_generate(max_tokens: u32) -> u32 {
                 "model": chat.llm.model.config.architecture.clone(),
             }))
         })
+    })
+}
+
+/// The names of sieve's kernel checks (the kernel tests,
+/// `sieve::kernels::checks`), as a JSON array: [`sieve_check`] takes an
+/// index into it.
+#[wasm_bindgen]
+pub fn check_names() -> String {
+    let names: Vec<&str> = sieve::kernels::checks::all()
+        .iter()
+        .map(|c| c.name())
+        .collect();
+    serde_json::json!(names).to_string()
+}
+
+/// Runs kernel check `index` on this browser's GPU; `status` then has its
+/// `name`, `notes` (what it left out here) and `seconds`. A failing check
+/// panics, which traps this instance (the check page reloads and goes on).
+/// Call through `WebAssembly.promising`.
+#[no_mangle]
+pub extern "C" fn sieve_check(index: u32) -> u32 {
+    run(|| {
+        let checks = sieve::kernels::checks::all();
+        let check = checks
+            .get(index as usize)
+            .ok_or_else(|| format!("no check {index}: there are {}", checks.len()))?;
+        let t0 = js_sys::Date::now();
+        let notes = check.run();
+        Ok(serde_json::json!({
+            "name": check.name(),
+            "notes": notes,
+            "seconds": (js_sys::Date::now() - t0) / 1000.0,
+        }))
     })
 }

@@ -247,7 +247,8 @@ pub struct Settings {
     /// Where `--kernels tuned` keeps its timings between processes
     /// (`SIEVE_TUNE_CACHE`: a folder, or `off`); by default the user's
     /// cache folder (`$XDG_CACHE_HOME/sieve`, else `$HOME/.cache/sieve`),
-    /// None where there is none or it is off.
+    /// None where there is none or it is off; in a browser, the page's
+    /// localStorage (items `sieve/tuning-....json`).
     pub tune_cache: Option<std::path::PathBuf>,
 }
 
@@ -279,6 +280,9 @@ impl Settings {
             tune_cache: match set("SIEVE_TUNE_CACHE").as_deref() {
                 Some("off") | Some("0") => None,
                 Some(dir) => Some(dir.into()),
+                // In a browser the page's localStorage, its items named
+                // `sieve/...` (src/platform.rs).
+                None if cfg!(target_arch = "wasm32") => Some("sieve".into()),
                 None => set("XDG_CACHE_HOME")
                     .map(std::path::PathBuf::from)
                     .or_else(|| set("HOME").map(|h| std::path::Path::new(&h).join(".cache")))

@@ -1,6 +1,8 @@
 //! Waiting for the GPU, the main thing that differs between native code and
 //! the browser (wasm32 on WebGPU; the others: the adapter's choice and the
-//! shader text, in src/gpu.rs).
+//! shader text, in src/gpu.rs), and where what sieve keeps between runs
+//! (the tuner's timings) lives: files natively, the page's localStorage in
+//! a browser.
 //!
 //! Native code blocks: `pollster::block_on` for wgpu's futures (adapters,
 //! devices, error scopes) and `Device::poll` for submitted work and buffer
@@ -16,6 +18,7 @@
 
 use anyhow::{anyhow, Result};
 use std::future::Future;
+use std::path::Path;
 use std::sync::mpsc::Receiver;
 
 /// Runs a future to its end: blocking (native), or suspending to the
@@ -77,6 +80,16 @@ mod browser {
         // and resumes this stack.
         unsafe { yield_to_browser() }
     }
+
+    /// The page's localStorage.
+    pub fn storage() -> anyhow::Result<web_sys::Storage> {
+        web_sys::window()
+            .ok_or_else(|| anyhow::anyhow!("no window (a worker?)"))?
+            .local_storage()
+            .ok()
+            .flatten()
+            .ok_or_else(|| anyhow::anyhow!("this page has no localStorage"))
+    }
 }
 
 /// Lets the browser's event loop run once (a repaint, a click) during long
@@ -135,4 +148,52 @@ fn recv_ready<T>(rx: &Receiver<T>) -> Result<T> {
             Err(TryRecvError::Disconnected) => return Err(anyhow!("a GPU callback was dropped")),
         }
     }
+}
+
+/// What sieve kept at `path` between runs (the tuner's timings), None where
+/// nothing is (or it cannot be read). Natively a file; in a browser the
+/// page's localStorage item named `path`.
+pub fn read_kept(path: &Path) -> Option<Vec<u8>> {
+    #[cfg(not(target_arch = "wasm32"))]
+    return std::fs::read(path).ok();
+    #[cfg(target_arch = "wasm32")]
+    return browser::storage()
+        .ok()?
+        .get_item(&path.to_string_lossy())
+        .ok()?
+        .map(String::into_bytes);
+}
+
+/// Keeps `bytes` (UTF-8 text: JSON) at `path` for later runs: natively
+/// written atomically, its folder made; in a browser a localStorage item.
+pub fn write_kept(path: &Path, bytes: &[u8]) -> Result<()> {
+    #[cfg(not(target_arch = "wasm32"))]
+    {
+        use anyhow::Context;
+        std::fs::create_dir_all(path.parent().unwrap_or(Path::new(".")))
+            .context("creating its folder")?;
+        crate::files::write_atomic(path, bytes)
+    }
+    #[cfg(target_arch = "wasm32")]
+    {
+        let text = std::str::from_utf8(bytes).map_err(|e| anyhow!("not text: {e}"))?;
+        browser::storage()?
+            .set_item(&path.to_string_lossy(), text)
+            .map_err(|e| anyhow!("localStorage refused it ({e:?}): full?"))
+    }
+}
+
+/// Forgets what was kept at `path` (a missing one is no error).
+pub fn remove_kept(path: &Path) -> Result<()> {
+    #[cfg(not(target_arch = "wasm32"))]
+    return match std::fs::remove_file(path) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            Err(anyhow!("removing {}: {e}", path.display()))
+        }
+        _ => Ok(()),
+    };
+    #[cfg(target_arch = "wasm32")]
+    return browser::storage()?
+        .remove_item(&path.to_string_lossy())
+        .map_err(|e| anyhow!("localStorage: {e:?}"));
 }

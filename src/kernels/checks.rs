@@ -96,16 +96,10 @@ pub fn all() -> Vec<&'static Check> {
 
 /// The kernel tests that are not checks, and why: they need what a browser
 /// page lacks.
-pub const NATIVE_ONLY: &[(&str, &str)] = &[
-    (
-        "kernels::runtime::tests::timings_are_kept_between_processes",
-        "keeps timings in a file; a page has no file system",
-    ),
-    (
-        "kernels::checks::tests::every_kernel_test_is_a_check",
-        "reads the sources",
-    ),
-];
+pub const NATIVE_ONLY: &[(&str, &str)] = &[(
+    "kernels::checks::tests::every_kernel_test_is_a_check",
+    "reads the sources",
+)];
 
 #[cfg(test)]
 mod tests {

@@ -174,8 +174,9 @@ pub(crate) mod tests {
     /// With a tuning cache folder, `tuned` keeps its timings in a file: a
     /// second runtime on the same device takes them from there without
     /// timing (and with the same choice and times), and one whose file is
-    /// not readable times afresh.
-    #[test]
+    /// not readable times afresh. In a browser the "folder" is a prefix of
+    /// localStorage items (src/platform.rs).
+    #[cfg_attr(test, test)]
     fn timings_are_kept_between_processes() {
         use crate::device::KernelSet;
         use crate::formats::WeightFormat;
@@ -185,8 +186,13 @@ pub(crate) mod tests {
         use crate::kernels::{Rows, Step};
         use crate::weights::GpuMatrix;
         use std::sync::Arc;
-        let dir = std::env::temp_dir().join(format!("sieve-tune-cache-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
+        // A folder of its own (one name a run: the time).
+        let now = web_time::SystemTime::now().duration_since(web_time::UNIX_EPOCH);
+        let name = format!("sieve-tune-cache-{}", now.unwrap().as_nanos());
+        #[cfg(not(target_arch = "wasm32"))]
+        let dir = std::env::temp_dir().join(name);
+        #[cfg(target_arch = "wasm32")]
+        let dir = std::path::PathBuf::from(name);
         let runtime = || {
             let opts = GpuOptions {
                 kernels: Some(KernelSet::Tuned),
@@ -220,10 +226,7 @@ pub(crate) mod tests {
         };
         let first = runtime();
         if !first.features.contains(wgpu::Features::TIMESTAMP_QUERY) {
-            eprintln!(
-                "note: {} has no timestamp queries: nothing to keep",
-                first.info.name
-            );
+            crate::kernels::testutil::note("this device has no timestamp queries: nothing to keep");
             return;
         }
         let timed = product(&first);
@@ -231,7 +234,7 @@ pub(crate) mod tests {
         assert!(timed[0].untimed.is_none(), "{timed:?}");
         let path = first.tuner.disk_path().unwrap().to_path_buf();
         assert!(
-            path.starts_with(&dir) && path.exists(),
+            path.starts_with(&dir) && crate::platform::read_kept(&path).is_some(),
             "{}",
             path.display()
         );
@@ -249,11 +252,16 @@ pub(crate) mod tests {
             (&kept[0].labels, kept[0].choice, &kept[0].seconds),
             (&timed[0].labels, timed[0].choice, &timed[0].seconds)
         );
-        std::fs::write(&path, b"not json").unwrap();
+        crate::platform::write_kept(&path, b"not json").unwrap();
         let again = product(&runtime());
         assert!(again[0].untimed.is_none(), "{again:?}");
-        std::fs::remove_dir_all(&dir).unwrap();
+        crate::platform::remove_kept(&path).unwrap();
+        #[cfg(not(target_arch = "wasm32"))]
+        std::fs::remove_dir(&dir).unwrap();
     }
 
-    crate::kernels::checks::register![x_texture_past_the_largest_side_is_a_clear_error,];
+    crate::kernels::checks::register![
+        x_texture_past_the_largest_side_is_a_clear_error,
+        timings_are_kept_between_processes,
+    ];
 }

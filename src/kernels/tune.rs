@@ -41,7 +41,7 @@
 //! times nothing it timed before, and a new driver or a changed kernel
 //! times again.
 
-use anyhow::{anyhow, Context, Result};
+use anyhow::{anyhow, Result};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -199,9 +199,9 @@ impl DiskCache {
     /// started afresh (with a warning naming it).
     pub fn open(dir: &Path, key: u64, device: &str) -> Self {
         let path = dir.join(format!("tuning-{key:016x}.json"));
-        let file = match std::fs::read(&path) {
-            Err(_) => KeptFile::default(),
-            Ok(bytes) => serde_json::from_slice(&bytes).unwrap_or_else(|e| {
+        let file = match crate::platform::read_kept(&path) {
+            None => KeptFile::default(),
+            Some(bytes) => serde_json::from_slice(&bytes).unwrap_or_else(|e| {
                 eprintln!(
                     "warning: the tuning cache {} is not readable ({e}); timing afresh",
                     path.display()
@@ -239,12 +239,9 @@ impl DiskCache {
             choice: t.choice,
         };
         file.timings.insert(t.key.id(), kept);
-        let written = std::fs::create_dir_all(self.path.parent().unwrap_or(Path::new(".")))
-            .context("creating its folder")
-            .and_then(|_| {
-                let json = serde_json::to_vec_pretty(&*file)?;
-                crate::files::write_atomic(&self.path, &json)
-            });
+        let written = serde_json::to_vec_pretty(&*file)
+            .map_err(anyhow::Error::from)
+            .and_then(|json| crate::platform::write_kept(&self.path, &json));
         if let Err(e) = written {
             eprintln!(
                 "warning: the tuning cache {} was not written ({e:#}); this process keeps its timings",

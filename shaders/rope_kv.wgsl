@@ -1,13 +1,16 @@
 // rope_kv.wgsl: rotary position embedding of q and k (Hugging Face rotate_half
-// convention, pairs (j, j + d/2)), and the append of k and v to the KV cache in
-// its storage format (KvPacked from the kv_f16/kv_f32 prelude).
+// convention: the first rotary_dim dimensions of a head rotate in pairs
+// (j, j + rotary_dim/2), the others pass unchanged; rotary_dim 0 rotates
+// nothing), cos and sin times attention_factor (LongRoPE; 1 otherwise), and
+// the append of k and v to the KV cache in its storage format (KvPacked from
+// the kv_f16/kv_f32 prelude).
 //
 // Bindings (group 0):
 //   0 step      uniform Step
 //   1 p         uniform RopeParams
 //   2 qkv       storage read  [row0 + n_tokens, (n_heads + 2 n_kv) * head_dim] f32  (q | k | v per row)
 //   3 pos       storage read  [row0 + n_tokens] u32   original positions of the step's tokens
-//   4 inv_freq  storage read  [head_dim/2] f32 (rope_theta and rope_scaling folded in on the host)
+//   4 inv_freq  storage read  [max(rotary_dim/2, 1)] f32 (rope_theta and rope_scaling folded in on the host)
 //   5 q         storage rw    [row0 + n_tokens, n_heads * head_dim] f32  rotated queries
 //   6 kc        storage rw    [page.len, n_kv * head_dim/4] KvPacked  one page of this layer's key cache (keys after RoPE)
 //   7 vc        storage rw    [page.len, n_kv * head_dim/4] KvPacked  the same page of its value cache
@@ -23,7 +26,11 @@ struct RopeParams {
     n_heads: u32,
     n_kv: u32,
     head_dim: u32,
+    rotary_dim: u32,
+    attention_factor: f32,
     _p0: u32,
+    _p1: u32,
+    _p2: u32,
 }
 
 @group(0) @binding(0) var<uniform> step: Step;
@@ -75,19 +82,19 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
         return;
     }
     let g = gid.x % hd4;
-    let half = p.head_dim / 2u;
+    let half = p.rotary_dim / 2u;
     let r = step.row0 + t; // this token's row of qkv, pos and q
     let src = r * (p.n_heads + 2u * p.n_kv) * p.head_dim + head * p.head_dim;
     var out: vec4<f32>;
     for (var e = 0u; e < 4u; e++) {
         let d = g * 4u + e;
-        if (head < p.n_heads + p.n_kv) {
+        if (head < p.n_heads + p.n_kv && d < p.rotary_dim) {
             // Dimension d < half pairs with d + half: (a, b) -> (a c - b s, b c + a s).
             let j = select(d - half, d, d < half);
             let a = qkv[src + j];
             let b = qkv[src + j + half];
             let angle = f32(pos[r]) * inv_freq[j];
-            let sc = sin_cos(angle);
+            let sc = sin_cos(angle) * p.attention_factor;
             out[e] = select(b * sc.y + a * sc.x, a * sc.y - b * sc.x, d < half);
         } else {
             out[e] = qkv[src + d];

@@ -1,12 +1,13 @@
-//! Model configuration from a Hugging Face `config.json` (Llama and Qwen2 families).
+//! Model configuration from a Hugging Face `config.json`: the settings every
+//! family shares (dimensions, RoPE and its scalings, token ids) are read
+//! here; what is particular to a family is read by its file in
+//! `crate::family`, into one [`LayerSpec`] per layer.
 
+use crate::family::{Family, LayerSpec};
 use crate::kernels::attention::{MAX_HEADS_PER_KV, MAX_HEAD_DIM};
 use anyhow::{bail, Context, Result};
 use serde_json::Value;
 use std::path::Path;
-
-/// The architectures sieve runs.
-pub const SUPPORTED_ARCHITECTURES: &[&str] = &["LlamaForCausalLM", "Qwen2ForCausalLM"];
 
 #[derive(Clone, Debug, PartialEq)]
 pub enum RopeScaling {
@@ -18,11 +19,44 @@ pub enum RopeScaling {
         high_freq_factor: f64,
         original_max_position_embeddings: f64,
     },
+    /// Positions divided by `factor` (transformers' "linear").
+    Linear {
+        factor: f64,
+    },
+}
+
+/// One layer's rotary position embedding (Hugging Face's rotate_half
+/// convention).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Rope {
+    /// The first `rotary_dim` dimensions of each head rotate, in pairs
+    /// (j, j + rotary_dim / 2); the others pass unchanged. 0: a layer
+    /// without RoPE.
+    pub rotary_dim: usize,
+    /// The inverse frequency of each pair (rotary_dim / 2 values), the
+    /// scaling folded in.
+    pub inv_freq: Vec<f32>,
+    /// cos and sin are multiplied by this (1 but for LongRoPE).
+    pub attention_factor: f32,
+}
+
+impl Rope {
+    /// No rotation at all (SmolLM3's NoPE layers).
+    pub fn none() -> Self {
+        Rope {
+            rotary_dim: 0,
+            inv_freq: vec![],
+            attention_factor: 1.0,
+        }
+    }
 }
 
 #[derive(Clone, Debug)]
 pub struct ModelConfig {
+    /// config.json's `architectures[0]`.
     pub architecture: String,
+    /// The family that architecture belongs to: its tensor table and layers.
+    pub family: &'static Family,
     pub hidden_size: usize,
     pub intermediate_size: usize,
     pub num_layers: usize,
@@ -33,45 +67,112 @@ pub struct ModelConfig {
     pub rms_norm_eps: f64,
     pub rope_theta: f64,
     pub rope_scaling: RopeScaling,
+    /// Dimensions of each head that RoPE rotates (`partial_rotary_factor`
+    /// times head_dim; head_dim by default).
+    pub rotary_dim: usize,
     pub max_position_embeddings: usize,
     pub tie_word_embeddings: bool,
-    /// q, k and v projections have biases (Qwen2).
-    pub qkv_bias: bool,
+    /// What each decoder layer computes, from the family.
+    pub layers: Vec<LayerSpec>,
     pub bos_token_id: Option<u32>,
     pub eos_token_ids: Vec<u32>,
 }
 
-fn get_usize(v: &Value, key: &str, file: &Path) -> Result<usize> {
-    v.get(key)
-        .and_then(Value::as_u64)
-        .map(|x| x as usize)
-        .with_context(|| format!("{}: missing or non-integer field '{key}'", file.display()))
+/// The fields of one config.json, read with errors that name the file and
+/// the field. RoPE keys are found at the top level (transformers 4) or in
+/// `rope_parameters` (transformers 5).
+pub struct ConfigFields<'a> {
+    v: &'a Value,
+    path: &'a Path,
 }
 
-/// An optional number: absent or null gives `default`; anything other than a
-/// number is an error naming the field.
-fn get_f64_or(v: &Value, key: &str, default: f64, file: &Path) -> Result<f64> {
-    match v.get(key) {
-        None | Some(Value::Null) => Ok(default),
-        Some(x) => x.as_f64().with_context(|| {
-            format!(
-                "{}: field '{key}' is {x}, expected a number",
-                file.display()
-            )
-        }),
+impl<'a> ConfigFields<'a> {
+    pub fn new(v: &'a Value, path: &'a Path) -> Self {
+        ConfigFields { v, path }
+    }
+
+    /// The file, for error messages.
+    pub fn file(&self) -> String {
+        self.path.display().to_string()
+    }
+
+    /// A field, absent when missing or null.
+    fn get(&self, key: &str) -> Option<&'a Value> {
+        self.v.get(key).filter(|x| !x.is_null())
+    }
+
+    /// A RoPE field: at the top level, else in `rope_parameters`.
+    fn rope_get(&self, key: &str) -> Option<&'a Value> {
+        self.get(key).or_else(|| {
+            self.v
+                .get("rope_parameters")
+                .and_then(|r| r.get(key))
+                .filter(|x| !x.is_null())
+        })
+    }
+
+    pub fn usize(&self, key: &str) -> Result<usize> {
+        self.get(key)
+            .and_then(Value::as_u64)
+            .map(|x| x as usize)
+            .with_context(|| format!("{}: missing or non-integer field '{key}'", self.file()))
+    }
+
+    /// An optional non-negative integer: absent or null gives `default`;
+    /// anything other than one is an error naming the field.
+    pub fn usize_or(&self, key: &str, default: usize) -> Result<usize> {
+        match self.get(key) {
+            None => Ok(default),
+            Some(x) => x.as_u64().map(|x| x as usize).with_context(|| {
+                format!(
+                    "{}: field '{key}' is {x}, expected a non-negative integer",
+                    self.file()
+                )
+            }),
+        }
+    }
+
+    /// An optional number, as [`ConfigFields::usize_or`].
+    pub fn f64_or(&self, key: &str, default: f64) -> Result<f64> {
+        number_or(self.get(key), key, default, &self.file())
+    }
+
+    /// An optional RoPE number (top level or `rope_parameters`).
+    pub fn rope_f64_or(&self, key: &str, default: f64) -> Result<f64> {
+        number_or(self.rope_get(key), key, default, &self.file())
+    }
+
+    /// An optional boolean, as [`ConfigFields::usize_or`].
+    pub fn bool_or(&self, key: &str, default: bool) -> Result<bool> {
+        match self.get(key) {
+            None => Ok(default),
+            Some(x) => x.as_bool().with_context(|| {
+                format!(
+                    "{}: field '{key}' is {x}, expected true or false",
+                    self.file()
+                )
+            }),
+        }
+    }
+
+    /// An optional list.
+    pub fn array(&self, key: &str) -> Result<Option<&'a Vec<Value>>> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(x) => x
+                .as_array()
+                .map(Some)
+                .with_context(|| format!("{}: field '{key}' is {x}, expected a list", self.file())),
+        }
     }
 }
 
-/// An optional non-negative integer, as [`get_f64_or`].
-fn get_usize_or(v: &Value, key: &str, default: usize, file: &Path) -> Result<usize> {
-    match v.get(key) {
-        None | Some(Value::Null) => Ok(default),
-        Some(x) => x.as_u64().map(|x| x as usize).with_context(|| {
-            format!(
-                "{}: field '{key}' is {x}, expected a non-negative integer",
-                file.display()
-            )
-        }),
+fn number_or(x: Option<&Value>, key: &str, default: f64, file: &str) -> Result<f64> {
+    match x {
+        None => Ok(default),
+        Some(x) => x
+            .as_f64()
+            .with_context(|| format!("{file}: field '{key}' is {x}, expected a number")),
     }
 }
 
@@ -135,97 +236,91 @@ impl ModelConfig {
     }
 
     pub fn from_json(v: &Value, path: &Path) -> Result<Self> {
-        let arch = v
-            .get("architectures")
-            .and_then(|a| a.get(0))
-            .and_then(Value::as_str)
-            .with_context(|| format!("{}: no 'architectures' entry", path.display()))?;
-        if !SUPPORTED_ARCHITECTURES.contains(&arch) {
+        let f = ConfigFields::new(v, path);
+        // `architectures[0]` names the family; transformers 5 writes only
+        // `model_type`.
+        let family = match v.get("architectures").and_then(|a| a.get(0)) {
+            Some(a) => {
+                let arch = a.as_str().with_context(|| {
+                    format!(
+                        "{}: architectures[0] is {a}, expected a name",
+                        path.display()
+                    )
+                })?;
+                crate::family::by_architecture(arch).with_context(|| {
+                    format!(
+                        "{}: architecture '{arch}' is not supported; supported: {}",
+                        path.display(),
+                        crate::family::supported_architectures().join(", ")
+                    )
+                })?
+            }
+            None => {
+                let model_type =
+                    v.get("model_type")
+                        .and_then(Value::as_str)
+                        .with_context(|| {
+                            format!(
+                        "{}: neither 'architectures' nor 'model_type' says which model this is",
+                        path.display()
+                    )
+                        })?;
+                crate::family::by_model_type(model_type).with_context(|| {
+                    format!(
+                        "{}: model_type '{model_type}' is not supported; supported: {}",
+                        path.display(),
+                        crate::family::FAMILIES
+                            .iter()
+                            .map(|f| f.model_type)
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    )
+                })?
+            }
+        };
+        let arch = family.architectures[0];
+        let hidden_size = f.usize("hidden_size")?;
+        let num_heads = f.usize("num_attention_heads")?;
+        let num_kv_heads = f.usize_or("num_key_value_heads", num_heads)?;
+        let head_dim = f.usize_or("head_dim", hidden_size / num_heads.max(1))?;
+        let rope_theta = f.rope_f64_or("rope_theta", 10000.0)?;
+        let partial = f.rope_f64_or("partial_rotary_factor", 1.0)?;
+        if !(partial > 0.0 && partial <= 1.0) {
             bail!(
-                "{}: architecture '{arch}' is not supported; supported: {}",
-                path.display(),
-                SUPPORTED_ARCHITECTURES.join(", ")
+                "{}: partial_rotary_factor is {partial}; expected a number in (0, 1]",
+                path.display()
             );
         }
-        let hidden_size = get_usize(v, "hidden_size", path)?;
-        let num_heads = get_usize(v, "num_attention_heads", path)?;
-        let num_kv_heads = get_usize_or(v, "num_key_value_heads", num_heads, path)?;
-        let head_dim = get_usize_or(v, "head_dim", hidden_size / num_heads.max(1), path)?;
-        // transformers >= 5 moves rope settings into rope_parameters; accept both.
-        let rope_params = v.get("rope_parameters");
-        let rope_theta = match (v.get("rope_theta"), rope_params) {
-            (None | Some(Value::Null), Some(r)) if r.get("rope_theta").is_some() => {
-                get_f64_or(r, "rope_theta", 10000.0, path)?
-            }
-            _ => get_f64_or(v, "rope_theta", 10000.0, path)?,
-        };
-        let scaling = match v.get("rope_scaling").filter(|s| !s.is_null()) {
-            Some(s) => Some(s),
-            None => rope_params.filter(|r| {
-                r.get("rope_type")
-                    .and_then(Value::as_str)
-                    .is_some_and(|t| t != "default")
-            }),
-        };
-        let rope_scaling = match scaling {
-            None => RopeScaling::None,
-            Some(s) => {
-                let kind = s
-                    .get("rope_type")
-                    .or_else(|| s.get("type"))
-                    .and_then(Value::as_str)
-                    .unwrap_or("");
-                let f = |k: &str| -> Result<f64> {
-                    s.get(k)
-                        .and_then(Value::as_f64)
-                        .with_context(|| format!("{}: rope_scaling lacks '{k}'", path.display()))
-                };
-                match kind {
-                    "llama3" => RopeScaling::Llama3 {
-                        factor: f("factor")?,
-                        low_freq_factor: f("low_freq_factor")?,
-                        high_freq_factor: f("high_freq_factor")?,
-                        original_max_position_embeddings: f("original_max_position_embeddings")?,
-                    },
-                    "default" | "" => RopeScaling::None,
-                    other => bail!(
-                        "{}: rope_scaling type '{other}' is not supported (supported: llama3)",
-                        path.display()
-                    ),
-                }
-            }
-        };
-        let is_qwen2 = arch == "Qwen2ForCausalLM";
-        let cfg = ModelConfig {
+        // transformers: int(head_dim * partial_rotary_factor).
+        let rotary_dim = (head_dim as f64 * partial) as usize;
+        let rope_scaling = rope_scaling(v, path)?;
+        let num_layers = f.usize("num_hidden_layers")?;
+        let mut cfg = ModelConfig {
             architecture: arch.to_string(),
+            family,
             hidden_size,
-            intermediate_size: get_usize(v, "intermediate_size", path)?,
-            num_layers: get_usize(v, "num_hidden_layers", path)?,
+            intermediate_size: f.usize("intermediate_size")?,
+            num_layers,
             num_heads,
             num_kv_heads,
             head_dim,
-            vocab_size: get_usize(v, "vocab_size", path)?,
-            rms_norm_eps: get_f64_or(v, "rms_norm_eps", 1e-6, path)?,
+            vocab_size: f.usize("vocab_size")?,
+            rms_norm_eps: f.f64_or("rms_norm_eps", 1e-6)?,
             rope_theta,
             rope_scaling,
-            max_position_embeddings: v
-                .get("max_position_embeddings")
-                .and_then(Value::as_u64)
-                .unwrap_or(4096) as usize,
-            tie_word_embeddings: v
-                .get("tie_word_embeddings")
-                .and_then(Value::as_bool)
-                .unwrap_or(false),
-            qkv_bias: is_qwen2
-                || v.get("attention_bias")
-                    .and_then(Value::as_bool)
-                    .unwrap_or(false),
+            rotary_dim,
+            max_position_embeddings: f.usize_or("max_position_embeddings", 4096)?,
+            tie_word_embeddings: f.bool_or("tie_word_embeddings", false)?,
+            layers: vec![],
             bos_token_id: token_ids(v.get("bos_token_id"), "bos_token_id", path)?
                 .first()
                 .copied(),
             eos_token_ids: token_ids(v.get("eos_token_id"), "eos_token_id", path)?,
         };
+        // The shared checks first: the family's layers are built from
+        // dimensions known to be sound.
         cfg.validate(path)?;
+        cfg.layers = (family.layers)(&f, &cfg.rope(), num_layers)?;
         Ok(cfg)
     }
 
@@ -301,6 +396,18 @@ impl ModelConfig {
                 );
             }
         }
+        if let RopeScaling::Linear { factor } = self.rope_scaling {
+            if !(factor.is_finite() && factor > 0.0) {
+                bail!("{p}: rope_scaling (linear) has factor {factor}; expected a finite number above 0");
+            }
+        }
+        if !self.rotary_dim.is_multiple_of(2) || self.rotary_dim == 0 {
+            bail!(
+                "{p}: partial_rotary_factor gives {} rotary dimensions of head_dim {}; expected an even number above 0",
+                self.rotary_dim,
+                self.head_dim
+            );
+        }
         if let Some(bad) = self.rope_inv_freq().iter().find(|f| !f.is_finite()) {
             bail!("{p}: the RoPE settings give a frequency of {bad}; expected finite frequencies");
         }
@@ -312,17 +419,29 @@ impl ModelConfig {
         (self.num_heads + 2 * self.num_kv_heads) * self.head_dim
     }
 
-    /// Inverse RoPE frequencies for pair index j (0..head_dim/2), with rope
-    /// scaling applied exactly as transformers' `_compute_llama3_parameters`.
+    /// The RoPE the shared keys describe (rope_theta, rope_scaling,
+    /// partial_rotary_factor); the family places it on its layers.
+    pub fn rope(&self) -> Rope {
+        Rope {
+            rotary_dim: self.rotary_dim,
+            inv_freq: self.rope_inv_freq(),
+            attention_factor: 1.0,
+        }
+    }
+
+    /// Inverse RoPE frequencies for pair index j (0..rotary_dim/2), with
+    /// rope scaling applied exactly as transformers' `_compute_llama3_parameters`
+    /// and `_compute_linear_scaling_rope_parameters`.
     pub fn rope_inv_freq(&self) -> Vec<f32> {
-        let d = self.head_dim as f64;
-        (0..self.head_dim / 2)
+        let d = self.rotary_dim as f64;
+        (0..self.rotary_dim / 2)
             .map(|j| {
                 // transformers computes the base frequencies in float32.
                 let base =
                     (1.0f32 / (self.rope_theta as f32).powf((2 * j) as f32 / d as f32)) as f64;
                 let f = match &self.rope_scaling {
                     RopeScaling::None => base,
+                    RopeScaling::Linear { factor } => base / factor,
                     RopeScaling::Llama3 {
                         factor,
                         low_freq_factor,
@@ -347,6 +466,53 @@ impl ModelConfig {
             })
             .collect()
     }
+
+    /// Whether any layer has q, k and v biases.
+    pub fn has_qkv_bias(&self) -> bool {
+        self.layers.iter().any(|l| l.qkv_bias)
+    }
+}
+
+/// The RoPE scaling of config.json: `rope_scaling` (transformers 4), else
+/// `rope_parameters` with a `rope_type` other than "default" (transformers 5).
+fn rope_scaling(v: &Value, path: &Path) -> Result<RopeScaling> {
+    let scaling = match v.get("rope_scaling").filter(|s| !s.is_null()) {
+        Some(s) => Some(s),
+        None => v.get("rope_parameters").filter(|r| {
+            r.get("rope_type")
+                .and_then(Value::as_str)
+                .is_some_and(|t| t != "default")
+        }),
+    };
+    let Some(s) = scaling else {
+        return Ok(RopeScaling::None);
+    };
+    let kind = s
+        .get("rope_type")
+        .or_else(|| s.get("type"))
+        .and_then(Value::as_str)
+        .unwrap_or("");
+    let f = |k: &str| -> Result<f64> {
+        s.get(k)
+            .and_then(Value::as_f64)
+            .with_context(|| format!("{}: rope_scaling lacks '{k}'", path.display()))
+    };
+    Ok(match kind {
+        "llama3" => RopeScaling::Llama3 {
+            factor: f("factor")?,
+            low_freq_factor: f("low_freq_factor")?,
+            high_freq_factor: f("high_freq_factor")?,
+            original_max_position_embeddings: f("original_max_position_embeddings")?,
+        },
+        "linear" => RopeScaling::Linear {
+            factor: f("factor")?,
+        },
+        "default" | "" => RopeScaling::None,
+        other => bail!(
+            "{}: rope_scaling type '{other}' is not supported (supported: llama3, linear)",
+            path.display()
+        ),
+    })
 }
 
 #[cfg(test)]

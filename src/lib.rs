@@ -59,6 +59,7 @@ pub mod error;
 #[cfg(feature = "eval")]
 pub mod eval;
 pub mod eviction;
+pub mod family;
 pub mod files;
 pub mod formats;
 pub mod gguf;

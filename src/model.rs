@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::config::ModelConfig;
+use crate::family::Role;
 use crate::formats::{KvFormat, WeightFormat};
 use crate::gpu::{Gpu, GpuOptions};
 use crate::kernels::runtime::Runtime;
@@ -30,6 +31,11 @@ pub(crate) struct LayerWeights {
     /// q, k and v projections stacked by rows: `[qkv_dim, hidden]`.
     pub qkv: GpuMatrix,
     pub qkv_bias: Option<wgpu::Buffer>,
+    /// The per-head norms of the queries and keys `[head_dim]` each (q/k norm).
+    pub qk_norm: Option<(wgpu::Buffer, wgpu::Buffer)>,
+    /// This layer's RoPE inverse frequencies `[rotary_dim / 2]` (one value
+    /// when the layer has no RoPE, so the binding is never empty).
+    pub inv_freq: wgpu::Buffer,
     pub o: GpuMatrix,
     pub mlp_norm: wgpu::Buffer,
     /// gate and up projections stacked by rows: `[2 * ffn, hidden]`.
@@ -50,7 +56,6 @@ pub struct Model {
     pub(crate) lm_head: Option<GpuMatrix>,
     pub(crate) layers: Vec<LayerWeights>,
     pub(crate) final_norm: wgpu::Buffer,
-    pub(crate) inv_freq: wgpu::Buffer,
     /// Bytes of weight matrices on the GPU (see [`weight_bytes`]).
     pub weight_bytes: u64,
 }
@@ -107,7 +112,7 @@ impl Model {
         let store = TensorStore::open(dir)?;
         // A config that names fewer layers than the checkpoint holds would
         // silently run a truncated model.
-        let extra = format!("model.layers.{}.input_layernorm.weight", config.num_layers);
+        let extra = config.family.required(Role::AttnNorm, config.num_layers);
         if store.contains(&extra) {
             bail!(
                 "{}: num_hidden_layers is {} but the weights hold more layers ({extra} exists)",
@@ -174,47 +179,64 @@ impl Model {
         tick(&gpu);
         let mut layers = Vec::with_capacity(c.num_layers);
         let (qd, kd) = (c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim);
-        for l in 0..c.num_layers {
-            let p = format!("model.layers.{l}.");
+        let family = c.family;
+        for (l, spec) in c.layers.iter().enumerate() {
+            let name = |role| family.required(role, l);
             let qkv = next_matrix(&gpu)?;
-            let mut bias = Vec::new();
-            if c.qkv_bias {
-                for (proj, rows) in [("q_proj", qd), ("k_proj", kd), ("v_proj", kd)] {
-                    bias.extend(store.vector(&format!("{p}self_attn.{proj}.bias"), rows)?);
+            let qkv_bias = if spec.qkv_bias {
+                let mut bias = Vec::with_capacity(c.qkv_dim());
+                for (role, rows) in [(Role::QBias, qd), (Role::KBias, kd), (Role::VBias, kd)] {
+                    bias.extend(store.vector(&name(role), rows)?);
                 }
-            }
+                Some(gpu.storage_from(&format!("layer {l} qkv bias"), &bias))
+            } else {
+                None
+            };
+            let qk_norm = if spec.qk_norm {
+                Some((
+                    vector(&name(Role::QNorm), c.head_dim)?,
+                    vector(&name(Role::KNorm), c.head_dim)?,
+                ))
+            } else {
+                None
+            };
+            let inv_freq = if spec.rope.inv_freq.is_empty() {
+                vec![0.0]
+            } else {
+                spec.rope.inv_freq.clone()
+            };
             let o = next_matrix(&gpu)?;
             let gate_up = next_matrix(&gpu)?;
             let down = next_matrix(&gpu)?;
             layers.push(LayerWeights {
-                attn_norm: vector(&format!("{p}input_layernorm.weight"), h)?,
+                attn_norm: vector(&name(Role::AttnNorm), h)?,
                 qkv,
-                qkv_bias: c
-                    .qkv_bias
-                    .then(|| gpu.storage_from(&format!("{p}qkv_bias"), &bias)),
+                qkv_bias,
+                qk_norm,
+                inv_freq: gpu.storage_from(&format!("layer {l} rope-inv-freq"), &inv_freq),
                 o,
-                mlp_norm: vector(&format!("{p}post_attention_layernorm.weight"), h)?,
+                mlp_norm: vector(&name(Role::MlpNorm), h)?,
                 gate_up,
                 down,
             });
             tick(&gpu);
         }
-        let final_norm = vector("model.norm.weight", h)?;
+        let final_norm = vector(&family.required(Role::FinalNorm, 0), h)?;
         tick(&gpu);
         // Some tied checkpoints still carry lm_head.weight; use it only when untied.
         let lm_head = if c.tie_word_embeddings {
             None
         } else {
-            if !store.contains("lm_head.weight") {
+            let name = family.required(Role::LmHead, 0);
+            if !store.contains(&name) {
                 bail!(
-                    "{}: tie_word_embeddings is false but the weights have no lm_head.weight",
+                    "{}: tie_word_embeddings is false but the weights have no {name}",
                     dir.display()
                 );
             }
             Some(next_matrix(&gpu)?)
         };
         tick(&gpu);
-        let inv_freq = gpu.storage_from("rope-inv-freq", &c.rope_inv_freq());
         let mut weight_bytes = embed.bytes() + lm_head.as_ref().map_or(0, |m| m.bytes());
         for l in &layers {
             weight_bytes += l.qkv.bytes() + l.o.bytes() + l.gate_up.bytes() + l.down.bytes();
@@ -230,7 +252,6 @@ impl Model {
             lm_head,
             layers,
             final_norm,
-            inv_freq,
             weight_bytes,
         }))
     }
@@ -339,39 +360,34 @@ struct MatrixPlan {
 fn matrix_plan(c: &ModelConfig) -> Vec<MatrixPlan> {
     let (h, ffn) = (c.hidden_size, c.intermediate_size);
     let (qd, kd) = (c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim);
-    let one = |name: &str, rows, cols| MatrixPlan {
-        label: name.to_string(),
+    let family = c.family;
+    let one = |name: String, rows, cols| MatrixPlan {
+        label: name.clone(),
         rows,
         cols,
-        sources: vec![(name.to_string(), rows)],
+        sources: vec![(name, rows)],
     };
-    let mut plan = vec![one("model.embed_tokens.weight", c.vocab_size, h)];
+    let mut plan = vec![one(family.required(Role::Embed, 0), c.vocab_size, h)];
     for l in 0..c.num_layers {
-        let p = format!("model.layers.{l}.");
-        let stacked = |label: &str, parts: &[(&str, usize)]| MatrixPlan {
-            label: format!("{p}{label}"),
+        let stacked = |label: &str, parts: &[(Role, usize)]| MatrixPlan {
+            label: format!("layer {l} {label}"),
             rows: parts.iter().map(|(_, r)| r).sum(),
             cols: h,
             sources: parts
                 .iter()
-                .map(|(name, rows)| (format!("{p}{name}.weight"), *rows))
+                .map(|&(role, rows)| (family.required(role, l), rows))
                 .collect(),
         };
-        let attn = [
-            ("self_attn.q_proj", qd),
-            ("self_attn.k_proj", kd),
-            ("self_attn.v_proj", kd),
-        ];
-        plan.push(stacked("qkv", &attn));
-        plan.push(one(&format!("{p}self_attn.o_proj.weight"), h, qd));
         plan.push(stacked(
-            "gate_up",
-            &[("mlp.gate_proj", ffn), ("mlp.up_proj", ffn)],
+            "qkv",
+            &[(Role::Q, qd), (Role::K, kd), (Role::V, kd)],
         ));
-        plan.push(one(&format!("{p}mlp.down_proj.weight"), h, ffn));
+        plan.push(one(family.required(Role::O, l), h, qd));
+        plan.push(stacked("gate_up", &[(Role::Gate, ffn), (Role::Up, ffn)]));
+        plan.push(one(family.required(Role::Down, l), h, ffn));
     }
     if !c.tie_word_embeddings {
-        plan.push(one("lm_head.weight", c.vocab_size, h));
+        plan.push(one(family.required(Role::LmHead, 0), c.vocab_size, h));
     }
     plan
 }

@@ -121,6 +121,7 @@ macro_rules! shader {
 
 shader!(EMBED, "embed", Weights);
 shader!(RMSNORM, "rmsnorm", None);
+shader!(HEAD_NORM, "head_norm", None);
 shader!(MATMUL, "matmul", Weights, MATMUL_IO);
 shader!(MATVEC_WORKGROUP, "matvec_workgroup", Weights, MATVEC_IO);
 shader!(MATVEC_SUBGROUP, "matvec_subgroup", Weights, MATVEC_IO);
@@ -166,6 +167,7 @@ pub fn all() -> Vec<&'static Shader> {
     vec![
         &EMBED,
         &RMSNORM,
+        &HEAD_NORM,
         &MATMUL,
         &MATVEC_WORKGROUP,
         &MATVEC_SUBGROUP,

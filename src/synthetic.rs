@@ -195,7 +195,11 @@ mod tests {
         let (h, i) = (c.hidden_size as f64, c.intermediate_size as f64);
         let q = (c.num_heads * c.head_dim) as f64;
         let head = if c.tie_word_embeddings { 0.0 } else { 1.0 };
-        let bias = if c.qkv_bias { c.qkv_dim() as f64 } else { 0.0 };
+        let bias = if c.has_qkv_bias() {
+            c.qkv_dim() as f64
+        } else {
+            0.0
+        };
         let layer = h * c.qkv_dim() as f64 + bias + q * h + 3.0 * h * i + 2.0 * h;
         (1.0 + head) * c.vocab_size as f64 * h + c.num_layers as f64 * layer + h
     }

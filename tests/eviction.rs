@@ -412,7 +412,8 @@ fn cpu_counter_causal_logit(
     let t = |name: &str| store.read(name).unwrap().data;
     let layer = format!("model.layers.{}", c.num_layers - 1);
     let w = |part: &str| t(&format!("{layer}.{part}.weight"));
-    let bias = |part: &str| c.qkv_bias.then(|| t(&format!("{layer}.{part}.bias")));
+    let qkv_bias = c.layers[c.num_layers - 1].qkv_bias;
+    let bias = |part: &str| qkv_bias.then(|| t(&format!("{layer}.{part}.bias")));
     let eps = c.rms_norm_eps;
     let row = |p: usize| &hidden[p * hs..(p + 1) * hs];
     let attn_norm = w("input_layernorm");

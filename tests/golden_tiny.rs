@@ -1,6 +1,9 @@
-//! The tiny random models (../shared/golden/tiny-qwen2: Qwen2 with q/k/v biases;
-//! tiny-llama-gqa: Llama with GQA 3 and a tied head) against Hugging Face
-//! transformers float32 outputs.
+//! The tiny random models of ../shared/golden against Hugging Face
+//! transformers float32 outputs: tiny-qwen2 (Qwen2 with q/k/v biases),
+//! tiny-llama-gqa (Llama with GQA 3 and a tied head), tiny-qwen3 (per-head
+//! q/k norms, head_dim 64 with hidden 128), tiny-smollm3 (layers 1 and 3
+//! without RoPE); the new families from both config forms (transformers 4
+//! keys, and transformers 5's `rope_parameters`/`layer_types`).
 //!
 //! Tolerances (from each folder's README): the reference itself is noisy at
 //! logits ~7e-5 and hidden states ~6e-6 relative (float32 vs float64), so an
@@ -16,15 +19,38 @@ use sieve::formats::WeightFormat;
 use sieve::gpu::GpuOptions;
 use sieve::kernels::sample::SamplingParams;
 use sieve::model::{LoadOptions, Model};
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 fn load(name: &str, gpu: GpuOptions) -> Arc<Model> {
+    load_from(&golden_dir().join(name), gpu)
+}
+
+fn load_from(dir: &Path, gpu: GpuOptions) -> Arc<Model> {
     let opts = LoadOptions {
         dtype: Some(WeightFormat::F32),
         gpu,
         ..Default::default()
     };
-    Model::load(&golden_dir().join(name), &opts).unwrap()
+    Model::load(dir, &opts).unwrap()
+}
+
+/// The golden model `name` with its transformers 5 config
+/// (`config.transformers5.json`) as its config.json, in a fresh folder
+/// beside the same weights.
+fn with_transformers5_config(name: &str) -> PathBuf {
+    let src = golden_dir().join(name);
+    let dir = std::env::temp_dir().join(format!("sieve-{name}-t5-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::copy(
+        src.join("config.transformers5.json"),
+        dir.join("config.json"),
+    )
+    .unwrap();
+    std::os::unix::fs::symlink(src.join("model.safetensors"), dir.join("model.safetensors"))
+        .unwrap();
+    dir
 }
 
 fn engine(model: &Arc<Model>, max_tokens: usize) -> Engine {
@@ -44,8 +70,13 @@ fn engine(model: &Arc<Model>, max_tokens: usize) -> Engine {
 const LENGTHS: [&str; 4] = ["001", "007", "064", "300"];
 
 fn check_model(name: &str, kernels: Option<KernelSet>, lengths: &[&str]) {
-    let model = load(
-        name,
+    check_model_at(&golden_dir().join(name), name, kernels, lengths)
+}
+
+/// The model in `dir` against the golden files of `name`.
+fn check_model_at(dir: &Path, name: &str, kernels: Option<KernelSet>, lengths: &[&str]) {
+    let model = load_from(
+        dir,
         GpuOptions {
             kernels,
             ..Default::default()
@@ -124,6 +155,31 @@ fn tiny_llama_gqa_matches_transformers() {
     check_model("tiny-llama-gqa", None, &LENGTHS);
 }
 
+#[test]
+fn tiny_qwen3_matches_transformers() {
+    check_model("tiny-qwen3", None, &LENGTHS);
+    check_model_at(
+        &with_transformers5_config("tiny-qwen3"),
+        "tiny-qwen3",
+        None,
+        &LENGTHS,
+    );
+}
+
+#[test]
+fn tiny_smollm3_matches_transformers() {
+    check_model("tiny-smollm3", None, &LENGTHS);
+    check_model_at(
+        &with_transformers5_config("tiny-smollm3"),
+        "tiny-smollm3",
+        None,
+        &LENGTHS,
+    );
+}
+
+/// The families sieve runs whose tiny models are in ../shared/golden.
+const FAMILIES: [&str; 4] = ["tiny-qwen2", "tiny-llama-gqa", "tiny-qwen3", "tiny-smollm3"];
+
 /// Every kernel set on whatever device runs the tests (`auto` above picks
 /// one of them), `tuned` with the variants its timings chose here: the same
 /// tolerances. `tuned` times each shape's candidates first (on lavapipe,
@@ -138,7 +194,7 @@ fn every_kernel_set_matches_transformers() {
         } else {
             &LENGTHS
         };
-        for name in ["tiny-qwen2", "tiny-llama-gqa"] {
+        for name in FAMILIES {
             check_model(name, Some(kernels), lengths);
         }
     }
@@ -148,12 +204,10 @@ fn every_kernel_set_matches_transformers() {
 /// small storage bindings give the same logits as the reference.
 #[test]
 fn chunked_prefill_and_split_bindings() {
-    for (name, kernels) in [
-        ("tiny-qwen2", KernelSet::Cpu),
-        ("tiny-llama-gqa", KernelSet::Cpu),
-        ("tiny-qwen2", KernelSet::Gpu),
-        ("tiny-llama-gqa", KernelSet::Gpu),
-    ] {
+    for (name, kernels) in FAMILIES
+        .iter()
+        .flat_map(|&name| [(name, KernelSet::Cpu), (name, KernelSet::Gpu)])
+    {
         let model = load(
             name,
             GpuOptions {
@@ -189,7 +243,7 @@ fn chunked_prefill_and_split_bindings() {
 /// memory check uses) is the size the loaded model holds, tied head or not.
 #[test]
 fn weight_bytes_before_loading_match_the_loaded_model() {
-    for name in ["tiny-qwen2", "tiny-llama-gqa"] {
+    for name in FAMILIES {
         let model = load(name, GpuOptions::default());
         let format = model.weight_formats()[0].0;
         let predicted = sieve::model::weight_bytes(&model.config, format);

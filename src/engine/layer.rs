@@ -3,6 +3,7 @@
 
 use crate::kernels::attention::Attention;
 use crate::kernels::attn_weights::AttnWeights;
+use crate::kernels::head_norm::HeadNorm;
 use crate::kernels::matmul::Matmul;
 use crate::kernels::rmsnorm::RmsNorm;
 use crate::kernels::rope_kv::RopeKv;
@@ -11,6 +12,8 @@ use crate::kernels::silu_mul::SiluMul;
 pub(super) struct LayerKernels {
     pub attn_norm: RmsNorm,
     pub qkv: Matmul,
+    /// The per-head norms of q and k, in the families that have them.
+    pub qk_norm: Option<HeadNorm>,
     pub rope: RopeKv,
     pub attn: Attention,
     pub o: Matmul,
@@ -74,6 +77,10 @@ impl LayerKernels {
         }
         self.qkv.encode(p, n);
         mark(p, "qkv matmul");
+        if let Some(norm) = &self.qk_norm {
+            norm.encode(p, n);
+            mark(p, "q/k norm");
+        }
         let mut o = &self.o;
         match attention {
             LayerAttention::Causal { start, weights } => {

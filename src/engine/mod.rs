@@ -27,6 +27,7 @@ use signals::SignalKernels;
 use crate::kernels::attention::Attention;
 use crate::kernels::compact::Compactor;
 use crate::kernels::embed::Embed;
+use crate::kernels::head_norm::HeadNorm;
 use crate::kernels::matmul::{FusedInput, Matmul, MatmulOptions};
 use crate::kernels::paging::SlotPages;
 use crate::kernels::rmsnorm::RmsNorm;
@@ -249,13 +250,8 @@ impl Engine {
             k: k_cache,
             v: v_cache,
         } = KvCache::for_engine(&model, &opts, &mut bytes)?;
-        let layers = model
-            .layers
-            .iter()
-            .enumerate()
-            .map(|(l, w)| {
-                LayerKernels::new(&gpu, &model, &opts, w, &acts, (&k_cache[l], &v_cache[l]))
-            })
+        let layers = (0..model.layers.len())
+            .map(|l| LayerKernels::new(&gpu, &model, &opts, l, &acts, (&k_cache[l], &v_cache[l])))
             .collect::<Result<Vec<_>>>()?;
         let a = &acts;
         let (h, eps) = (model.config.hidden_size, model.config.rms_norm_eps);
@@ -745,12 +741,14 @@ impl LayerKernels {
         gpu: &Runtime,
         model: &Model,
         opts: &EngineOptions,
-        w: &crate::model::LayerWeights,
+        layer: usize,
         a: &Activations,
         (k_cache, v_cache): (&SlotPages, &SlotPages),
     ) -> Result<Self> {
         let c = &model.config;
         let (h, eps, step) = (c.hidden_size, c.rms_norm_eps, &a.step);
+        let spec = &c.layers[layer];
+        let w = &model.layers[layer];
         let add = MatmulOptions {
             accumulate: true,
             rows: Rows::Tokens,
@@ -778,13 +776,26 @@ impl LayerKernels {
                 set,
                 normed(&w.attn_norm),
             )?,
+            qk_norm: match &w.qk_norm {
+                Some((q_w, k_w)) => Some(HeadNorm::new(
+                    gpu,
+                    step,
+                    model.heads(),
+                    eps,
+                    0.0,
+                    &a.qkv,
+                    (q_w, k_w),
+                )?),
+                None => None,
+            },
             rope: RopeKv::new(
                 gpu,
                 step,
                 model.heads(),
+                &spec.rope,
                 &a.qkv,
                 &a.positions,
-                &model.inv_freq,
+                &w.inv_freq,
                 &a.q,
                 Some((k_cache, v_cache)),
             )?,

@@ -370,16 +370,18 @@ impl CounterCausal {
             0
         };
         let rope = (first..c.num_layers)
-            .map(|_| {
+            .map(|l| {
                 // The entries' keys and values are in the cache
-                // already: the pass rotates the queries only.
+                // already: the pass rotates the queries only, each
+                // layer's as the forward step does.
                 RopeKv::new(
                     gpu,
                     &a.step,
                     model.heads(),
+                    &c.layers[l].rope,
                     &a.qkv,
                     &a.positions,
-                    &model.inv_freq,
+                    &model.layers[l].inv_freq,
                     &a.q,
                     None,
                 )

@@ -77,6 +77,7 @@ pub fn all() -> Vec<&'static Check> {
         compact::tests::CHECKS,
         embed::tests::CHECKS,
         epikv_delta::tests::CHECKS,
+        head_norm::tests::CHECKS,
         matmul::tests::CHECKS,
         paging::tests::CHECKS,
         random_fill::tests::CHECKS,

@@ -9,6 +9,7 @@ pub mod checks;
 pub mod compact;
 pub mod embed;
 pub mod epikv_delta;
+pub mod head_norm;
 pub mod matmul;
 pub mod paging;
 pub mod random_fill;
@@ -127,6 +128,7 @@ pub fn uniform_layouts() -> Vec<UniformLayout> {
         attn_weights::uniform_layout(),
         compact::uniform_layout(),
         epikv_delta::uniform_layout(),
+        head_norm::uniform_layout(),
         matmul::uniform_layout(),
         matmul::x_copy_layout(),
         random_fill::uniform_layout(),

@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use super::paging::{PageUniform, SlotPages};
 use super::{ceil_div, dispatch};
+use crate::config::Rope;
 use crate::formats::KvFormat;
 use crate::gpu::Gpu;
 use crate::shaders;
@@ -16,13 +17,17 @@ struct Params {
     n_heads: u32,
     n_kv: u32,
     head_dim: u32,
-    _p: u32,
+    rotary_dim: u32,
+    attention_factor: f32,
+    _p0: u32,
+    _p1: u32,
+    _p2: u32,
 }
 
 /// How `Params` mirrors `RopeParams` (checked against naga in tests/shaders.rs).
 pub(crate) fn uniform_layout() -> super::UniformLayout {
     super::uniform_layout!(Params as "RopeParams" in [shaders::ROPE_KV] {
-        n_heads, n_kv, head_dim, _p
+        n_heads, n_kv, head_dim, rotary_dim, attention_factor, _p0, _p1, _p2
     })
 }
 
@@ -61,12 +66,15 @@ pub struct RopeKv {
 }
 
 impl RopeKv {
-    /// `cache` is this layer's (keys, values); `None` rotates the queries only.
+    /// `cache` is this layer's (keys, values); `None` rotates the queries
+    /// only. `rope` says which dimensions rotate and how much cos and sin
+    /// are scaled; `inv_freq` holds its frequencies (at least one value).
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         gpu: &Gpu,
         step: &wgpu::Buffer,
         heads: Heads,
+        rope: &Rope,
         qkv: &wgpu::Buffer,
         positions: &wgpu::Buffer,
         inv_freq: &wgpu::Buffer,
@@ -81,7 +89,11 @@ impl RopeKv {
                 n_heads: heads.n_heads as u32,
                 n_kv: heads.n_kv as u32,
                 head_dim: heads.head_dim as u32,
-                _p: 0,
+                rotary_dim: rope.rotary_dim as u32,
+                attention_factor: rope.attention_factor,
+                _p0: 0,
+                _p1: 0,
+                _p2: 0,
             },
         );
         let group = |kc: &wgpu::Buffer, vc: &wgpu::Buffer, page: &wgpu::Buffer| {
@@ -130,12 +142,15 @@ impl RopeKv {
     }
 }
 
-/// CPU reference of rotate_half RoPE on one head vector.
-pub fn rope_reference(x: &mut [f32], pos: u32, inv_freq: &[f32]) {
-    let half = x.len() / 2;
+/// CPU reference of rotate_half RoPE on one head vector: its first
+/// `rope.rotary_dim` dimensions rotate, the rest pass unchanged.
+pub fn rope_reference(x: &mut [f32], pos: u32, rope: &Rope) {
+    let half = rope.rotary_dim / 2;
+    let factor = rope.attention_factor as f64;
     for j in 0..half {
-        let angle = pos as f32 * inv_freq[j];
+        let angle = pos as f32 * rope.inv_freq[j];
         let (s, c) = (angle as f64).sin_cos();
+        let (s, c) = (s * factor, c * factor);
         let (a, b) = (x[j] as f64, x[j + half] as f64);
         x[j] = (a * c - b * s) as f32;
         x[j + half] = (b * c + a * s) as f32;
@@ -147,7 +162,7 @@ pub fn reference(
     qkv: &[f32],
     h: Heads,
     positions: &[u32],
-    inv_freq: &[f32],
+    rope: &Rope,
 ) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
     let (qd, kd) = (h.n_heads * h.head_dim, h.n_kv * h.head_dim);
     let (mut q, mut k, mut v) = (vec![], vec![], vec![]);
@@ -155,9 +170,9 @@ pub fn reference(
         let mut qr = row[..qd].to_vec();
         let mut kr = row[qd..qd + kd].to_vec();
         qr.chunks_mut(h.head_dim)
-            .for_each(|x| rope_reference(x, pos, inv_freq));
+            .for_each(|x| rope_reference(x, pos, rope));
         kr.chunks_mut(h.head_dim)
-            .for_each(|x| rope_reference(x, pos, inv_freq));
+            .for_each(|x| rope_reference(x, pos, rope));
         q.extend(qr);
         k.extend(kr);
         v.extend_from_slice(&row[qd + kd..]);
@@ -171,11 +186,16 @@ pub(crate) mod tests {
     use crate::kernels::testutil::*;
     use crate::kernels::Step;
 
-    /// RoPE's inverse frequencies for base 10,000.
-    fn inv_freq(hd: usize) -> Vec<f32> {
-        (0..hd / 2)
-            .map(|j| 1.0 / 10000f32.powf(2.0 * j as f32 / hd as f32))
-            .collect()
+    /// RoPE over the first `rotary_dim` dimensions with base 10,000, cos
+    /// and sin times `factor`.
+    fn rope(rotary_dim: usize, factor: f32) -> Rope {
+        Rope {
+            rotary_dim,
+            inv_freq: (0..rotary_dim / 2)
+                .map(|j| 1.0 / 10000f32.powf(2.0 * j as f32 / rotary_dim as f32))
+                .collect(),
+            attention_factor: factor,
+        }
     }
 
     /// One step of the kernel: `qkv` and `pos` hold rows `0..pos.len()`,
@@ -183,10 +203,11 @@ pub(crate) mod tests {
     /// `start` and each token, in pages of `page` slots. Returns every row
     /// of q and the cache's keys and values (every slot), and the
     /// reference's q, k and v of the step's tokens.
-    #[allow(clippy::type_complexity)]
+    #[allow(clippy::type_complexity, clippy::too_many_arguments)]
     fn run_step(
         gpu: &Gpu,
         h: Heads,
+        rope: &Rope,
         qkv: &[f32],
         pos: &[u32],
         row0: usize,
@@ -196,7 +217,6 @@ pub(crate) mod tests {
         let (rows, row) = (pos.len(), (h.n_heads + 2 * h.n_kv) * h.head_dim);
         let (n, kv_row) = (rows - row0, h.n_kv * h.head_dim);
         let slots = start + n;
-        let inv = inv_freq(h.head_dim);
         let step = step_buffer(
             gpu,
             Step {
@@ -208,15 +228,26 @@ pub(crate) mod tests {
         );
         let qkvb = gpu.storage_from("qkv", qkv);
         let posb = gpu.storage_from("pos", pos);
-        let invb = gpu.storage_from("inv", &inv);
+        let invb = gpu.storage_from("inv", &[rope.inv_freq.as_slice(), &[0.0]].concat());
         let q_len = rows * h.n_heads * h.head_dim;
         let qb = gpu.storage_from("q", &vec![0f32; q_len]);
         let zeros = vec![0f32; slots * kv_row];
         let (kc, _) = kv_pages(gpu, &zeros, kv_row, page, h.kv_format);
         let (vc, _) = kv_pages(gpu, &zeros, kv_row, page, h.kv_format);
-        let k = RopeKv::new(gpu, &step, h, &qkvb, &posb, &invb, &qb, Some((&kc, &vc))).unwrap();
+        let k = RopeKv::new(
+            gpu,
+            &step,
+            h,
+            rope,
+            &qkvb,
+            &posb,
+            &invb,
+            &qb,
+            Some((&kc, &vc)),
+        )
+        .unwrap();
         run_pass(gpu, |pass| k.encode(pass, n as u32, start as u32));
-        let (wq, wk, wv) = reference(&qkv[row0 * row..], h, &pos[row0..], &inv);
+        let (wq, wk, wv) = reference(&qkv[row0 * row..], h, &pos[row0..], rope);
         let got = [
             gpu.read(&qb, 0, q_len).unwrap(),
             read_kv(gpu, &kc, slots, h.kv_format),
@@ -245,7 +276,7 @@ pub(crate) mod tests {
                 // Positions need not be contiguous (eviction keeps original positions).
                 let pos: Vec<u32> = (0..n as u32).map(|i| start as u32 * 2 + 3 * i).collect();
                 let ([gq, all_k, all_v], [wq, wk, wv]) =
-                    run_step(&gpu, h, &qkv, &pos, 0, start, page);
+                    run_step(&gpu, h, &rope(hd, 1.0), &qkv, &pos, 0, start, page);
                 let (gk, gv) = (&all_k[start * nkv * hd..], &all_v[start * nkv * hd..]);
                 // Slots before the step are untouched.
                 assert!(all_k[..start * nkv * hd].iter().all(|&x| x == 0.0));
@@ -280,7 +311,7 @@ pub(crate) mod tests {
         let qkv = rand_vec(rows * (nh + 2 * nkv) * hd, 9, 1.0);
         let pos: Vec<u32> = (0..rows as u32).map(|i| 7 * i + 1).collect();
         let ([gq, all_k, all_v], [wq, wk, wv]) =
-            run_step(&gpu, h, &qkv, &pos, row0, start, start + n);
+            run_step(&gpu, h, &rope(hd, 1.0), &qkv, &pos, row0, start, start + n);
         assert!(gq[..row0 * nh * hd].iter().all(|&x| x == 0.0));
         assert!(max_abs_diff(&gq[row0 * nh * hd..], &wq) < 2e-5);
         assert!(max_abs_diff(&all_k[start * nkv * hd..], &wk) < 2e-5);
@@ -297,14 +328,47 @@ pub(crate) mod tests {
         let h = Heads::new(2, 1, 64, KvFormat::F32);
         let pos: Vec<u32> = vec![65_521, 100_000, 131_071, 200_003, 262_143];
         let qkv = rand_vec(pos.len() * 4 * 64, 11, 1.0);
-        let ([gq, gk, _], [wq, wk, _]) = run_step(&gpu, h, &qkv, &pos, 0, 0, pos.len());
+        let ([gq, gk, _], [wq, wk, _]) =
+            run_step(&gpu, h, &rope(64, 1.0), &qkv, &pos, 0, 0, pos.len());
         for (what, got, want) in [("q", gq, wq), ("k", gk, wk)] {
             let err = max_abs_diff(&got, &want);
             assert!(err < 2e-5, "{what}: {err}");
         }
     }
 
+    /// Partial rotary (Phi-3's 0.75: 24 of 32 dimensions; 48 of 64; 4 of
+    /// 12), a layer without RoPE (0: q and k pass unchanged) and cos and
+    /// sin scaled (LongRoPE's attention factor): the dimensions past
+    /// rotary_dim must come out as they went in.
+    #[cfg_attr(test, test)]
+    fn partial_and_scaled_rotations_match_reference() {
+        let gpu = gpu();
+        for &(nh, nkv, hd, rotary, factor) in &[
+            (4, 2, 32, 24, 1.1902f32),
+            (2, 1, 64, 48, 1.0),
+            (3, 3, 12, 4, 1.0),
+            (4, 2, 32, 0, 1.0),
+        ] {
+            let h = Heads::new(nh, nkv, hd, KvFormat::F32);
+            let n = 5;
+            let qkv = rand_vec(n * (nh + 2 * nkv) * hd, 13, 1.0);
+            let pos: Vec<u32> = (0..n as u32).map(|i| 1 + 37 * i).collect();
+            let r = rope(rotary, factor);
+            let ([gq, gk, gv], [wq, wk, wv]) = run_step(&gpu, h, &r, &qkv, &pos, 0, 0, n);
+            if rotary == 0 {
+                // The first token's query and key heads, as they went in.
+                assert_eq!(gq[..nh * hd], qkv[..nh * hd], "no RoPE leaves q as it is");
+                assert_eq!(gk[..nkv * hd], qkv[nh * hd..][..nkv * hd]);
+            }
+            for (what, got, want) in [("q", gq, wq), ("k", gk, wk), ("v", gv, wv)] {
+                let err = max_abs_diff(&got, &want);
+                assert!(err < 2e-5, "{what}, rotary {rotary} of {hd}: {err}");
+            }
+        }
+    }
+
     crate::kernels::checks::register![
+        partial_and_scaled_rotations_match_reference,
         far_positions_match_reference,
         rotates_and_appends_at_the_start_slot,
         a_sequence_takes_its_rows_from_row0,

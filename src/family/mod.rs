@@ -1,0 +1,203 @@
+//! Model families. Each file of this folder is one family's home: the
+//! Hugging Face architecture names it answers to, its tensor table (each
+//! weight's role and Hugging Face name) and its reading of config.json into
+//! what each decoder layer computes ([`LayerSpec`]). The loader takes the
+//! weights by role from the table, and the engine builds every layer's
+//! kernels from its spec, for the forward step, the counter-causal pass,
+//! batched steps and synthetic models alike, so a family is wired in one
+//! place. The settings shared by several families (the dimensions, RoPE and
+//! its scalings) are read by `crate::config`; adding a family is a file
+//! here, its line in [`FAMILIES`] and its golden test.
+
+use anyhow::{bail, Result};
+
+use crate::config::{ConfigFields, Rope};
+
+pub mod llama;
+pub mod qwen2;
+pub mod qwen3;
+pub mod smollm3;
+
+/// What a weight does in the model. Per-layer roles name one tensor of
+/// every layer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    /// Token embeddings `[vocab, hidden]`.
+    Embed,
+    /// The norm after the last layer `[hidden]`.
+    FinalNorm,
+    /// The LM head `[vocab, hidden]`, absent when tied to the embeddings.
+    LmHead,
+    /// The norm before attention `[hidden]`.
+    AttnNorm,
+    /// The query, key and value projections `[heads * head_dim, hidden]`.
+    Q,
+    K,
+    V,
+    /// Their biases (families whose [`LayerSpec::qkv_bias`] says so).
+    QBias,
+    KBias,
+    VBias,
+    /// Per-head norms of the queries and keys `[head_dim]` (q/k norm).
+    QNorm,
+    KNorm,
+    /// The attention output projection `[hidden, heads * head_dim]`.
+    O,
+    /// The norm before the MLP `[hidden]`.
+    MlpNorm,
+    /// The MLP's gate, up and down projections.
+    Gate,
+    Up,
+    Down,
+}
+
+/// One model family.
+pub struct Family {
+    /// Short name, as `sieve info` shows it.
+    pub name: &'static str,
+    /// The `architectures` entries of config.json it answers to.
+    pub architectures: &'static [&'static str],
+    /// Its `model_type`, which names the family where `architectures` is
+    /// absent (configs written by transformers 5).
+    pub model_type: &'static str,
+    /// Each role's Hugging Face tensor name; `{l}` stands for the layer.
+    pub tensors: &'static [(Role, &'static str)],
+    /// What each layer computes, from config.json (`rope` is the RoPE the
+    /// shared keys describe, for the family to place).
+    pub layers: fn(&ConfigFields, &Rope, usize) -> Result<Vec<LayerSpec>>,
+}
+
+/// Every family sieve runs.
+pub const FAMILIES: &[&Family] = &[
+    &llama::FAMILY,
+    &qwen2::FAMILY,
+    &qwen3::FAMILY,
+    &smollm3::FAMILY,
+];
+
+/// The family whose architectures include `architecture`.
+pub fn by_architecture(architecture: &str) -> Option<&'static Family> {
+    FAMILIES
+        .iter()
+        .copied()
+        .find(|f| f.architectures.contains(&architecture))
+}
+
+/// The family whose `model_type` is `model_type`.
+pub fn by_model_type(model_type: &str) -> Option<&'static Family> {
+    FAMILIES
+        .iter()
+        .copied()
+        .find(|f| f.model_type == model_type)
+}
+
+/// Every supported `architectures` name, for error messages.
+pub fn supported_architectures() -> Vec<&'static str> {
+    FAMILIES
+        .iter()
+        .flat_map(|f| f.architectures)
+        .copied()
+        .collect()
+}
+
+impl Family {
+    /// The Hugging Face name of `role` in layer `layer` (ignored for the
+    /// model-wide roles), or None when the family has no such tensor.
+    pub fn tensor(&self, role: Role, layer: usize) -> Option<String> {
+        self.tensors
+            .iter()
+            .find(|(r, _)| *r == role)
+            .map(|(_, name)| name.replace("{l}", &layer.to_string()))
+    }
+
+    /// As [`Family::tensor`], for a role every family of this kind has.
+    pub fn required(&self, role: Role, layer: usize) -> String {
+        self.tensor(role, layer)
+            .unwrap_or_else(|| panic!("family {} has no {role:?} tensor", self.name))
+    }
+}
+
+impl std::fmt::Debug for Family {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name)
+    }
+}
+
+impl PartialEq for Family {
+    fn eq(&self, other: &Self) -> bool {
+        self.name == other.name
+    }
+}
+
+/// What one decoder layer computes beyond the Llama layer every family
+/// shares (RMSNorm, attention, RMSNorm, SwiGLU MLP, residuals).
+#[derive(Clone, Debug, PartialEq)]
+pub struct LayerSpec {
+    /// The q, k and v projections have biases.
+    pub qkv_bias: bool,
+    /// Each query and key head is RMS-normed (its own weight over head_dim)
+    /// before RoPE.
+    pub qk_norm: bool,
+    /// The layer's rotary embedding; `rotary_dim` 0 for a layer without one.
+    pub rope: Rope,
+}
+
+impl LayerSpec {
+    /// A Llama layer with `rope`: no bias, no q/k norm.
+    pub fn llama(rope: &Rope) -> Self {
+        LayerSpec {
+            qkv_bias: false,
+            qk_norm: false,
+            rope: rope.clone(),
+        }
+    }
+}
+
+/// `layer_types` (transformers 5; also in some transformers 4 configs):
+/// one entry per layer, each "full_attention". Sliding-window layers are
+/// refused by name until sieve has them.
+pub fn check_layer_types(f: &ConfigFields, n_layers: usize) -> Result<()> {
+    let Some(types) = f.array("layer_types")? else {
+        return Ok(());
+    };
+    if types.len() != n_layers {
+        bail!(
+            "{}: layer_types has {} entries; expected one per layer ({n_layers})",
+            f.file(),
+            types.len()
+        );
+    }
+    for (l, t) in types.iter().enumerate() {
+        match t.as_str() {
+            Some("full_attention") => {}
+            Some("sliding_attention") => bail!(
+                "{}: layer_types[{l}] is sliding_attention; sliding-window layers are not supported yet",
+                f.file()
+            ),
+            _ => bail!(
+                "{}: layer_types[{l}] is {t}; expected \"full_attention\"",
+                f.file()
+            ),
+        }
+    }
+    Ok(())
+}
+
+/// Two tensor tables as one, at compile time (a family that adds tensors
+/// to another's table).
+pub(crate) const fn concat_tables<const N: usize>(
+    a: &[(Role, &'static str)],
+    b: &[(Role, &'static str)],
+) -> [(Role, &'static str); N] {
+    let mut out = [(Role::Embed, ""); N];
+    let mut i = 0;
+    while i < a.len() {
+        out[i] = a[i];
+        i += 1;
+    }
+    while i < N {
+        out[i] = b[i - a.len()];
+        i += 1;
+    }
+    out
+}

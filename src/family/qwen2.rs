@@ -1,0 +1,24 @@
+//! Qwen2 and Qwen2.5 (`Qwen2ForCausalLM`): the Llama layer with biases on
+//! the q, k and v projections (always; config.json does not say).
+
+use anyhow::Result;
+
+use super::{check_layer_types, llama, Family, LayerSpec};
+use crate::config::{ConfigFields, Rope};
+
+pub const FAMILY: Family = Family {
+    name: "qwen2",
+    architectures: &["Qwen2ForCausalLM"],
+    model_type: "qwen2",
+    tensors: llama::TENSORS,
+    layers,
+};
+
+fn layers(f: &ConfigFields, rope: &Rope, n_layers: usize) -> Result<Vec<LayerSpec>> {
+    check_layer_types(f, n_layers)?;
+    let spec = LayerSpec {
+        qkv_bias: true,
+        ..LayerSpec::llama(rope)
+    };
+    Ok(vec![spec; n_layers])
+}

@@ -23,6 +23,16 @@ pub enum RopeScaling {
     Linear {
         factor: f64,
     },
+    /// LongRoPE (Phi-3, Phi-4-mini): each pair's frequency divided by its
+    /// factor, `short_factor` for contexts up to
+    /// `original_max_position_embeddings` and `long_factor` beyond; cos and
+    /// sin times `attention_factor`.
+    LongRope {
+        short_factor: Vec<f64>,
+        long_factor: Vec<f64>,
+        original_max_position_embeddings: usize,
+        attention_factor: f64,
+    },
 }
 
 /// One layer's rotary position embedding (Hugging Face's rotate_half
@@ -38,6 +48,18 @@ pub struct Rope {
     pub inv_freq: Vec<f32>,
     /// cos and sin are multiplied by this (1 but for LongRoPE).
     pub attention_factor: f32,
+    /// LongRoPE's frequencies for long contexts, which an engine that can
+    /// see positions past `original` uses instead of `inv_freq`.
+    pub long: Option<LongRope>,
+}
+
+/// LongRoPE's second set of frequencies.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LongRope {
+    pub inv_freq: Vec<f32>,
+    /// `original_max_position_embeddings`: contexts up to this many
+    /// positions take the short frequencies.
+    pub original: usize,
 }
 
 impl Rope {
@@ -47,6 +69,7 @@ impl Rope {
             rotary_dim: 0,
             inv_freq: vec![],
             attention_factor: 1.0,
+            long: None,
         }
     }
 }
@@ -129,6 +152,14 @@ impl<'a> ConfigFields<'a> {
                     self.file()
                 )
             }),
+        }
+    }
+
+    /// An optional non-negative integer, None when absent or null.
+    pub fn usize_opt(&self, key: &str) -> Result<Option<usize>> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(_) => self.usize(key).map(Some),
         }
     }
 
@@ -293,8 +324,9 @@ impl ModelConfig {
         }
         // transformers: int(head_dim * partial_rotary_factor).
         let rotary_dim = (head_dim as f64 * partial) as usize;
-        let rope_scaling = rope_scaling(v, path)?;
         let num_layers = f.usize("num_hidden_layers")?;
+        let max_position_embeddings = f.usize_or("max_position_embeddings", 4096)?;
+        let rope_scaling = rope_scaling(&f, v, max_position_embeddings)?;
         let mut cfg = ModelConfig {
             architecture: arch.to_string(),
             family,
@@ -309,7 +341,7 @@ impl ModelConfig {
             rope_theta,
             rope_scaling,
             rotary_dim,
-            max_position_embeddings: f.usize_or("max_position_embeddings", 4096)?,
+            max_position_embeddings,
             tie_word_embeddings: f.bool_or("tie_word_embeddings", false)?,
             layers: vec![],
             bos_token_id: token_ids(v.get("bos_token_id"), "bos_token_id", path)?
@@ -401,6 +433,32 @@ impl ModelConfig {
                 bail!("{p}: rope_scaling (linear) has factor {factor}; expected a finite number above 0");
             }
         }
+        if let RopeScaling::LongRope {
+            short_factor,
+            long_factor,
+            original_max_position_embeddings,
+            attention_factor,
+        } = &self.rope_scaling
+        {
+            for (name, factors) in [("short_factor", short_factor), ("long_factor", long_factor)] {
+                if factors.len() != self.rotary_dim / 2 {
+                    bail!(
+                        "{p}: rope_scaling (longrope) {name} has {} values; expected one per rotated pair ({})",
+                        factors.len(),
+                        self.rotary_dim / 2
+                    );
+                }
+                if let Some(bad) = factors.iter().find(|x| !(x.is_finite() && **x > 0.0)) {
+                    bail!("{p}: rope_scaling (longrope) {name} holds {bad}; expected finite values above 0");
+                }
+            }
+            if *original_max_position_embeddings == 0 {
+                bail!("{p}: original_max_position_embeddings is 0; expected 1 or more");
+            }
+            if !(attention_factor.is_finite() && *attention_factor > 0.0) {
+                bail!("{p}: rope_scaling (longrope) gives an attention factor of {attention_factor}; expected a finite number above 0");
+            }
+        }
         if !self.rotary_dim.is_multiple_of(2) || self.rotary_dim == 0 {
             bail!(
                 "{p}: partial_rotary_factor gives {} rotary dimensions of head_dim {}; expected an even number above 0",
@@ -422,17 +480,49 @@ impl ModelConfig {
     /// The RoPE the shared keys describe (rope_theta, rope_scaling,
     /// partial_rotary_factor); the family places it on its layers.
     pub fn rope(&self) -> Rope {
-        Rope {
+        let mut rope = Rope {
             rotary_dim: self.rotary_dim,
             inv_freq: self.rope_inv_freq(),
             attention_factor: 1.0,
+            long: None,
+        };
+        if let RopeScaling::LongRope {
+            long_factor,
+            original_max_position_embeddings,
+            attention_factor,
+            ..
+        } = &self.rope_scaling
+        {
+            rope.attention_factor = *attention_factor as f32;
+            rope.long = Some(LongRope {
+                inv_freq: self.long_rope_inv_freq(long_factor),
+                original: *original_max_position_embeddings,
+            });
         }
+        rope
+    }
+
+    /// LongRoPE's frequencies with `factors`, as transformers'
+    /// `_compute_longrope_parameters` computes them (in float32):
+    /// 1 / (factor_j * theta^(2j / rotary_dim)).
+    fn long_rope_inv_freq(&self, factors: &[f64]) -> Vec<f32> {
+        let d = self.rotary_dim as f32;
+        factors
+            .iter()
+            .enumerate()
+            .map(|(j, &ext)| {
+                1.0f32 / (ext as f32 * (self.rope_theta as f32).powf((2 * j) as f32 / d))
+            })
+            .collect()
     }
 
     /// Inverse RoPE frequencies for pair index j (0..rotary_dim/2), with
     /// rope scaling applied exactly as transformers' `_compute_llama3_parameters`
     /// and `_compute_linear_scaling_rope_parameters`.
     pub fn rope_inv_freq(&self) -> Vec<f32> {
+        if let RopeScaling::LongRope { short_factor, .. } = &self.rope_scaling {
+            return self.long_rope_inv_freq(short_factor);
+        }
         let d = self.rotary_dim as f64;
         (0..self.rotary_dim / 2)
             .map(|j| {
@@ -440,7 +530,7 @@ impl ModelConfig {
                 let base =
                     (1.0f32 / (self.rope_theta as f32).powf((2 * j) as f32 / d as f32)) as f64;
                 let f = match &self.rope_scaling {
-                    RopeScaling::None => base,
+                    RopeScaling::None | RopeScaling::LongRope { .. } => base,
                     RopeScaling::Linear { factor } => base / factor,
                     RopeScaling::Llama3 {
                         factor,
@@ -475,7 +565,12 @@ impl ModelConfig {
 
 /// The RoPE scaling of config.json: `rope_scaling` (transformers 4), else
 /// `rope_parameters` with a `rope_type` other than "default" (transformers 5).
-fn rope_scaling(v: &Value, path: &Path) -> Result<RopeScaling> {
+fn rope_scaling(
+    f: &ConfigFields,
+    v: &Value,
+    max_position_embeddings: usize,
+) -> Result<RopeScaling> {
+    let file = f.file();
     let scaling = match v.get("rope_scaling").filter(|s| !s.is_null()) {
         Some(s) => Some(s),
         None => v.get("rope_parameters").filter(|r| {
@@ -492,25 +587,68 @@ fn rope_scaling(v: &Value, path: &Path) -> Result<RopeScaling> {
         .or_else(|| s.get("type"))
         .and_then(Value::as_str)
         .unwrap_or("");
-    let f = |k: &str| -> Result<f64> {
+    let number = |k: &str| -> Result<f64> {
         s.get(k)
             .and_then(Value::as_f64)
-            .with_context(|| format!("{}: rope_scaling lacks '{k}'", path.display()))
+            .with_context(|| format!("{file}: rope_scaling lacks '{k}'"))
+    };
+    let numbers = |k: &str| -> Result<Vec<f64>> {
+        s.get(k)
+            .and_then(Value::as_array)
+            .and_then(|a| a.iter().map(Value::as_f64).collect::<Option<Vec<_>>>())
+            .with_context(|| {
+                format!("{file}: rope_scaling's '{k}' is missing or not a list of numbers")
+            })
     };
     Ok(match kind {
         "llama3" => RopeScaling::Llama3 {
-            factor: f("factor")?,
-            low_freq_factor: f("low_freq_factor")?,
-            high_freq_factor: f("high_freq_factor")?,
-            original_max_position_embeddings: f("original_max_position_embeddings")?,
+            factor: number("factor")?,
+            low_freq_factor: number("low_freq_factor")?,
+            high_freq_factor: number("high_freq_factor")?,
+            original_max_position_embeddings: number("original_max_position_embeddings")?,
         },
         "linear" => RopeScaling::Linear {
-            factor: f("factor")?,
+            factor: number("factor")?,
         },
+        "longrope" => {
+            // As transformers: a config with `original_max_position_embeddings`
+            // (Phi-3 keeps it beside rope_scaling) scales by the ratio of the
+            // two context lengths; otherwise by rope_scaling's `factor`.
+            let original = match s.get("original_max_position_embeddings") {
+                Some(x) if !x.is_null() => Some(x),
+                _ => v
+                    .get("original_max_position_embeddings")
+                    .filter(|x| !x.is_null()),
+            };
+            let (original, factor) = match original {
+                Some(x) => {
+                    let o = x.as_u64().with_context(|| {
+                        format!("{file}: original_max_position_embeddings is {x}, expected a positive integer")
+                    })? as usize;
+                    (o, max_position_embeddings as f64 / o.max(1) as f64)
+                }
+                None => (
+                    max_position_embeddings,
+                    s.get("factor").and_then(Value::as_f64).unwrap_or(1.0),
+                ),
+            };
+            let attention_factor = match s.get("attention_factor").filter(|x| !x.is_null()) {
+                Some(x) => x.as_f64().with_context(|| {
+                    format!("{file}: rope_scaling's attention_factor is {x}, expected a number")
+                })?,
+                None if factor <= 1.0 => 1.0,
+                None => (1.0 + factor.ln() / (original as f64).ln()).sqrt(),
+            };
+            RopeScaling::LongRope {
+                short_factor: numbers("short_factor")?,
+                long_factor: numbers("long_factor")?,
+                original_max_position_embeddings: original,
+                attention_factor,
+            }
+        }
         "default" | "" => RopeScaling::None,
         other => bail!(
-            "{}: rope_scaling type '{other}' is not supported (supported: llama3, linear)",
-            path.display()
+            "{file}: rope_scaling type '{other}' is not supported (supported: llama3, linear, longrope)"
         ),
     })
 }

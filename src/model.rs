@@ -36,6 +36,8 @@ pub(crate) struct LayerWeights {
     /// This layer's RoPE inverse frequencies `[rotary_dim / 2]` (one value
     /// when the layer has no RoPE, so the binding is never empty).
     pub inv_freq: wgpu::Buffer,
+    /// LongRoPE's frequencies for long contexts (`Rope::long`).
+    pub inv_freq_long: Option<wgpu::Buffer>,
     pub o: GpuMatrix,
     pub mlp_norm: wgpu::Buffer,
     /// gate and up projections stacked by rows: `[2 * ffn, hidden]`.
@@ -58,6 +60,18 @@ pub struct Model {
     pub(crate) final_norm: wgpu::Buffer,
     /// Bytes of weight matrices on the GPU (see [`weight_bytes`]).
     pub weight_bytes: u64,
+}
+
+impl LayerWeights {
+    /// The RoPE frequencies an engine uses: LongRoPE's long ones when it
+    /// can see positions past the original context (`long`), else the
+    /// layer's own.
+    pub fn rope_frequencies(&self, long: bool) -> &wgpu::Buffer {
+        match &self.inv_freq_long {
+            Some(f) if long => f,
+            _ => &self.inv_freq,
+        }
+    }
 }
 
 impl Model {
@@ -214,6 +228,9 @@ impl Model {
                 qkv_bias,
                 qk_norm,
                 inv_freq: gpu.storage_from(&format!("layer {l} rope-inv-freq"), &inv_freq),
+                inv_freq_long: spec.rope.long.as_ref().map(|long| {
+                    gpu.storage_from(&format!("layer {l} rope-inv-freq-long"), &long.inv_freq)
+                }),
                 o,
                 mlp_norm: vector(&name(Role::MlpNorm), h)?,
                 gate_up,
@@ -378,12 +395,18 @@ fn matrix_plan(c: &ModelConfig) -> Vec<MatrixPlan> {
                 .map(|&(role, rows)| (family.required(role, l), rows))
                 .collect(),
         };
-        plan.push(stacked(
-            "qkv",
-            &[(Role::Q, qd), (Role::K, kd), (Role::V, kd)],
-        ));
+        // A family stores q|k|v and gate|up as one tensor each, or apart.
+        let qkv: &[(Role, usize)] = match family.tensor(Role::Qkv, l) {
+            Some(_) => &[(Role::Qkv, qd + 2 * kd)],
+            None => &[(Role::Q, qd), (Role::K, kd), (Role::V, kd)],
+        };
+        let gate_up: &[(Role, usize)] = match family.tensor(Role::GateUp, l) {
+            Some(_) => &[(Role::GateUp, 2 * ffn)],
+            None => &[(Role::Gate, ffn), (Role::Up, ffn)],
+        };
+        plan.push(stacked("qkv", qkv));
         plan.push(one(family.required(Role::O, l), h, qd));
-        plan.push(stacked("gate_up", &[(Role::Gate, ffn), (Role::Up, ffn)]));
+        plan.push(stacked("gate_up", gate_up));
         plan.push(one(family.required(Role::Down, l), h, ffn));
     }
     if !c.tie_word_embeddings {

@@ -2,7 +2,9 @@
 //! transformers float32 outputs: tiny-qwen2 (Qwen2 with q/k/v biases),
 //! tiny-llama-gqa (Llama with GQA 3 and a tied head), tiny-qwen3 (per-head
 //! q/k norms, head_dim 64 with hidden 128), tiny-smollm3 (layers 1 and 3
-//! without RoPE); the new families from both config forms (transformers 4
+//! without RoPE), tiny-phi3 (fused qkv and gate_up tensors, RoPE on 24 of
+//! 32 dimensions, LongRoPE's short factors); the new families from both
+//! config forms (transformers 4
 //! keys, and transformers 5's `rope_parameters`/`layer_types`).
 //!
 //! Tolerances (from each folder's README): the reference itself is noisy at
@@ -33,6 +35,13 @@ fn load_from(dir: &Path, gpu: GpuOptions) -> Arc<Model> {
         ..Default::default()
     };
     Model::load(dir, &opts).unwrap()
+}
+
+/// config.json's `pad_token_id`, if set.
+fn pad_token_id(dir: &Path) -> Option<u32> {
+    let text = std::fs::read_to_string(dir.join("config.json")).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    v.get("pad_token_id")?.as_u64().map(|p| p as u32)
 }
 
 /// The golden model `name` with its transformers 5 config
@@ -117,7 +126,18 @@ fn check_model_at(dir: &Path, name: &str, kernels: Option<KernelSet>, lengths: &
             );
         }
         // Greedy decoding, one token per step through the decode kernels.
+        // The reference ran transformers' `generate`, which takes a prompt
+        // token equal to the config's pad_token_id for padding: it masks it
+        // out and numbers the other positions without it (tiny-phi3's
+        // 300-token prompt holds a 0 at position 70). That is the greedy
+        // run of the prompt without those tokens, which is what runs here.
         let greedy = g.ids("greedy_ids");
+        let ids: Vec<u32> = match pad_token_id(dir) {
+            Some(pad) => ids.iter().copied().filter(|&t| t != pad).collect(),
+            None => ids,
+        };
+        let l = ids.len();
+        let pos: Vec<u32> = (0..l as u32).collect();
         let mut e = engine(&model, l);
         let mut next = e
             .step(
@@ -177,8 +197,25 @@ fn tiny_smollm3_matches_transformers() {
     );
 }
 
+#[test]
+fn tiny_phi3_matches_transformers() {
+    check_model("tiny-phi3", None, &LENGTHS);
+    check_model_at(
+        &with_transformers5_config("tiny-phi3"),
+        "tiny-phi3",
+        None,
+        &LENGTHS,
+    );
+}
+
 /// The families sieve runs whose tiny models are in ../shared/golden.
-const FAMILIES: [&str; 4] = ["tiny-qwen2", "tiny-llama-gqa", "tiny-qwen3", "tiny-smollm3"];
+const FAMILIES: [&str; 5] = [
+    "tiny-qwen2",
+    "tiny-llama-gqa",
+    "tiny-qwen3",
+    "tiny-smollm3",
+    "tiny-phi3",
+];
 
 /// Every kernel set on whatever device runs the tests (`auto` above picks
 /// one of them), `tuned` with the variants its timings chose here: the same

@@ -67,6 +67,19 @@ pub struct EngineOptions {
     pub kv_cache: Option<KvCache>,
 }
 
+impl EngineOptions {
+    /// Whether this engine can see positions past LongRoPE's original
+    /// context, and so takes its long frequencies (llama.cpp's rule: by the
+    /// context the engine holds, not by the positions seen so far, so that
+    /// every key in the cache is rotated alike): a full cache of more slots
+    /// than that, or any bounded cache (its positions have no end).
+    pub fn sees_positions_past(&self, rope: &crate::config::Rope) -> bool {
+        rope.long
+            .as_ref()
+            .is_some_and(|l| self.max_keep.is_some() || self.max_slots > l.original)
+    }
+}
+
 /// Which rows of a step get logits, and whether to sample from the last one.
 #[derive(Clone, Copy, Debug)]
 pub struct StepOutput {
@@ -280,9 +293,7 @@ impl Engine {
             logit_rows,
         )?;
         let sampler = Sampler::new(&gpu, model.config.vocab_size, &a.logits)?;
-        let sizes = (opts.max_slots, opts.max_tokens);
-        let signals =
-            SignalKernels::new(&gpu, &model, &opts.signals, sizes, a, &k_cache, &mut bytes)?;
+        let signals = SignalKernels::new(&gpu, &model, &opts, a, &k_cache, &mut bytes)?;
         let compactor = match opts.max_keep {
             Some(keep) => {
                 // Per-slot data of the policy moves with the cache.
@@ -795,7 +806,7 @@ impl LayerKernels {
                 &spec.rope,
                 &a.qkv,
                 &a.positions,
-                &w.inv_freq,
+                w.rope_frequencies(opts.sees_positions_past(&spec.rope)),
                 &a.q,
                 Some((k_cache, v_cache)),
             )?,

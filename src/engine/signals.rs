@@ -8,7 +8,7 @@
 use anyhow::{bail, Context, Result};
 
 use super::layer::LayerAttention;
-use super::{Activations, Engine, Readbacks};
+use super::{Activations, Engine, EngineOptions, Readbacks};
 use crate::kernels::attn_weights::{AttnWeights, WeightMode};
 use crate::kernels::compact::Gather;
 use crate::kernels::epikv_delta::LayerDelta;
@@ -117,12 +117,12 @@ impl SignalKernels {
     pub fn new(
         gpu: &Runtime,
         model: &Model,
-        signals: &Signals,
-        (max_slots, max_tokens): (usize, usize),
+        opts: &EngineOptions,
         a: &Activations,
         k_cache: &[SlotPages],
         bytes: &mut u64,
     ) -> Result<Self> {
+        let (signals, max_slots, max_tokens) = (&opts.signals, opts.max_slots, opts.max_tokens);
         let c = &model.config;
         let h = c.hidden_size;
         let heads = model.heads();
@@ -211,14 +211,7 @@ impl SignalKernels {
         }
         let ccs = match signals.counter_causal {
             None => None,
-            Some(mode) => Some(CounterCausal::new(
-                gpu,
-                model,
-                mode,
-                (max_slots, max_tokens),
-                a,
-                bytes,
-            )?),
+            Some(mode) => Some(CounterCausal::new(gpu, model, mode, opts, a, bytes)?),
         };
         Ok(SignalKernels {
             track_layers: signals.track_layers.clone(),
@@ -358,10 +351,11 @@ impl CounterCausal {
         gpu: &Runtime,
         model: &Model,
         mode: CcsMode,
-        (max_slots, max_tokens): (usize, usize),
+        opts: &EngineOptions,
         a: &Activations,
         bytes: &mut u64,
     ) -> Result<Self> {
+        let (max_slots, max_tokens) = (opts.max_slots, opts.max_tokens);
         let c = &model.config;
         let h = c.hidden_size;
         let first = if mode.from_last_layer() {
@@ -381,7 +375,7 @@ impl CounterCausal {
                     &c.layers[l].rope,
                     &a.qkv,
                     &a.positions,
-                    &model.layers[l].inv_freq,
+                    model.layers[l].rope_frequencies(opts.sees_positions_past(&c.layers[l].rope)),
                     &a.q,
                     None,
                 )

@@ -14,6 +14,7 @@ use anyhow::{bail, Result};
 use crate::config::{ConfigFields, Rope};
 
 pub mod llama;
+pub mod phi3;
 pub mod qwen2;
 pub mod qwen3;
 pub mod smollm3;
@@ -34,6 +35,8 @@ pub enum Role {
     Q,
     K,
     V,
+    /// The three stacked in one tensor, rows q then k then v (Phi-3).
+    Qkv,
     /// Their biases (families whose [`LayerSpec::qkv_bias`] says so).
     QBias,
     KBias,
@@ -49,6 +52,8 @@ pub enum Role {
     Gate,
     Up,
     Down,
+    /// Gate and up stacked in one tensor, rows gate then up (Phi-3).
+    GateUp,
 }
 
 /// One model family.
@@ -73,6 +78,7 @@ pub const FAMILIES: &[&Family] = &[
     &qwen2::FAMILY,
     &qwen3::FAMILY,
     &smollm3::FAMILY,
+    &phi3::FAMILY,
 ];
 
 /// The family whose architectures include `architecture`.
@@ -200,4 +206,16 @@ pub(crate) const fn concat_tables<const N: usize>(
         i += 1;
     }
     out
+}
+
+/// A `sliding_window` that is set (not null) on a family whose every
+/// layer would use it: refused by name until sieve has sliding windows.
+pub fn refuse_sliding_window(f: &ConfigFields) -> Result<()> {
+    if let Some(w) = f.usize_opt("sliding_window")? {
+        bail!(
+            "{}: sliding_window is {w}; sliding-window attention is not supported yet",
+            f.file()
+        );
+    }
+    Ok(())
 }

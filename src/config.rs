@@ -322,8 +322,10 @@ impl ModelConfig {
                 path.display()
             );
         }
-        // transformers: int(head_dim * partial_rotary_factor).
-        let rotary_dim = (head_dim as f64 * partial) as usize;
+        // transformers: int(head_dim * partial_rotary_factor); the 1e-9
+        // keeps a factor written as a ratio (d / head_dim, as a GGUF's
+        // rope.dimension_count gives it) from landing an ulp below d.
+        let rotary_dim = (head_dim as f64 * partial + 1e-9) as usize;
         let num_layers = f.usize("num_hidden_layers")?;
         let max_position_embeddings = f.usize_or("max_position_embeddings", 4096)?;
         let rope_scaling = rope_scaling(&f, v, max_position_embeddings)?;

@@ -570,7 +570,9 @@ mod tests {
                 .build(),
         );
         assert!(
-            msg.contains("architecture `gemma3` is not supported (supported: llama, qwen2)"),
+            msg.contains(
+                "architecture `gemma3` is not supported (supported: llama, qwen2, qwen3, smollm3, phi3)"
+            ),
             "{msg}"
         );
         assert!(msg.contains("model.gguf"), "{msg}");

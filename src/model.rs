@@ -31,6 +31,7 @@ pub(crate) struct LayerWeights {
     /// q, k and v projections stacked by rows: `[qkv_dim, hidden]`.
     pub qkv: GpuMatrix,
     pub qkv_bias: Option<wgpu::Buffer>,
+    pub o_bias: Option<wgpu::Buffer>,
     /// The per-head norms of the queries and keys `[head_dim]` each (q/k norm).
     pub qk_norm: Option<(wgpu::Buffer, wgpu::Buffer)>,
     /// This layer's RoPE inverse frequencies `[rotary_dim / 2]` (one value
@@ -220,12 +221,18 @@ impl Model {
                 spec.rope.inv_freq.clone()
             };
             let o = next_matrix(&gpu)?;
+            let o_bias = if spec.o_bias {
+                Some(vector(&name(Role::OBias), h)?)
+            } else {
+                None
+            };
             let gate_up = next_matrix(&gpu)?;
             let down = next_matrix(&gpu)?;
             layers.push(LayerWeights {
                 attn_norm: vector(&name(Role::AttnNorm), h)?,
                 qkv,
                 qkv_bias,
+                o_bias,
                 qk_norm,
                 inv_freq: gpu.storage_from(&format!("layer {l} rope-inv-freq"), &inv_freq),
                 inv_freq_long: spec.rope.long.as_ref().map(|long| {

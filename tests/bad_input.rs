@@ -686,7 +686,22 @@ fn config_values_are_bounded_and_checked() {
 /// a truncated model silently before).
 #[test]
 fn layer_count_must_match_the_checkpoint() {
+    // The tiny model's config lists its layers' types: the count disagrees
+    // with that list first.
     let e = config_error("layers", "num_hidden_layers", "1");
+    assert!(
+        e.contains("layer_types has 4 entries; expected one per layer (1)"),
+        "{e}"
+    );
+    // Without the list, with the weights.
+    let dir = copy_tiny("layers-untyped");
+    let path = dir.join("config.json");
+    let mut cfg: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    cfg["num_hidden_layers"] = 1.into();
+    cfg.as_object_mut().unwrap().remove("layer_types");
+    std::fs::write(&path, cfg.to_string()).unwrap();
+    let e = load_err(&dir);
     assert!(
         e.contains("num_hidden_layers is 1") && e.contains("more layers"),
         "{e}"

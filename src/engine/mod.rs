@@ -823,7 +823,7 @@ impl LayerKernels {
                 &a.lse,
                 &a.qslot,
             )?,
-            o: Matmul::new(gpu, step, &w.o, None, &a.attn_out, &a.x, add)?,
+            o: Matmul::new(gpu, step, &w.o, w.o_bias.as_ref(), &a.attn_out, &a.x, add)?,
             mlp_norm: RmsNorm::new(gpu, step, h, eps, &w.mlp_norm, &a.x, &a.xn, Rows::Tokens)?,
             gate_up: Matmul::normed(
                 gpu,

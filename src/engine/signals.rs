@@ -404,7 +404,7 @@ impl CounterCausal {
                 gpu,
                 &a.step,
                 &last.o,
-                None,
+                last.o_bias.as_ref(),
                 &a.attn_out,
                 &a.x,
                 set,

@@ -1,7 +1,8 @@
 //! Model families. Each file of this folder is one family's home: the
 //! Hugging Face architecture names it answers to, its tensor table (each
-//! weight's role and Hugging Face name) and its reading of config.json into
-//! what each decoder layer computes ([`LayerSpec`]). The loader takes the
+//! weight's role, Hugging Face name and GGUF name), its reading of
+//! config.json into what each decoder layer computes ([`LayerSpec`]), and
+//! how llama.cpp writes it as GGUF ([`GgufLayout`]). The loader takes the
 //! weights by role from the table, and the engine builds every layer's
 //! kernels from its spec, for the forward step, the counter-causal pass,
 //! batched steps and synthetic models alike, so a family is wired in one
@@ -10,8 +11,10 @@
 //! here, its line in [`FAMILIES`] and its golden test.
 
 use anyhow::{bail, Result};
+use serde_json::{Map, Value};
 
 use crate::config::{ConfigFields, Rope};
+use crate::gguf::GgufFile;
 
 pub mod llama;
 pub mod phi3;
@@ -41,6 +44,8 @@ pub enum Role {
     QBias,
     KBias,
     VBias,
+    /// The output projection's bias ([`LayerSpec::o_bias`]).
+    OBias,
     /// Per-head norms of the queries and keys `[head_dim]` (q/k norm).
     QNorm,
     KNorm,
@@ -56,6 +61,42 @@ pub enum Role {
     GateUp,
 }
 
+/// The sizes a tensor's shape is made of.
+pub struct Dims {
+    pub hidden: usize,
+    pub ffn: usize,
+    pub vocab: usize,
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+}
+
+impl Role {
+    /// The row-major shape of the role's tensor.
+    pub fn shape(self, d: &Dims) -> Vec<usize> {
+        let (q, kv) = (d.heads * d.head_dim, d.kv_heads * d.head_dim);
+        match self {
+            Role::Embed | Role::LmHead => vec![d.vocab, d.hidden],
+            Role::FinalNorm | Role::AttnNorm | Role::MlpNorm | Role::OBias => vec![d.hidden],
+            Role::Q => vec![q, d.hidden],
+            Role::K | Role::V => vec![kv, d.hidden],
+            Role::Qkv => vec![q + 2 * kv, d.hidden],
+            Role::QBias => vec![q],
+            Role::KBias | Role::VBias => vec![kv],
+            Role::QNorm | Role::KNorm => vec![d.head_dim],
+            Role::O => vec![d.hidden, q],
+            Role::Gate | Role::Up => vec![d.ffn, d.hidden],
+            Role::GateUp => vec![2 * d.ffn, d.hidden],
+            Role::Down => vec![d.hidden, d.ffn],
+        }
+    }
+
+    /// Whether the role names one tensor per layer.
+    pub fn per_layer(self) -> bool {
+        !matches!(self, Role::Embed | Role::FinalNorm | Role::LmHead)
+    }
+}
+
 /// One model family.
 pub struct Family {
     /// Short name, as `sieve info` shows it.
@@ -65,11 +106,35 @@ pub struct Family {
     /// Its `model_type`, which names the family where `architectures` is
     /// absent (configs written by transformers 5).
     pub model_type: &'static str,
-    /// Each role's Hugging Face tensor name; `{l}` stands for the layer.
-    pub tensors: &'static [(Role, &'static str)],
+    /// Each role's tensor: its Hugging Face name and its GGUF name as
+    /// llama.cpp writes it ("" where it has none); `{l}` stands for the layer.
+    pub tensors: &'static [(Role, &'static str, &'static str)],
     /// What each layer computes, from config.json (`rope` is the RoPE the
     /// shared keys describe, for the family to place).
     pub layers: fn(&ConfigFields, &Rope, usize) -> Result<Vec<LayerSpec>>,
+    /// How llama.cpp writes the family as GGUF; None: sieve reads no GGUF
+    /// file of it.
+    pub gguf: Option<GgufLayout>,
+}
+
+/// A family's GGUF files as llama.cpp's converter writes them.
+pub struct GgufLayout {
+    /// `general.architecture`, also the prefix of the family's metadata keys.
+    pub architecture: &'static str,
+    /// The converter reordered the q/k rows of each head (the Llama
+    /// layouts), which the loader undoes (`gguf_model::names`).
+    pub permutes_qk: bool,
+    /// The family's own config.json keys, from its metadata (beyond those
+    /// every family shares, which `gguf_model::meta` writes).
+    pub config: fn(&GgufFile, &mut Map<String, Value>) -> Result<()>,
+    /// Tensors that hold settings rather than weights (Phi-3's RoPE factors),
+    /// which `config` reads.
+    pub setting_tensors: &'static [&'static str],
+}
+
+/// A [`GgufLayout::config`] with nothing to add.
+pub fn no_gguf_keys(_: &GgufFile, _: &mut Map<String, Value>) -> Result<()> {
+    Ok(())
 }
 
 /// Every family sieve runs.
@@ -97,6 +162,22 @@ pub fn by_model_type(model_type: &str) -> Option<&'static Family> {
         .find(|f| f.model_type == model_type)
 }
 
+/// The family whose GGUF `general.architecture` is `name`.
+pub fn by_gguf_architecture(name: &str) -> Option<&'static Family> {
+    FAMILIES
+        .iter()
+        .copied()
+        .find(|f| f.gguf.as_ref().is_some_and(|g| g.architecture == name))
+}
+
+/// Every GGUF architecture sieve reads, for error messages.
+pub fn supported_gguf_architectures() -> Vec<&'static str> {
+    FAMILIES
+        .iter()
+        .filter_map(|f| f.gguf.as_ref().map(|g| g.architecture))
+        .collect()
+}
+
 /// Every supported `architectures` name, for error messages.
 pub fn supported_architectures() -> Vec<&'static str> {
     FAMILIES
@@ -112,8 +193,8 @@ impl Family {
     pub fn tensor(&self, role: Role, layer: usize) -> Option<String> {
         self.tensors
             .iter()
-            .find(|(r, _)| *r == role)
-            .map(|(_, name)| name.replace("{l}", &layer.to_string()))
+            .find(|(r, _, _)| *r == role)
+            .map(|(_, name, _)| name.replace("{l}", &layer.to_string()))
     }
 
     /// As [`Family::tensor`], for a role every family of this kind has.
@@ -141,6 +222,8 @@ impl PartialEq for Family {
 pub struct LayerSpec {
     /// The q, k and v projections have biases.
     pub qkv_bias: bool,
+    /// The output projection has a bias.
+    pub o_bias: bool,
     /// Each query and key head is RMS-normed (its own weight over head_dim)
     /// before RoPE.
     pub qk_norm: bool,
@@ -153,6 +236,7 @@ impl LayerSpec {
     pub fn llama(rope: &Rope) -> Self {
         LayerSpec {
             qkv_bias: false,
+            o_bias: false,
             qk_norm: false,
             rope: rope.clone(),
         }
@@ -192,10 +276,10 @@ pub fn check_layer_types(f: &ConfigFields, n_layers: usize) -> Result<()> {
 /// Two tensor tables as one, at compile time (a family that adds tensors
 /// to another's table).
 pub(crate) const fn concat_tables<const N: usize>(
-    a: &[(Role, &'static str)],
-    b: &[(Role, &'static str)],
-) -> [(Role, &'static str); N] {
-    let mut out = [(Role::Embed, ""); N];
+    a: &[(Role, &'static str, &'static str)],
+    b: &[(Role, &'static str, &'static str)],
+) -> [(Role, &'static str, &'static str); N] {
+    let mut out = [(Role::Embed, "", ""); N];
     let mut i = 0;
     while i < a.len() {
         out[i] = a[i];

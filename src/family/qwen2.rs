@@ -1,9 +1,11 @@
 //! Qwen2 and Qwen2.5 (`Qwen2ForCausalLM`): the Llama layer with biases on
-//! the q, k and v projections (always; config.json does not say).
+//! the q, k and v projections (always; config.json does not say) and none
+//! on the output projection. GGUF: architecture `qwen2`, rows as in
+//! Hugging Face.
 
 use anyhow::Result;
 
-use super::{check_layer_types, llama, Family, LayerSpec};
+use super::{check_layer_types, llama, no_gguf_keys, Family, GgufLayout, LayerSpec};
 use crate::config::{ConfigFields, Rope};
 
 pub const FAMILY: Family = Family {
@@ -12,6 +14,12 @@ pub const FAMILY: Family = Family {
     model_type: "qwen2",
     tensors: llama::TENSORS,
     layers,
+    gguf: Some(GgufLayout {
+        architecture: "qwen2",
+        permutes_qk: false,
+        config: no_gguf_keys,
+        setting_tensors: &[],
+    }),
 };
 
 fn layers(f: &ConfigFields, rope: &Rope, n_layers: usize) -> Result<Vec<LayerSpec>> {

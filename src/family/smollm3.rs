@@ -2,11 +2,16 @@
 //! some layers (NoPE): `no_rope_layers[l]` is 1 where layer l rotates and
 //! 0 where it does not. Without the list, every `no_rope_layer_interval`-th
 //! layer (default 4) has no RoPE, as transformers' SmolLM3Config makes it.
+//! GGUF: architecture `smollm3`, the Llama tensors with llama.cpp's q/k
+//! permutation; no key holds the NoPE layers, llama.cpp takes every 4th
+//! (config.json written from it says `no_rope_layer_interval` 4).
 
 use anyhow::{bail, Result};
+use serde_json::{json, Map, Value};
 
-use super::{check_layer_types, llama, Family, LayerSpec};
+use super::{llama, Family, GgufLayout, LayerSpec};
 use crate::config::{ConfigFields, Rope};
+use crate::gguf::GgufFile;
 
 pub const FAMILY: Family = Family {
     name: "smollm3",
@@ -14,10 +19,15 @@ pub const FAMILY: Family = Family {
     model_type: "smollm3",
     tensors: llama::TENSORS,
     layers,
+    gguf: Some(GgufLayout {
+        architecture: "smollm3",
+        permutes_qk: true,
+        config: gguf_config,
+        setting_tensors: &[],
+    }),
 };
 
 fn layers(f: &ConfigFields, rope: &Rope, n_layers: usize) -> Result<Vec<LayerSpec>> {
-    check_layer_types(f, n_layers)?;
     let uses_rope: Vec<bool> = match f.array("no_rope_layers")? {
         Some(list) => {
             if list.len() != n_layers {
@@ -50,13 +60,18 @@ fn layers(f: &ConfigFields, rope: &Rope, n_layers: usize) -> Result<Vec<LayerSpe
             (0..n_layers).map(|l| (l + 1) % interval != 0).collect()
         }
     };
-    let attention_bias = f.bool_or("attention_bias", false)?;
-    Ok(uses_rope
+    Ok(llama::layers(f, rope, n_layers)?
         .into_iter()
-        .map(|rotates| LayerSpec {
-            qkv_bias: attention_bias,
-            rope: if rotates { rope.clone() } else { Rope::none() },
-            ..LayerSpec::llama(rope)
+        .zip(uses_rope)
+        .map(|(spec, rotates)| LayerSpec {
+            rope: if rotates { spec.rope } else { Rope::none() },
+            ..spec
         })
         .collect())
+}
+
+/// llama.cpp's SmolLM3 leaves RoPE out of every 4th layer, from no key.
+fn gguf_config(_: &GgufFile, c: &mut Map<String, Value>) -> Result<()> {
+    c.insert("no_rope_layer_interval".into(), json!(4));
+    Ok(())
 }

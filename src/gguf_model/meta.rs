@@ -7,46 +7,8 @@ use anyhow::{anyhow, bail, ensure};
 use serde_json::{json, Value};
 
 use super::vocab::Vocab;
+use crate::family::{Family, GgufLayout};
 use crate::gguf::GgufFile;
-
-const SUPPORTED_ARCHITECTURES: &str = "llama, qwen2";
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Arch {
-    Llama,
-    Qwen2,
-}
-
-impl Arch {
-    pub fn from_gguf(name: &str) -> Option<Self> {
-        match name {
-            "llama" => Some(Self::Llama),
-            "qwen2" => Some(Self::Qwen2),
-            _ => None,
-        }
-    }
-
-    /// The prefix of the architecture's metadata keys.
-    pub fn key_prefix(self) -> &'static str {
-        match self {
-            Self::Llama => "llama",
-            Self::Qwen2 => "qwen2",
-        }
-    }
-
-    pub fn hf_class(self) -> &'static str {
-        match self {
-            Self::Llama => "LlamaForCausalLM",
-            Self::Qwen2 => "Qwen2ForCausalLM",
-        }
-    }
-
-    /// Whether llama.cpp's converter permuted the q/k rows (it does so only
-    /// for the llama family; see the module docs).
-    pub fn permutes_qk(self) -> bool {
-        self == Self::Llama
-    }
-}
 
 /// Hyperparameters read from the `{arch}.*` metadata.
 pub(crate) struct Hparams {
@@ -60,12 +22,15 @@ pub(crate) struct Hparams {
     pub rope_theta: f32,
     /// Linear RoPE scaling factor, if any.
     pub rope_linear_factor: Option<f32>,
+    /// Dimensions of each head RoPE rotates (`rope.dimension_count`; the
+    /// head dimension when absent).
+    pub rotary_dim: usize,
     pub context_length: usize,
 }
 
 impl Hparams {
-    pub fn read(g: &GgufFile, arch: Arch) -> anyhow::Result<Self> {
-        let key = |k: &str| format!("{}.{k}", arch.key_prefix());
+    pub fn read(g: &GgufFile, layout: &GgufLayout) -> anyhow::Result<Self> {
+        let key = |k: &str| format!("{}.{k}", layout.architecture);
         let usize_of = |k: &str| -> anyhow::Result<usize> { Ok(g.get_u32(&key(k))? as usize) };
         let file = g.path.display();
 
@@ -107,21 +72,24 @@ impl Hparams {
             head_dim > 0 && head_dim % 2 == 0,
             "{file}: head dimension {head_dim} must be even for RoPE"
         );
-        for (k, what) in [
-            ("attention.value_length", "value head dimension"),
-            (
-                "rope.dimension_count",
-                "RoPE dimension count (partial rotary is not supported)",
-            ),
-        ] {
-            if let Some(d) = g.opt(&key(k), GgufFile::get_u32)? {
-                ensure!(
-                    d as usize == head_dim,
-                    "{file}: {what} `{}` is {d}, expected the head dimension {head_dim}",
-                    key(k)
-                );
-            }
+        if let Some(d) = g.opt(&key("attention.value_length"), GgufFile::get_u32)? {
+            ensure!(
+                d as usize == head_dim,
+                "{file}: value head dimension `{}` is {d}, expected the head dimension {head_dim}",
+                key("attention.value_length")
+            );
         }
+        let rotary_dim = match g.opt(&key("rope.dimension_count"), GgufFile::get_u32)? {
+            Some(d) => {
+                ensure!(
+                    d > 0 && d % 2 == 0 && d as usize <= head_dim,
+                    "{file}: `{}` is {d}; expected an even number from 2 to the head dimension {head_dim}",
+                    key("rope.dimension_count")
+                );
+                d as usize
+            }
+            None => head_dim,
+        };
 
         let rms_norm_eps = g.get_f32(&key("attention.layer_norm_rms_epsilon"))?;
         // llama.cpp's default when the key is absent.
@@ -155,6 +123,7 @@ impl Hparams {
             rms_norm_eps,
             rope_theta,
             rope_linear_factor,
+            rotary_dim,
             context_length: usize_of("context_length")?,
         };
         Ok(params)
@@ -166,7 +135,8 @@ pub(crate) type Documents = [(&'static str, Value); 4];
 
 /// Everything known about the model before its tensors are read.
 pub(crate) struct ModelMeta<'a> {
-    pub arch: Arch,
+    pub family: &'static Family,
+    pub layout: &'static GgufLayout,
     pub hp: Hparams,
     pub vocab: Vocab<'a>,
     /// The GGUF has no `output.weight`: the LM head is the embedding matrix.
@@ -177,19 +147,26 @@ pub(crate) struct ModelMeta<'a> {
 impl<'a> ModelMeta<'a> {
     pub fn read(g: &'a GgufFile) -> anyhow::Result<Self> {
         let arch_name = g.get_str("general.architecture")?;
-        let arch = Arch::from_gguf(arch_name).ok_or_else(|| {
+        let family = crate::family::by_gguf_architecture(arch_name).ok_or_else(|| {
             anyhow!(
-                "{}: architecture `{arch_name}` is not supported (supported: {SUPPORTED_ARCHITECTURES})",
-                g.path.display()
+                "{}: architecture `{arch_name}` is not supported (supported: {})",
+                g.path.display(),
+                crate::family::supported_gguf_architectures().join(", ")
             )
         })?;
+        let layout = family
+            .gguf
+            .as_ref()
+            .expect("a family found by its GGUF name has a layout");
         Ok(Self {
-            arch,
-            hp: Hparams::read(g, arch)?,
+            family,
+            layout,
+            hp: Hparams::read(g, layout)?,
             vocab: Vocab::read(g)?,
             tied: g.tensor("output.weight").is_none(),
-            // Qwen2 always has q/k/v biases; llama only with `attention_bias`.
-            attention_bias: arch == Arch::Qwen2 || g.tensor("blk.0.attn_q.bias").is_some(),
+            // Families with biases by choice (Llama, Qwen3, SmolLM3) say so
+            // in config.json's `attention_bias`; Qwen2's are always there.
+            attention_bias: g.tensor("blk.0.attn_q.bias").is_some(),
         })
     }
 
@@ -198,8 +175,8 @@ impl<'a> ModelMeta<'a> {
     }
 
     /// config.json, with `torch_dtype` the weights' (`float16`, `float32`).
-    fn config_json(&self, torch_dtype: &str) -> Value {
-        let (arch, hp) = (self.arch, &self.hp);
+    pub(crate) fn config_json(&self, g: &GgufFile, torch_dtype: &str) -> anyhow::Result<Value> {
+        let (family, hp) = (self.family, &self.hp);
         let rope_scaling = match hp.rope_linear_factor {
             Some(factor) => {
                 json!({"rope_type": "linear", "type": "linear", "factor": f32_json(factor)})
@@ -215,8 +192,8 @@ impl<'a> ModelMeta<'a> {
             rope_parameters["factor"] = f32_json(factor);
         }
         let mut config = json!({
-            "architectures": [arch.hf_class()],
-            "model_type": arch.key_prefix(),
+            "architectures": [family.architectures[0]],
+            "model_type": family.model_type,
             "hidden_size": hp.hidden,
             "intermediate_size": hp.ffn,
             "num_hidden_layers": hp.layers,
@@ -234,21 +211,24 @@ impl<'a> ModelMeta<'a> {
             "torch_dtype": torch_dtype,
             "dtype": torch_dtype,
         });
-        if arch == Arch::Llama {
-            config["attention_bias"] = json!(self.attention_bias);
-            config["mlp_bias"] = json!(false);
+        config["attention_bias"] = json!(self.attention_bias);
+        config["mlp_bias"] = json!(false);
+        if hp.rotary_dim != hp.head_dim {
+            config["partial_rotary_factor"] = json!(hp.rotary_dim as f64 / hp.head_dim as f64);
         }
-        if let Value::Object(map) = &mut config {
-            map.extend(self.vocab.special_ids());
-        }
-        config
+        let Value::Object(map) = &mut config else {
+            unreachable!("config.json is an object")
+        };
+        map.extend(self.vocab.special_ids());
+        (self.layout.config)(g, map)?;
+        Ok(config)
     }
 
     /// The JSON documents of a converted folder, config.json first;
     /// `torch_dtype` names the weights' type in config.json.
     pub fn documents(&self, g: &GgufFile, torch_dtype: &str) -> anyhow::Result<Documents> {
         Ok([
-            ("config.json", self.config_json(torch_dtype)),
+            ("config.json", self.config_json(g, torch_dtype)?),
             ("tokenizer.json", self.vocab.tokenizer_json(&g.path)?),
             (
                 "tokenizer_config.json",

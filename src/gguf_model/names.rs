@@ -2,15 +2,17 @@
 //! they map to, checked against the shapes the hyperparameters imply; and
 //! llama.cpp's permutation of the llama q/k rows, undone.
 //!
-//! llama.cpp's converter reorders the rows of the llama q/k projections so
-//! that its RoPE, which rotates adjacent pairs `(2j, 2j+1)`, matches HF's
+//! llama.cpp's converter reorders the rows of the q/k projections of the
+//! Llama layouts (llama, smollm3: `GgufLayout::permutes_qk`) so that its
+//! RoPE, which rotates adjacent pairs `(2j, 2j+1)`, matches HF's
 //! `rotate_half`, which rotates `(j, j + d/2)`; [`hf_source_row`] inverts
-//! it. Qwen2 files are not permuted by llama.cpp and are left alone.
+//! it. Qwen2, Qwen3 and Phi-3 files are not permuted and are left alone.
 
 use anyhow::{bail, ensure, Context};
 use std::collections::BTreeMap;
 
-use super::meta::{Arch, ModelMeta};
+use super::meta::ModelMeta;
+use crate::family::{Dims, LayerSpec, Role};
 use crate::formats::dequant::DEQUANTIZABLE_TYPES;
 use crate::gguf::GgufFile;
 
@@ -34,73 +36,71 @@ struct Target {
 }
 
 impl ModelMeta<'_> {
-    /// Maps the GGUF tensors to HF names and checks them against the shapes
-    /// the hyperparameters imply: every tensor must be known, of a
-    /// dequantizable type and of the right shape, and every required tensor
-    /// present. In the file's order.
+    /// Maps the GGUF tensors to HF names by the family's tensor table and
+    /// checks them against the shapes the hyperparameters imply: every
+    /// tensor must be known, of a dequantizable type and of the right
+    /// shape, and every required tensor present. In the file's order.
+    /// Setting tensors (Phi-3's RoPE factors) are read by the metadata and
+    /// planned as no weight.
     pub fn tensors(&self, g: &GgufFile) -> anyhow::Result<Vec<TensorPlan>> {
-        let (arch, hp, vocab_size) = (self.arch, &self.hp, self.vocab_size());
+        let (family, hp) = (self.family, &self.hp);
         let file = g.path.display();
-        let (hidden, q_rows, kv_rows) =
-            (hp.hidden, hp.heads * hp.head_dim, hp.kv_heads * hp.head_dim);
-        let q_heads = arch.permutes_qk().then_some(hp.heads);
-        let k_heads = arch.permutes_qk().then_some(hp.kv_heads);
-
-        // (GGUF name, HF name, row-major shape, heads whose q/k rows to un-permute)
-        #[rustfmt::skip]
-        let mut per_layer = vec![
-            ("attn_norm.weight",   "input_layernorm.weight",          vec![hidden],         None),
-            ("ffn_norm.weight",    "post_attention_layernorm.weight", vec![hidden],         None),
-            ("attn_q.weight",      "self_attn.q_proj.weight",         vec![q_rows, hidden], q_heads),
-            ("attn_k.weight",      "self_attn.k_proj.weight",         vec![kv_rows, hidden], k_heads),
-            ("attn_v.weight",      "self_attn.v_proj.weight",         vec![kv_rows, hidden], None),
-            ("attn_output.weight", "self_attn.o_proj.weight",         vec![hidden, q_rows], None),
-            ("ffn_gate.weight",    "mlp.gate_proj.weight",            vec![hp.ffn, hidden], None),
-            ("ffn_up.weight",      "mlp.up_proj.weight",              vec![hp.ffn, hidden], None),
-            ("ffn_down.weight",    "mlp.down_proj.weight",            vec![hidden, hp.ffn], None),
-        ];
-        if self.attention_bias {
-            #[rustfmt::skip]
-            per_layer.extend([
-                ("attn_q.bias", "self_attn.q_proj.bias", vec![q_rows], q_heads),
-                ("attn_k.bias", "self_attn.k_proj.bias", vec![kv_rows], k_heads),
-                ("attn_v.bias", "self_attn.v_proj.bias", vec![kv_rows], None),
-            ]);
-            // HF's Llama `attention_bias` covers o_proj too; Qwen2 has none there.
-            if arch == Arch::Llama {
-                #[rustfmt::skip]
-                per_layer.push(("attn_output.bias", "self_attn.o_proj.bias", vec![hidden], None));
+        let dims = Dims {
+            hidden: hp.hidden,
+            ffn: hp.ffn,
+            vocab: self.vocab_size(),
+            heads: hp.heads,
+            kv_heads: hp.kv_heads,
+            head_dim: hp.head_dim,
+        };
+        let permuted = |role| -> Option<usize> {
+            if !self.layout.permutes_qk {
+                return None;
             }
-        }
-
-        // (GGUF name, HF name, row-major shape, required)
-        #[rustfmt::skip]
-        let mut expected: BTreeMap<String, Target> = [
-            ("token_embd.weight",  "model.embed_tokens.weight", vec![vocab_size, hidden], true),
-            ("output_norm.weight", "model.norm.weight",         vec![hidden],             true),
+            match role {
+                Role::Q | Role::QBias => Some(hp.heads),
+                Role::K | Role::KBias => Some(hp.kv_heads),
+                _ => None,
+            }
+        };
+        // What the layers compute says which optional tensors must be there.
+        let config =
+            crate::config::ModelConfig::from_json(&self.config_json(g, "float32")?, &g.path)
+                .with_context(|| format!("{file}: the configuration its metadata gives"))?;
+        let any = |has: fn(&LayerSpec) -> bool| config.layers.iter().any(has);
+        let required = |role| match role {
             // Absent when the LM head is tied to the embeddings.
-            ("output.weight",      "lm_head.weight",            vec![vocab_size, hidden], false),
-        ]
-        .into_iter()
-        .map(|(gguf, hf, shape, required)| {
-            let target = Target { name: hf.to_string(), shape, qk_heads: None, required };
-            (gguf.to_string(), target)
-        })
-        .collect();
-        for layer in 0..hp.layers {
-            for (gguf, hf, shape, qk_heads) in &per_layer {
-                let target = Target {
-                    name: format!("model.layers.{layer}.{hf}"),
-                    shape: shape.clone(),
-                    qk_heads: *qk_heads,
-                    required: true,
-                };
-                expected.insert(format!("blk.{layer}.{gguf}"), target);
+            Role::LmHead => false,
+            Role::QBias | Role::KBias | Role::VBias => any(|l| l.qkv_bias),
+            Role::OBias => any(|l| l.o_bias),
+            Role::QNorm | Role::KNorm => any(|l| l.qk_norm),
+            _ => true,
+        };
+        let mut expected: BTreeMap<String, Target> = BTreeMap::new();
+        for &(role, hf, gguf) in family.tensors {
+            if gguf.is_empty() {
+                continue;
+            }
+            let layers = if role.per_layer() { hp.layers } else { 1 };
+            for layer in 0..layers {
+                let l = layer.to_string();
+                expected.insert(
+                    gguf.replace("{l}", &l),
+                    Target {
+                        name: hf.replace("{l}", &l),
+                        shape: role.shape(&dims),
+                        qk_heads: permuted(role),
+                        required: required(role),
+                    },
+                );
             }
         }
 
         let mut planned = Vec::with_capacity(g.tensors.len());
         for (index, t) in g.tensors.iter().enumerate() {
+            if self.layout.setting_tensors.contains(&t.name.as_str()) {
+                continue;
+            }
             let Some(target) = expected.remove(&t.name) else {
                 let hint = if t.name == "rope_freqs.weight" {
                     " (llama3-style RoPE frequency scaling is not supported)"
@@ -110,7 +110,7 @@ impl ModelMeta<'_> {
                 bail!(
                     "{file}: unexpected tensor `{}` for a {} model{hint}",
                     t.name,
-                    arch.key_prefix()
+                    self.layout.architecture
                 );
             };
             let shape = t

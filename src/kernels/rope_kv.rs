@@ -195,6 +195,7 @@ pub(crate) mod tests {
                 .map(|j| 1.0 / 10000f32.powf(2.0 * j as f32 / rotary_dim as f32))
                 .collect(),
             attention_factor: factor,
+            long: None,
         }
     }
 

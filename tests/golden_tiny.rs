@@ -37,9 +37,9 @@ fn load_from(dir: &Path, gpu: GpuOptions) -> Arc<Model> {
     Model::load(dir, &opts).unwrap()
 }
 
-/// config.json's `pad_token_id`, if set.
-fn pad_token_id(dir: &Path) -> Option<u32> {
-    let text = std::fs::read_to_string(dir.join("config.json")).unwrap();
+/// The golden model's `pad_token_id`, if set.
+fn pad_token_id(name: &str) -> Option<u32> {
+    let text = std::fs::read_to_string(golden_dir().join(name).join("config.json")).unwrap();
     let v: serde_json::Value = serde_json::from_str(&text).unwrap();
     v.get("pad_token_id")?.as_u64().map(|p| p as u32)
 }
@@ -132,7 +132,7 @@ fn check_model_at(dir: &Path, name: &str, kernels: Option<KernelSet>, lengths: &
         // 300-token prompt holds a 0 at position 70). That is the greedy
         // run of the prompt without those tokens, which is what runs here.
         let greedy = g.ids("greedy_ids");
-        let ids: Vec<u32> = match pad_token_id(dir) {
+        let ids: Vec<u32> = match pad_token_id(name) {
             Some(pad) => ids.iter().copied().filter(|&t| t != pad).collect(),
             None => ids,
         };
@@ -205,6 +205,90 @@ fn tiny_phi3_matches_transformers() {
         "tiny-phi3",
         None,
         &LENGTHS,
+    );
+}
+
+/// The tiny model `name` as a GGUF file written by llama.cpp's own gguf-py
+/// (scripts/family-ggufs.sh), or None outside CI when it was not written.
+fn family_gguf(name: &str) -> Option<PathBuf> {
+    let file = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("target/family-gguf")
+        .join(format!("{name}.gguf"));
+    if file.exists() {
+        return Some(file);
+    }
+    assert!(
+        std::env::var("CI").is_err(),
+        "{} is missing: CI must run scripts/family-ggufs.sh first",
+        file.display()
+    );
+    eprintln!(
+        "note: {} not found; bash scripts/family-ggufs.sh writes it",
+        file.display()
+    );
+    None
+}
+
+/// Qwen3 and Phi-3 from GGUF files written with llama.cpp's names and keys
+/// (Qwen3's head_dim in `attention.key_length` and its q/k norms; Phi-3's
+/// fused tensors, RoPE dimensions and LongRoPE factor tensors), weights in
+/// f32: the same tolerances as from safetensors.
+#[test]
+fn family_ggufs_match_transformers() {
+    for name in ["tiny-qwen3", "tiny-phi3"] {
+        if let Some(file) = family_gguf(name) {
+            check_model_at(&file, name, None, &LENGTHS);
+        }
+    }
+}
+
+/// SmolLM3 from GGUF: llama.cpp keeps no key for the NoPE layers and
+/// leaves RoPE out of every 4th layer, so the tiny model's own pattern
+/// (layers 1 and 3) is not in its GGUF file. The file (q/k rows permuted
+/// as llama.cpp's converter does) must give what the safetensors model
+/// gives with llama.cpp's pattern (layer 3 only) in its config.json; the
+/// safetensors path is checked against transformers above.
+#[test]
+fn smollm3_gguf_matches_its_safetensors_with_llama_cpps_nope_layers() {
+    let Some(file) = family_gguf("tiny-smollm3") else {
+        return;
+    };
+    let src = golden_dir().join("tiny-smollm3");
+    let dir = std::env::temp_dir().join(format!("sieve-smollm3-nope4-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut cfg: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(src.join("config.json")).unwrap()).unwrap();
+    cfg["no_rope_layers"] = serde_json::json!([1, 1, 1, 0]);
+    std::fs::write(dir.join("config.json"), cfg.to_string()).unwrap();
+    std::os::unix::fs::symlink(src.join("model.safetensors"), dir.join("model.safetensors"))
+        .unwrap();
+    let from_gguf = load_from(&file, GpuOptions::default());
+    let from_safetensors = load_from(&dir, GpuOptions::default());
+    let no_rope = |m: &Model| -> Vec<bool> {
+        m.config
+            .layers
+            .iter()
+            .map(|l| l.rope.rotary_dim == 0)
+            .collect()
+    };
+    assert_eq!(no_rope(&from_gguf), [false, false, false, true]);
+    let g = Npz::open(&src.join("golden_len300.npz"));
+    let ids = g.ids("input_ids");
+    let pos: Vec<u32> = (0..ids.len() as u32).collect();
+    let logits = |m: &Arc<Model>| {
+        let mut e = engine(m, ids.len());
+        e.step(&ids, &pos, StepOutput::last(ids.len())).unwrap();
+        e.read_logits(1).unwrap()
+    };
+    let (a, b) = (logits(&from_gguf), logits(&from_safetensors));
+    let d = max_abs_diff(&a, &b);
+    assert!(d <= 1e-4, "GGUF against safetensors: logits max |d| {d}");
+    // The tiny model's own NoPE layers make another model: the file is not it.
+    let golden = max_abs_diff(&a, g.f32("logits_last").1);
+    assert!(
+        golden > 1e-2,
+        "llama.cpp's NoPE layers should differ: {golden}"
     );
 }
 

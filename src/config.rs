@@ -693,4 +693,128 @@ mod tests {
         let base = 1.0 / 500000f64.powf(2.0 * j as f64 / 128.0);
         assert!((f[j] as f64) < base && (f[j] as f64) > base / 8.0);
     }
+    /// A small config of `arch` with `extra` keys merged in.
+    fn config(arch: &str, extra: Value) -> Result<ModelConfig> {
+        let mut v = serde_json::json!({
+            "architectures": [arch], "hidden_size": 128, "intermediate_size": 256,
+            "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
+            "vocab_size": 512, "max_position_embeddings": 4096
+        });
+        for (k, x) in extra.as_object().unwrap() {
+            v[k] = x.clone();
+        }
+        ModelConfig::from_json(&v, Path::new("m/config.json"))
+    }
+
+    fn error(arch: &str, extra: Value) -> String {
+        format!("{:#}", config(arch, extra).unwrap_err())
+    }
+
+    /// Each family's malformed or unsupported fields are refused, naming
+    /// the file and the field.
+    #[test]
+    fn family_fields_are_checked_by_name() {
+        for (arch, extra, expect) in [
+            (
+                "LlamaForCausalLM",
+                serde_json::json!({"layer_types": ["full_attention"]}),
+                "layer_types has 1 entries; expected one per layer (4)",
+            ),
+            (
+                "Qwen3ForCausalLM",
+                serde_json::json!({"layer_types": ["full_attention", "full_attention", "sliding_attention", "full_attention"]}),
+                "layer_types[2] is sliding_attention; sliding-window layers are not supported yet",
+            ),
+            (
+                "SmolLM3ForCausalLM",
+                serde_json::json!({"no_rope_layers": [1, 0, 1]}),
+                "no_rope_layers has 3 entries; expected one per layer (4)",
+            ),
+            (
+                "SmolLM3ForCausalLM",
+                serde_json::json!({"no_rope_layers": [1, 0, 2, 1]}),
+                "no_rope_layers[2] is 2; expected 1 (RoPE) or 0 (none)",
+            ),
+            (
+                "SmolLM3ForCausalLM",
+                serde_json::json!({"no_rope_layer_interval": 0}),
+                "no_rope_layer_interval is 0",
+            ),
+            (
+                "Phi3ForCausalLM",
+                serde_json::json!({"partial_rotary_factor": 0.75, "original_max_position_embeddings": 1024,
+                    "rope_scaling": {"type": "longrope", "short_factor": [1.0, 2.0], "long_factor": vec![1.0; 12]}}),
+                "short_factor has 2 values; expected one per rotated pair (12)",
+            ),
+            (
+                "Phi3ForCausalLM",
+                serde_json::json!({"sliding_window": 2047}),
+                "sliding_window is 2047, less than max_position_embeddings (4096)",
+            ),
+            (
+                "LlamaForCausalLM",
+                serde_json::json!({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}),
+                "rope_scaling type 'yarn' is not supported (supported: llama3, linear, longrope)",
+            ),
+            (
+                "LlamaForCausalLM",
+                serde_json::json!({"partial_rotary_factor": 1.5}),
+                "partial_rotary_factor is 1.5; expected a number in (0, 1]",
+            ),
+            (
+                "Gemma3ForCausalLM",
+                serde_json::json!({}),
+                "architecture 'Gemma3ForCausalLM' is not supported; supported: LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, SmolLM3ForCausalLM, Phi3ForCausalLM",
+            ),
+        ] {
+            let e = error(arch, extra.clone());
+            assert!(e.contains("m/config.json") && e.contains(expect), "{arch} {extra}: {e}");
+        }
+        // transformers 5 names the family by model_type alone.
+        let v = serde_json::json!({"model_type": "mistral", "hidden_size": 128});
+        let e = format!(
+            "{:#}",
+            ModelConfig::from_json(&v, Path::new("m/config.json")).unwrap_err()
+        );
+        assert!(e.contains("model_type 'mistral' is not supported; supported: llama, qwen2, qwen3, smollm3, phi3"), "{e}");
+    }
+
+    /// A window as long as the context hides nothing (Phi-4-mini's 262,144
+    /// over 131,072): accepted.
+    #[test]
+    fn a_window_past_the_context_is_no_window() {
+        let c = config(
+            "Phi3ForCausalLM",
+            serde_json::json!({"sliding_window": 262144, "max_position_embeddings": 131072}),
+        )
+        .unwrap();
+        assert_eq!(c.family.name, "phi3");
+    }
+
+    /// LongRoPE as transformers computes it: frequencies divided by each
+    /// pair's factor, the attention factor from the two context lengths,
+    /// the long factors beside the short ones.
+    #[test]
+    fn longrope_follows_transformers() {
+        let short: Vec<f64> = (0..12).map(|j| 1.0 + j as f64 / 10.0).collect();
+        let long: Vec<f64> = (0..12).map(|j| 2.0 + j as f64).collect();
+        let c = config(
+            "Phi3ForCausalLM",
+            serde_json::json!({"partial_rotary_factor": 0.75, "rope_theta": 10000.0,
+                "max_position_embeddings": 131072, "original_max_position_embeddings": 4096,
+                "rope_scaling": {"type": "longrope", "short_factor": short, "long_factor": long}}),
+        )
+        .unwrap();
+        let rope = &c.layers[0].rope;
+        assert_eq!(rope.rotary_dim, 24);
+        let want = (1.0f64 + (32f64).ln() / (4096f64).ln()).sqrt();
+        assert!((rope.attention_factor as f64 - want).abs() < 1e-6);
+        for j in 0..12 {
+            let base = 10000f64.powf(-((2 * j) as f64) / 24.0);
+            assert!((rope.inv_freq[j] as f64 - base / short[j]).abs() < 1e-6 * base);
+            let l = &rope.long.as_ref().unwrap().inv_freq;
+            assert!((l[j] as f64 - base / long[j]).abs() < 1e-6 * base);
+        }
+        assert_eq!(rope.long.as_ref().unwrap().original, 4096);
+    }
 }

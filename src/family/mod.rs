@@ -292,12 +292,18 @@ pub(crate) const fn concat_tables<const N: usize>(
     out
 }
 
-/// A `sliding_window` that is set (not null) on a family whose every
-/// layer would use it: refused by name until sieve has sliding windows.
+/// A `sliding_window` on a family whose every layer would use it: refused
+/// by name until sieve has sliding windows, unless it reaches past
+/// `max_position_embeddings` and so hides nothing (Phi-3.5-mini and
+/// Phi-4-mini publish 262,144 with a context of 131,072).
 pub fn refuse_sliding_window(f: &ConfigFields) -> Result<()> {
-    if let Some(w) = f.usize_opt("sliding_window")? {
+    let Some(w) = f.usize_opt("sliding_window")? else {
+        return Ok(());
+    };
+    let context = f.usize_or("max_position_embeddings", 4096)?;
+    if w < context {
         bail!(
-            "{}: sliding_window is {w}; sliding-window attention is not supported yet",
+            "{}: sliding_window is {w}, less than max_position_embeddings ({context}); sliding-window attention is not supported yet",
             f.file()
         );
     }

@@ -183,7 +183,13 @@ fn check(name: &str, kernels: KernelSet) {
 
 #[test]
 fn batched_steps_match_each_sequence_alone() {
-    for name in ["tiny-qwen2", "tiny-llama-gqa"] {
+    for name in [
+        "tiny-qwen2",
+        "tiny-llama-gqa",
+        "tiny-qwen3",
+        "tiny-smollm3",
+        "tiny-phi3",
+    ] {
         for kernels in [KernelSet::Cpu, KernelSet::Gpu] {
             check(name, kernels);
         }

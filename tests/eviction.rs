@@ -283,25 +283,34 @@ fn batching_does_not_change_the_result() {
     }
 }
 
+/// A bounded cache that never refreshes is the full cache, bit for bit, in
+/// every family (Qwen3's q/k norms, SmolLM3's NoPE layers; Phi-3's bounded
+/// engines take LongRoPE's long factors, tests/golden_tiny.rs), and the full
+/// cache run in chunks matches transformers.
 #[test]
 fn budget_larger_than_the_sequence_reproduces_the_full_cache() {
-    let model = load("tiny-llama-gqa");
-    let g = Npz::open(&golden_dir().join("tiny-llama-gqa/golden_len300.npz"));
-    let ids = g.ids("input_ids");
-    let (full, _) = run(&model, &ids, CacheOptions::new(Policy::Full, 400, 16), 64);
-    for policy in [Policy::Window, Policy::Random] {
-        let (got, cache) = run(&model, &ids, CacheOptions::new(policy, 400, 16), 64);
-        assert!(cache.trace.is_empty());
-        assert_eq!(got, full, "{policy:?} with a budget above the sequence");
-    }
-    let (_, want) = g.f32("logits");
-    let vocab = 512;
-    for (i, &p) in g.ids("logits_positions").iter().enumerate() {
-        let d = max_abs_diff(
-            &full[p as usize * vocab..][..vocab],
-            &want[i * vocab..][..vocab],
-        );
-        assert!(d <= 1e-3);
+    for name in ["tiny-llama-gqa", "tiny-qwen3", "tiny-smollm3"] {
+        let model = load(name);
+        let g = Npz::open(&golden_dir().join(name).join("golden_len300.npz"));
+        let ids = g.ids("input_ids");
+        let (full, _) = run(&model, &ids, CacheOptions::new(Policy::Full, 400, 16), 64);
+        for policy in [Policy::Window, Policy::Random] {
+            let (got, cache) = run(&model, &ids, CacheOptions::new(policy, 400, 16), 64);
+            assert!(cache.trace.is_empty());
+            assert_eq!(
+                got, full,
+                "{name}: {policy:?} with a budget above the sequence"
+            );
+        }
+        let (_, want) = g.f32("logits");
+        let vocab = 512;
+        for (i, &p) in g.ids("logits_positions").iter().enumerate() {
+            let d = max_abs_diff(
+                &full[p as usize * vocab..][..vocab],
+                &want[i * vocab..][..vocab],
+            );
+            assert!(d <= 1e-3, "{name} position {p}: {d}");
+        }
     }
 }
 

@@ -292,6 +292,40 @@ fn smollm3_gguf_matches_its_safetensors_with_llama_cpps_nope_layers() {
     );
 }
 
+/// LongRoPE by the engine's context: one that fits the original context
+/// (4,096) takes the short factors (the golden run); a larger full cache or
+/// any bounded cache takes the long ones, the same in both, and they differ
+/// from the short ones. In one step and in chunks with steps in between.
+#[test]
+fn longrope_takes_long_factors_past_the_original_context() {
+    let model = load("tiny-phi3", GpuOptions::default());
+    let g = Npz::open(&golden_dir().join("tiny-phi3/golden_len064.npz"));
+    let ids = g.ids("input_ids");
+    let pos: Vec<u32> = (0..ids.len() as u32).collect();
+    let logits = |max_slots: usize, max_keep: Option<usize>| {
+        let mut e = Engine::new(
+            model.clone(),
+            EngineOptions {
+                max_slots,
+                max_tokens: ids.len(),
+                max_logit_rows: 1,
+                max_keep,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        e.step(&ids, &pos, StepOutput::last(ids.len())).unwrap();
+        e.read_logits(1).unwrap()
+    };
+    let short = logits(400, None);
+    assert!(max_abs_diff(&short, g.f32("logits_last").1) <= 1e-3);
+    let long_full = logits(4097, None);
+    let long_bounded = logits(400, Some(300));
+    assert_eq!(long_full, long_bounded, "long factors, full and bounded");
+    let d = max_abs_diff(&short, &long_full);
+    assert!(d > 1e-2, "short and long factors should differ: {d}");
+}
+
 /// The families sieve runs whose tiny models are in ../shared/golden.
 const FAMILIES: [&str; 5] = [
     "tiny-qwen2",

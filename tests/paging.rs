@@ -80,11 +80,17 @@ fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
         .fold(0.0, f32::max)
 }
 
-/// Runs both tiny models with and without pages; returns the fewest
-/// refreshes either made.
+/// Runs the tiny models of every family with and without pages; returns
+/// the fewest refreshes any made.
 fn same_with_pages(opts: CacheOptions, what: &str, kv: KvFormat) -> usize {
     let mut refreshes = usize::MAX;
-    for name in ["tiny-llama-gqa", "tiny-qwen2"] {
+    for name in [
+        "tiny-llama-gqa",
+        "tiny-qwen2",
+        "tiny-qwen3",
+        "tiny-smollm3",
+        "tiny-phi3",
+    ] {
         let model = load(name, kv);
         let (want, want_kept) = run(&model, opts, None);
         let (got, got_kept) = run(&model, opts, Some(PAGE));

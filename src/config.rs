@@ -3,8 +3,10 @@
 //! here; what is particular to a family is read by its file in
 //! `crate::family`, into one [`LayerSpec`] per layer.
 
+pub use crate::family::fields::ConfigFields;
 use crate::family::{Family, LayerSpec};
 use crate::kernels::attention::{MAX_HEADS_PER_KV, MAX_HEAD_DIM};
+pub use crate::kernels::rope_kv::{LongRope, Rope};
 use anyhow::{bail, Context, Result};
 use serde_json::Value;
 use std::path::Path;
@@ -35,45 +37,6 @@ pub enum RopeScaling {
     },
 }
 
-/// One layer's rotary position embedding (Hugging Face's rotate_half
-/// convention).
-#[derive(Clone, Debug, PartialEq)]
-pub struct Rope {
-    /// The first `rotary_dim` dimensions of each head rotate, in pairs
-    /// (j, j + rotary_dim / 2); the others pass unchanged. 0: a layer
-    /// without RoPE.
-    pub rotary_dim: usize,
-    /// The inverse frequency of each pair (rotary_dim / 2 values), the
-    /// scaling folded in.
-    pub inv_freq: Vec<f32>,
-    /// cos and sin are multiplied by this (1 but for LongRoPE).
-    pub attention_factor: f32,
-    /// LongRoPE's frequencies for long contexts, which an engine that can
-    /// see positions past `original` uses instead of `inv_freq`.
-    pub long: Option<LongRope>,
-}
-
-/// LongRoPE's second set of frequencies.
-#[derive(Clone, Debug, PartialEq)]
-pub struct LongRope {
-    pub inv_freq: Vec<f32>,
-    /// `original_max_position_embeddings`: contexts up to this many
-    /// positions take the short frequencies.
-    pub original: usize,
-}
-
-impl Rope {
-    /// No rotation at all (SmolLM3's NoPE layers).
-    pub fn none() -> Self {
-        Rope {
-            rotary_dim: 0,
-            inv_freq: vec![],
-            attention_factor: 1.0,
-            long: None,
-        }
-    }
-}
-
 #[derive(Clone, Debug)]
 pub struct ModelConfig {
     /// config.json's `architectures[0]`.
@@ -99,112 +62,6 @@ pub struct ModelConfig {
     pub layers: Vec<LayerSpec>,
     pub bos_token_id: Option<u32>,
     pub eos_token_ids: Vec<u32>,
-}
-
-/// The fields of one config.json, read with errors that name the file and
-/// the field. RoPE keys are found at the top level (transformers 4) or in
-/// `rope_parameters` (transformers 5).
-pub struct ConfigFields<'a> {
-    v: &'a Value,
-    path: &'a Path,
-}
-
-impl<'a> ConfigFields<'a> {
-    pub fn new(v: &'a Value, path: &'a Path) -> Self {
-        ConfigFields { v, path }
-    }
-
-    /// The file, for error messages.
-    pub fn file(&self) -> String {
-        self.path.display().to_string()
-    }
-
-    /// A field, absent when missing or null.
-    fn get(&self, key: &str) -> Option<&'a Value> {
-        self.v.get(key).filter(|x| !x.is_null())
-    }
-
-    /// A RoPE field: at the top level, else in `rope_parameters`.
-    fn rope_get(&self, key: &str) -> Option<&'a Value> {
-        self.get(key).or_else(|| {
-            self.v
-                .get("rope_parameters")
-                .and_then(|r| r.get(key))
-                .filter(|x| !x.is_null())
-        })
-    }
-
-    pub fn usize(&self, key: &str) -> Result<usize> {
-        self.get(key)
-            .and_then(Value::as_u64)
-            .map(|x| x as usize)
-            .with_context(|| format!("{}: missing or non-integer field '{key}'", self.file()))
-    }
-
-    /// An optional non-negative integer: absent or null gives `default`;
-    /// anything other than one is an error naming the field.
-    pub fn usize_or(&self, key: &str, default: usize) -> Result<usize> {
-        match self.get(key) {
-            None => Ok(default),
-            Some(x) => x.as_u64().map(|x| x as usize).with_context(|| {
-                format!(
-                    "{}: field '{key}' is {x}, expected a non-negative integer",
-                    self.file()
-                )
-            }),
-        }
-    }
-
-    /// An optional non-negative integer, None when absent or null.
-    pub fn usize_opt(&self, key: &str) -> Result<Option<usize>> {
-        match self.get(key) {
-            None => Ok(None),
-            Some(_) => self.usize(key).map(Some),
-        }
-    }
-
-    /// An optional number, as [`ConfigFields::usize_or`].
-    pub fn f64_or(&self, key: &str, default: f64) -> Result<f64> {
-        number_or(self.get(key), key, default, &self.file())
-    }
-
-    /// An optional RoPE number (top level or `rope_parameters`).
-    pub fn rope_f64_or(&self, key: &str, default: f64) -> Result<f64> {
-        number_or(self.rope_get(key), key, default, &self.file())
-    }
-
-    /// An optional boolean, as [`ConfigFields::usize_or`].
-    pub fn bool_or(&self, key: &str, default: bool) -> Result<bool> {
-        match self.get(key) {
-            None => Ok(default),
-            Some(x) => x.as_bool().with_context(|| {
-                format!(
-                    "{}: field '{key}' is {x}, expected true or false",
-                    self.file()
-                )
-            }),
-        }
-    }
-
-    /// An optional list.
-    pub fn array(&self, key: &str) -> Result<Option<&'a Vec<Value>>> {
-        match self.get(key) {
-            None => Ok(None),
-            Some(x) => x
-                .as_array()
-                .map(Some)
-                .with_context(|| format!("{}: field '{key}' is {x}, expected a list", self.file())),
-        }
-    }
-}
-
-fn number_or(x: Option<&Value>, key: &str, default: f64, file: &str) -> Result<f64> {
-    match x {
-        None => Ok(default),
-        Some(x) => x
-            .as_f64()
-            .with_context(|| format!("{file}: field '{key}' is {x}, expected a number")),
-    }
 }
 
 /// Largest values sieve accepts for each dimension: far above any released

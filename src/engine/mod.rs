@@ -73,7 +73,7 @@ impl EngineOptions {
     /// context the engine holds, not by the positions seen so far, so that
     /// every key in the cache is rotated alike): a full cache of more slots
     /// than that, or any bounded cache (its positions have no end).
-    pub fn sees_positions_past(&self, rope: &crate::config::Rope) -> bool {
+    pub fn sees_positions_past(&self, rope: &crate::kernels::rope_kv::Rope) -> bool {
         rope.long
             .as_ref()
             .is_some_and(|l| self.max_keep.is_some() || self.max_slots > l.original)

@@ -8,7 +8,8 @@
 use anyhow::Result;
 
 use super::{check_layer_types, no_gguf_keys, Family, GgufLayout, LayerSpec, Role};
-use crate::config::{ConfigFields, Rope};
+use crate::family::fields::ConfigFields;
+use crate::kernels::rope_kv::Rope;
 
 /// The Llama layout's tensors, which Qwen2, Qwen3 and SmolLM3 share (each
 /// adding its own to them).

@@ -13,9 +13,11 @@
 use anyhow::{bail, Result};
 use serde_json::{Map, Value};
 
-use crate::config::{ConfigFields, Rope};
 use crate::gguf::GgufFile;
+use crate::kernels::rope_kv::Rope;
+use fields::ConfigFields;
 
+pub mod fields;
 pub mod llama;
 pub mod phi3;
 pub mod qwen2;

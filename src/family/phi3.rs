@@ -15,8 +15,9 @@ use anyhow::{bail, Result};
 use serde_json::{json, Map, Value};
 
 use super::{check_layer_types, refuse_sliding_window, Family, GgufLayout, LayerSpec, Role};
-use crate::config::{ConfigFields, Rope};
+use crate::family::fields::ConfigFields;
 use crate::gguf::GgufFile;
+use crate::kernels::rope_kv::Rope;
 
 #[rustfmt::skip]
 const TENSORS: &[(Role, &str, &str)] = &[

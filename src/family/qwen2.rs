@@ -6,7 +6,8 @@
 use anyhow::Result;
 
 use super::{check_layer_types, llama, no_gguf_keys, Family, GgufLayout, LayerSpec};
-use crate::config::{ConfigFields, Rope};
+use crate::family::fields::ConfigFields;
+use crate::kernels::rope_kv::Rope;
 
 pub const FAMILY: Family = Family {
     name: "qwen2",

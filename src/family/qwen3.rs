@@ -8,7 +8,8 @@
 use anyhow::Result;
 
 use super::{concat_tables, llama, no_gguf_keys, Family, GgufLayout, LayerSpec, Role};
-use crate::config::{ConfigFields, Rope};
+use crate::family::fields::ConfigFields;
+use crate::kernels::rope_kv::Rope;
 
 #[rustfmt::skip]
 const TENSORS: &[(Role, &str, &str)] = &[

@@ -10,8 +10,9 @@ use anyhow::{bail, Result};
 use serde_json::{json, Map, Value};
 
 use super::{llama, Family, GgufLayout, LayerSpec};
-use crate::config::{ConfigFields, Rope};
+use crate::family::fields::ConfigFields;
 use crate::gguf::GgufFile;
+use crate::kernels::rope_kv::Rope;
 
 pub const FAMILY: Family = Family {
     name: "smollm3",

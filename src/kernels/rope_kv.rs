@@ -6,7 +6,6 @@ use std::sync::Arc;
 
 use super::paging::{PageUniform, SlotPages};
 use super::{ceil_div, dispatch};
-use crate::config::Rope;
 use crate::formats::KvFormat;
 use crate::gpu::Gpu;
 use crate::shaders;
@@ -54,6 +53,45 @@ impl Heads {
     /// Bytes of one cache slot's keys (or values) of one layer.
     pub fn kv_row_bytes(&self) -> u64 {
         (self.n_kv * self.head_dim) as u64 * self.kv_format.bytes_per_value()
+    }
+}
+
+/// One layer's rotary position embedding (Hugging Face's rotate_half
+/// convention).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Rope {
+    /// The first `rotary_dim` dimensions of each head rotate, in pairs
+    /// (j, j + rotary_dim / 2); the others pass unchanged. 0: a layer
+    /// without RoPE.
+    pub rotary_dim: usize,
+    /// The inverse frequency of each pair (rotary_dim / 2 values), the
+    /// scaling folded in.
+    pub inv_freq: Vec<f32>,
+    /// cos and sin are multiplied by this (1 but for LongRoPE).
+    pub attention_factor: f32,
+    /// LongRoPE's frequencies for long contexts, which an engine that can
+    /// see positions past `original` uses instead of `inv_freq`.
+    pub long: Option<LongRope>,
+}
+
+/// LongRoPE's second set of frequencies.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LongRope {
+    pub inv_freq: Vec<f32>,
+    /// `original_max_position_embeddings`: contexts up to this many
+    /// positions take the short frequencies.
+    pub original: usize,
+}
+
+impl Rope {
+    /// No rotation at all (SmolLM3's NoPE layers).
+    pub fn none() -> Self {
+        Rope {
+            rotary_dim: 0,
+            inv_freq: vec![],
+            attention_factor: 1.0,
+            long: None,
+        }
     }
 }
 

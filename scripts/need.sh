@@ -23,31 +23,38 @@ need_apt() {
   }
   export DEBIAN_FRONTEND=noninteractive
   if [ -z "${NEED_APT_UPDATED:-}" ]; then
-    "${run[@]}" apt-get update -qq
+    ${run[@]+"${run[@]}"} apt-get update -qq
     NEED_APT_UPDATED=1
   fi
   echo "need: installing $1"
-  "${run[@]}" apt-get install -y -qq "${@:2}" "$1" >/dev/null || {
+  ${run[@]+"${run[@]}"} apt-get install -y -qq "${@:2}" "$1" >/dev/null || {
     echo "need: apt-get could not install $1" >&2
     return 1
   }
 }
 
 need_command() {
-  command -v "$1" >/dev/null || need_apt "${@:2}"
+  command -v "$1" >/dev/null && return 0
+  need_apt "${@:2}"
+  command -v "$1" >/dev/null || {
+    echo "need: $2 is installed but there is still no $1 on PATH" >&2
+    return 1
+  }
 }
 
 # `ldconfig -p` is read whole (no `grep -q`): grep stopping early would kill
 # ldconfig with SIGPIPE, and under pipefail a present library would look
-# missing.
+# missing. ldconfig lives in /sbin, which a user's PATH may lack.
 need_library() {
-  ldconfig -p 2>/dev/null | grep -F "$1 " >/dev/null || need_apt "$2"
+  local ldconfig
+  ldconfig=$(command -v ldconfig || echo /sbin/ldconfig)
+  "$ldconfig" -p 2>/dev/null | grep -F "$1 " >/dev/null || need_apt "$2"
 }
 
 need_node() {
   need_command node nodejs --no-install-recommends
   command -v npm >/dev/null && return 0
-  if dpkg-query -W -f='${Conflicts}' nodejs 2>/dev/null | grep -w npm >/dev/null; then
+  if dpkg-query -W -f='${Conflicts}\n' nodejs 2>/dev/null | tr ',' '\n' | grep -E '^ *npm( |$)' >/dev/null; then
     echo "need: npm is missing beside a Node.js package that conflicts with Debian's npm" \
       "($(dpkg-query -W -f='${Version}' nodejs)); install npm with that Node.js" >&2
     return 1

@@ -7,7 +7,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 version=$(sed -n 's/^wasm-bindgen = "=\(.*\)"/\1/p' web/Cargo.toml)
-if ! rustup target list --installed | grep -x wasm32-unknown-unknown >/dev/null; then
+# rustup adds the wasm32 standard library when it is missing; a toolchain
+# without rustup must bring it itself (the build below says so if not).
+if command -v rustup >/dev/null \
+  && ! rustup target list --installed | grep -x wasm32-unknown-unknown >/dev/null; then
   rustup target add wasm32-unknown-unknown
 fi
 if [ "$(wasm-bindgen --version 2>/dev/null | cut -d' ' -f2)" != "$version" ]; then

@@ -225,7 +225,12 @@ impl BoundedCache {
     }
 
     /// Engine options for this cache: C slots for an evicting policy (else
-    /// `full_slots`), the compaction budget, and what the policy needs computed.
+    /// `full_slots`), the compaction budget, and what the policy needs
+    /// computed. `full_slots` is the context the caller states (a session's
+    /// max_context, an evaluation's sequence), which is also the farthest
+    /// position an evicting engine is taken to reach (LongRoPE's choice of
+    /// factors, so that a bounded run and the full one it is compared with
+    /// rotate alike).
     pub fn engine_options(
         &self,
         full_slots: usize,
@@ -238,6 +243,7 @@ impl BoundedCache {
             max_tokens: max_tokens.min(slots).max(1),
             max_logit_rows,
             max_keep: self.capacity().map(|_| self.opts.budget),
+            max_position: Some(full_slots),
             signals: Signals {
                 materialize: self.opts.materialize,
                 ..self.scorer.as_ref().map(|s| s.needs()).unwrap_or_default()

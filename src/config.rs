@@ -39,7 +39,8 @@ pub enum RopeScaling {
 
 #[derive(Clone, Debug)]
 pub struct ModelConfig {
-    /// config.json's `architectures[0]`.
+    /// The family's Hugging Face architecture name (config.json's
+    /// `architectures[0]`, or the family's own where only `model_type` is given).
     pub architecture: String,
     /// The family that architecture belongs to: its tensor table and layers.
     pub family: &'static Family,
@@ -446,17 +447,23 @@ fn rope_scaling(
         .or_else(|| s.get("type"))
         .and_then(Value::as_str)
         .unwrap_or("");
+    // The object read: transformers 4's `rope_scaling`, or 5's `rope_parameters`.
+    let object = if v.get("rope_scaling").is_some_and(|x| !x.is_null()) {
+        "rope_scaling"
+    } else {
+        "rope_parameters"
+    };
     let number = |k: &str| -> Result<f64> {
         s.get(k)
             .and_then(Value::as_f64)
-            .with_context(|| format!("{file}: rope_scaling lacks '{k}'"))
+            .with_context(|| format!("{file}: {object}'s '{k}' is missing or not a number"))
     };
     let numbers = |k: &str| -> Result<Vec<f64>> {
         s.get(k)
             .and_then(Value::as_array)
             .and_then(|a| a.iter().map(Value::as_f64).collect::<Option<Vec<_>>>())
             .with_context(|| {
-                format!("{file}: rope_scaling's '{k}' is missing or not a list of numbers")
+                format!("{file}: {object}'s '{k}' is missing or not a list of numbers")
             })
     };
     Ok(match kind {
@@ -469,7 +476,8 @@ fn rope_scaling(
         "linear" => RopeScaling::Linear {
             factor: number("factor")?,
         },
-        "longrope" => {
+        // transformers renames Phi-3's earlier name for it.
+        "longrope" | "su" => {
             // As transformers: a config with `original_max_position_embeddings`
             // (Phi-3 keeps it beside rope_scaling) scales by the ratio of the
             // two context lengths; otherwise by rope_scaling's `factor`.
@@ -488,13 +496,14 @@ fn rope_scaling(
                 }
                 None => (
                     max_position_embeddings,
-                    s.get("factor").and_then(Value::as_f64).unwrap_or(1.0),
+                    match s.get("factor") {
+                        None | Some(Value::Null) => 1.0,
+                        Some(_) => number("factor")?,
+                    },
                 ),
             };
             let attention_factor = match s.get("attention_factor").filter(|x| !x.is_null()) {
-                Some(x) => x.as_f64().with_context(|| {
-                    format!("{file}: rope_scaling's attention_factor is {x}, expected a number")
-                })?,
+                Some(_) => number("attention_factor")?,
                 None if factor <= 1.0 => 1.0,
                 None => (1.0 + factor.ln() / (original as f64).ln()).sqrt(),
             };

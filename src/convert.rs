@@ -500,6 +500,24 @@ mod tests {
         assert_eq!(config["torch_dtype"], "float32");
     }
 
+    /// A tensor the family would not compute with is refused by name, not
+    /// dropped: Qwen2 has no output-projection bias.
+    #[test]
+    fn tensors_the_model_would_not_use_are_refused() {
+        let dir = TempDir::new("convert-unused");
+        let mut b = tiny_model("qwen2", true, false);
+        for l in 0..2 {
+            b = rows_tensor(b, &format!("blk.{l}.attn_output.bias"), &[HIDDEN]);
+        }
+        let err = convert_bytes(&dir, &b.build(), OutDtype::F16).unwrap_err();
+        assert!(
+            err.to_string().contains(
+                "tensor `blk.0.attn_output.bias` is in the file, but a qwen2 model with this metadata does not use it"
+            ),
+            "{err}"
+        );
+    }
+
     #[test]
     fn llama_biases_are_unpermuted_and_required_together() {
         let dir = TempDir::new("convert-llama-bias");

@@ -284,12 +284,12 @@ fn batching_does_not_change_the_result() {
 }
 
 /// A bounded cache that never refreshes is the full cache, bit for bit, in
-/// every family (Qwen3's q/k norms, SmolLM3's NoPE layers; Phi-3's bounded
-/// engines take LongRoPE's long factors, tests/golden_tiny.rs), and the full
-/// cache run in chunks matches transformers.
+/// every family (Qwen3's q/k norms, SmolLM3's NoPE layers, Phi-3's LongRoPE:
+/// both runs state the same context, so both take the short factors), and
+/// the full cache run in chunks matches transformers.
 #[test]
 fn budget_larger_than_the_sequence_reproduces_the_full_cache() {
-    for name in ["tiny-llama-gqa", "tiny-qwen3", "tiny-smollm3"] {
+    for name in ["tiny-llama-gqa", "tiny-qwen3", "tiny-smollm3", "tiny-phi3"] {
         let model = load(name);
         let g = Npz::open(&golden_dir().join(name).join("golden_len300.npz"));
         let ids = g.ids("input_ids");
@@ -392,22 +392,27 @@ fn cpu_rmsnorm(x: &[f32], w: &[f32], eps: f64) -> Vec<f32> {
         .collect()
 }
 
-/// RoPE of one head (Hugging Face's rotate-half layout) at `pos`.
-fn cpu_rope(x: &mut [f32], pos: u32, theta: f64) {
-    let d = x.len();
-    for i in 0..d / 2 {
-        let angle = pos as f64 * theta.powf(-2.0 * i as f64 / d as f64);
+/// RoPE of one head (Hugging Face's rotate-half layout) at `pos`: its first
+/// `rope.rotary_dim` dimensions, in f64 from the layer's frequencies.
+fn cpu_rope(x: &mut [f32], pos: u32, rope: &sieve::kernels::rope_kv::Rope) {
+    let half = rope.rotary_dim / 2;
+    let factor = rope.attention_factor as f64;
+    for i in 0..half {
+        let angle = pos as f64 * rope.inv_freq[i] as f64;
         let (s, c) = angle.sin_cos();
-        let (a, b) = (x[i] as f64, x[i + d / 2] as f64);
+        let (s, c) = (s * factor, c * factor);
+        let (a, b) = (x[i] as f64, x[i + half] as f64);
         x[i] = (a * c - b * s) as f32;
-        x[i + d / 2] = (b * c + a * s) as f32;
+        x[i + half] = (b * c + a * s) as f32;
     }
 }
 
 /// The fast counter-causal logit of entry `i` (SPEC.md 4.2) on the host,
 /// from `hidden` (`[n, hidden]`, the residual stream entering the last
 /// layer at positions 0..n, all cached): with `own_residual` false, the
-/// `ccs-context` variant (docs/POLICIES.md), r_i = W_o(attn) alone.
+/// `ccs-context` variant (docs/POLICIES.md), r_i = W_o(attn) alone. The
+/// last layer as its family describes it: tensors by role (fused q|k|v and
+/// gate|up split here), biases, q/k norms, its RoPE.
 fn cpu_counter_causal_logit(
     store: &sieve::weights::TensorStore,
     c: &sieve::config::ModelConfig,
@@ -416,39 +421,47 @@ fn cpu_counter_causal_logit(
     i: usize,
     own_residual: bool,
 ) -> f32 {
+    use sieve::family::Role;
     let hs = c.hidden_size;
     let d = c.head_dim;
-    let t = |name: &str| store.read(name).unwrap().data;
-    let layer = format!("model.layers.{}", c.num_layers - 1);
-    let w = |part: &str| t(&format!("{layer}.{part}.weight"));
-    let qkv_bias = c.layers[c.num_layers - 1].qkv_bias;
-    let bias = |part: &str| qkv_bias.then(|| t(&format!("{layer}.{part}.bias")));
+    let last = c.num_layers - 1;
+    let spec = &c.layers[last];
+    let t = |role: Role| store.read(&c.family.required(role, last)).unwrap().data;
     let eps = c.rms_norm_eps;
     let row = |p: usize| &hidden[p * hs..(p + 1) * hs];
-    let attn_norm = w("input_layernorm");
-    let (wq, wk, wv) = (
-        w("self_attn.q_proj"),
-        w("self_attn.k_proj"),
-        w("self_attn.v_proj"),
-    );
-    let (bq, bk, bv) = (
-        bias("self_attn.q_proj"),
-        bias("self_attn.k_proj"),
-        bias("self_attn.v_proj"),
-    );
+    let (qd, kd) = (c.num_heads * d, c.num_kv_heads * d);
+    let (wq, wk, wv) = match c.family.tensor(Role::Qkv, last) {
+        Some(_) => {
+            let w = t(Role::Qkv);
+            let (q, rest) = w.split_at(qd * hs);
+            let (k, v) = rest.split_at(kd * hs);
+            (q.to_vec(), k.to_vec(), v.to_vec())
+        }
+        None => (t(Role::Q), t(Role::K), t(Role::V)),
+    };
+    let bias = |role| spec.qkv_bias.then(|| t(role));
+    let (bq, bk, bv) = (bias(Role::QBias), bias(Role::KBias), bias(Role::VBias));
+    let head_norms = spec.qk_norm.then(|| (t(Role::QNorm), t(Role::KNorm)));
+    let attn_norm = t(Role::AttnNorm);
     let n = hidden.len() / hs;
     let xn = |p: usize| cpu_rmsnorm(row(p), &attn_norm, eps);
+    // q/k norm, then RoPE, head by head.
+    let place = |x: &mut [f32], pos: usize, norm: Option<&Vec<f32>>| {
+        for h in x.chunks_mut(d) {
+            if let Some(w) = norm {
+                let normed = cpu_rmsnorm(h, w, eps);
+                h.copy_from_slice(&normed);
+            }
+            cpu_rope(h, pos as u32, &spec.rope);
+        }
+    };
     let mut q = cpu_matvec(&wq, bq.as_deref(), &xn(i));
-    for h in q.chunks_mut(d) {
-        cpu_rope(h, i as u32, c.rope_theta);
-    }
+    place(&mut q, i, head_norms.as_ref().map(|n| &n.0));
     // Keys and values of the entries after i.
     let later: Vec<(Vec<f32>, Vec<f32>)> = (i + 1..n)
         .map(|j| {
             let mut k = cpu_matvec(&wk, bk.as_deref(), &xn(j));
-            for h in k.chunks_mut(d) {
-                cpu_rope(h, j as u32, c.rope_theta);
-            }
+            place(&mut k, j, head_norms.as_ref().map(|n| &n.1));
             (k, cpu_matvec(&wv, bv.as_deref(), &xn(j)))
         })
         .collect();
@@ -477,50 +490,65 @@ fn cpu_counter_causal_logit(
             }
         }
     }
-    let o = cpu_matvec(&w("self_attn.o_proj"), None, &attn);
+    let o_bias = spec.o_bias.then(|| t(Role::OBias));
+    let o = cpu_matvec(&t(Role::O), o_bias.as_deref(), &attn);
     let mut r: Vec<f32> = if own_residual {
         row(i).iter().zip(&o).map(|(a, b)| a + b).collect()
     } else {
         o
     };
-    let m = cpu_rmsnorm(&r, &w("post_attention_layernorm"), eps);
-    let gate = cpu_matvec(&w("mlp.gate_proj"), None, &m);
-    let up = cpu_matvec(&w("mlp.up_proj"), None, &m);
+    let m = cpu_rmsnorm(&r, &t(Role::MlpNorm), eps);
+    let (wg, wu) = match c.family.tensor(Role::GateUp, last) {
+        Some(_) => {
+            let w = t(Role::GateUp);
+            let (g, u) = w.split_at(c.intermediate_size * hs);
+            (g.to_vec(), u.to_vec())
+        }
+        None => (t(Role::Gate), t(Role::Up)),
+    };
+    let gate = cpu_matvec(&wg, None, &m);
+    let up = cpu_matvec(&wu, None, &m);
     let act: Vec<f32> = gate
         .iter()
         .zip(&up)
         .map(|(g, u)| g / (1.0 + (-g).exp()) * u)
         .collect();
-    for (r, dn) in r
-        .iter_mut()
-        .zip(cpu_matvec(&w("mlp.down_proj"), None, &act))
-    {
+    for (r, dn) in r.iter_mut().zip(cpu_matvec(&t(Role::Down), None, &act)) {
         *r += dn;
     }
-    let f = cpu_rmsnorm(&r, &t("model.norm.weight"), eps);
+    let f = cpu_rmsnorm(&r, &t(Role::FinalNorm), eps);
     let head = if c.tie_word_embeddings {
-        t("model.embed_tokens.weight")
+        t(Role::Embed)
     } else {
-        t("lm_head.weight")
+        t(Role::LmHead)
     };
     let e = &head[ids[i] as usize * hs..(ids[i] as usize + 1) * hs];
     f.iter().zip(e).map(|(a, b)| a * b).sum()
 }
 
 /// `ccs` and `ccs-context` through the engine against the host reference,
-/// on both tiny models (GQA, and Qwen2's q/k/v biases), for entries early,
-/// in the middle and next to last (one later entry): the reference takes the
-/// engine's own residual stream entering the last layer, so the check is of
-/// the counter-causal pass alone. The two modes must differ (the residual
-/// path is dropped in one) and each must match its own reference.
+/// on the tiny model of every family (GQA, Qwen2's q/k/v biases, Qwen3's
+/// q/k norms, SmolLM3's last layer without RoPE, Phi-3's fused tensors,
+/// partial rotary and LongRoPE), for entries early, in the middle and next
+/// to last (one later entry): the reference takes the engine's own residual
+/// stream entering the last layer, so the check is of the counter-causal
+/// pass alone. The two modes must differ (the residual path is dropped in
+/// one) and each must match its own reference.
 #[test]
 fn ccs_context_matches_a_cpu_reference() {
     use sieve::engine::CcsMode;
-    for name in ["tiny-qwen2", "tiny-llama-gqa"] {
+    for name in [
+        "tiny-qwen2",
+        "tiny-llama-gqa",
+        "tiny-qwen3",
+        "tiny-smollm3",
+        "tiny-phi3",
+    ] {
         let model = load(name);
         let store = sieve::weights::TensorStore::open(&golden_dir().join(name)).unwrap();
         let c = &model.config;
-        let ids = &input_ids(&settings(name))[..40];
+        let prompt = Npz::open(&golden_dir().join(name).join("golden_len064.npz")).ids("input_ids");
+        let ids = &prompt[..40];
         let n = ids.len();
         let mut got = vec![];
         for mode in [CcsMode::Fast, CcsMode::FastContext] {

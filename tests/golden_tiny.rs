@@ -37,11 +37,19 @@ fn load_from(dir: &Path, gpu: GpuOptions) -> Arc<Model> {
     Model::load(dir, &opts).unwrap()
 }
 
-/// The golden model's `pad_token_id`, if set.
+/// The golden model's `pad_token_id`, when transformers' `generate` takes
+/// it for padding: set, and not an end-of-sequence id (then it infers no
+/// attention mask).
 fn pad_token_id(name: &str) -> Option<u32> {
     let text = std::fs::read_to_string(golden_dir().join(name).join("config.json")).unwrap();
     let v: serde_json::Value = serde_json::from_str(&text).unwrap();
-    v.get("pad_token_id")?.as_u64().map(|p| p as u32)
+    let pad = v.get("pad_token_id")?.as_u64()?;
+    let eos: Vec<u64> = match v.get("eos_token_id") {
+        Some(serde_json::Value::Array(a)) => a.iter().filter_map(|x| x.as_u64()).collect(),
+        Some(x) => x.as_u64().into_iter().collect(),
+        None => vec![],
+    };
+    (!eos.contains(&pad)).then_some(pad as u32)
 }
 
 /// The golden model `name` with its transformers 5 config
@@ -233,11 +241,37 @@ fn family_gguf(name: &str) -> Option<PathBuf> {
 /// (Qwen3's head_dim in `attention.key_length` and its q/k norms; Phi-3's
 /// fused tensors, RoPE dimensions and LongRoPE factor tensors), weights in
 /// f32: the same tolerances as from safetensors.
+/// The same files through `convert-gguf` (f32) match as well: the folder's
+/// config.json says what the metadata said (Phi-3's rope_scaling in the
+/// three keys transformers 4 takes).
 #[test]
 fn family_ggufs_match_transformers() {
     for name in ["tiny-qwen3", "tiny-phi3"] {
-        if let Some(file) = family_gguf(name) {
-            check_model_at(&file, name, None, &LENGTHS);
+        let Some(file) = family_gguf(name) else {
+            continue;
+        };
+        check_model_at(&file, name, None, &LENGTHS);
+        let dir =
+            std::env::temp_dir().join(format!("sieve-{name}-converted-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        sieve::convert::convert_gguf(
+            &file,
+            &dir,
+            sieve::convert::OutDtype::F32,
+            &mut |_, _, _| {},
+        )
+        .unwrap();
+        check_model_at(&dir, name, None, &["007", "300"]);
+        if name == "tiny-phi3" {
+            let text = std::fs::read_to_string(dir.join("config.json")).unwrap();
+            let cfg: serde_json::Value = serde_json::from_str(&text).unwrap();
+            let keys: Vec<&String> = cfg["rope_scaling"].as_object().unwrap().keys().collect();
+            assert_eq!(
+                keys,
+                ["long_factor", "short_factor", "type"],
+                "{}",
+                cfg["rope_scaling"]
+            );
         }
     }
 }
@@ -293,16 +327,17 @@ fn smollm3_gguf_matches_its_safetensors_with_llama_cpps_nope_layers() {
 }
 
 /// LongRoPE by the engine's context: one that fits the original context
-/// (4,096) takes the short factors (the golden run); a larger full cache or
-/// any bounded cache takes the long ones, the same in both, and they differ
-/// from the short ones. In one step and in chunks with steps in between.
+/// (4,096) takes the short factors (the golden run), also a bounded one
+/// whose stated context fits; a larger full cache or a bounded cache with
+/// no stated end takes the long ones, the same in both, and they differ
+/// from the short ones.
 #[test]
 fn longrope_takes_long_factors_past_the_original_context() {
     let model = load("tiny-phi3", GpuOptions::default());
     let g = Npz::open(&golden_dir().join("tiny-phi3/golden_len064.npz"));
     let ids = g.ids("input_ids");
     let pos: Vec<u32> = (0..ids.len() as u32).collect();
-    let logits = |max_slots: usize, max_keep: Option<usize>| {
+    let logits = |max_slots: usize, max_keep: Option<usize>, max_position: Option<usize>| {
         let mut e = Engine::new(
             model.clone(),
             EngineOptions {
@@ -310,6 +345,7 @@ fn longrope_takes_long_factors_past_the_original_context() {
                 max_tokens: ids.len(),
                 max_logit_rows: 1,
                 max_keep,
+                max_position,
                 ..Default::default()
             },
         )
@@ -317,10 +353,15 @@ fn longrope_takes_long_factors_past_the_original_context() {
         e.step(&ids, &pos, StepOutput::last(ids.len())).unwrap();
         e.read_logits(1).unwrap()
     };
-    let short = logits(400, None);
+    let short = logits(400, None, None);
     assert!(max_abs_diff(&short, g.f32("logits_last").1) <= 1e-3);
-    let long_full = logits(4097, None);
-    let long_bounded = logits(400, Some(300));
+    assert_eq!(
+        logits(400, Some(300), Some(4096)),
+        short,
+        "a stated context of 4,096"
+    );
+    let long_full = logits(4097, None, None);
+    let long_bounded = logits(400, Some(300), None);
     assert_eq!(long_full, long_bounded, "long factors, full and bounded");
     let d = max_abs_diff(&short, &long_full);
     assert!(d > 1e-2, "short and long factors should differ: {d}");

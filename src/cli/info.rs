@@ -102,8 +102,9 @@ pub fn main(a: InfoArgs) -> Result<()> {
         let c = &m.config;
         out!("model:        {}", path.display());
         out!(
-            "shape:        {} {} layers, hidden {}, {} query / {} KV heads of {}, MLP {}, vocabulary {}",
+            "shape:        {} ({} family) {} layers, hidden {}, {} query / {} KV heads of {}, MLP {}, vocabulary {}",
             c.architecture,
+            c.family.name,
             c.num_layers,
             c.hidden_size,
             c.num_heads,

@@ -65,18 +65,24 @@ pub struct EngineOptions {
     /// scheduler's pool): it uses those buffers and allocates none. None:
     /// its own.
     pub kv_cache: Option<KvCache>,
+    /// The most positions this engine's sequence is meant to reach (the
+    /// context its caller states), which picks LongRoPE's factors. None:
+    /// `max_slots` for a full cache, no end for a bounded one.
+    pub max_position: Option<usize>,
 }
 
 impl EngineOptions {
     /// Whether this engine can see positions past LongRoPE's original
     /// context, and so takes its long frequencies (llama.cpp's rule: by the
-    /// context the engine holds, not by the positions seen so far, so that
-    /// every key in the cache is rotated alike): a full cache of more slots
-    /// than that, or any bounded cache (its positions have no end).
+    /// context, not by the positions seen so far, so that every key in the
+    /// cache is rotated alike): [`EngineOptions::max_position`] past it.
     pub fn sees_positions_past(&self, rope: &crate::kernels::rope_kv::Rope) -> bool {
-        rope.long
-            .as_ref()
-            .is_some_and(|l| self.max_keep.is_some() || self.max_slots > l.original)
+        let reach = match (self.max_position, self.max_keep) {
+            (Some(p), _) => p,
+            (None, Some(_)) => usize::MAX,
+            (None, None) => self.max_slots,
+        };
+        rope.long.as_ref().is_some_and(|l| reach > l.original)
     }
 }
 

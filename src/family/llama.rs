@@ -7,7 +7,9 @@
 
 use anyhow::Result;
 
-use super::{check_layer_types, no_gguf_keys, Family, GgufLayout, LayerSpec, Role};
+use super::{
+    check_layer_types, no_gguf_keys, refuse_unsupported, Family, GgufLayout, LayerSpec, Role,
+};
 use crate::family::fields::ConfigFields;
 use crate::kernels::rope_kv::Rope;
 
@@ -52,6 +54,7 @@ pub const FAMILY: Family = Family {
 /// same way).
 pub fn layers(f: &ConfigFields, rope: &Rope, n_layers: usize) -> Result<Vec<LayerSpec>> {
     check_layer_types(f, n_layers)?;
+    refuse_unsupported(f)?;
     let bias = f.bool_or("attention_bias", false)?;
     let spec = LayerSpec {
         qkv_bias: bias,

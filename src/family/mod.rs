@@ -101,7 +101,7 @@ impl Role {
 
 /// One model family.
 pub struct Family {
-    /// Short name, as `sieve info` shows it.
+    /// Short name (`sieve info` shows it beside the architecture).
     pub name: &'static str,
     /// The `architectures` entries of config.json it answers to.
     pub architectures: &'static [&'static str],
@@ -306,6 +306,24 @@ pub fn refuse_sliding_window(f: &ConfigFields) -> Result<()> {
     if w < context {
         bail!(
             "{}: sliding_window is {w}, less than max_position_embeddings ({context}); sliding-window attention is not supported yet",
+            f.file()
+        );
+    }
+    Ok(())
+}
+
+/// Fields of the Llama-layout families that would change the computation
+/// and that sieve does not have: refused by name, never ignored.
+pub fn refuse_unsupported(f: &ConfigFields) -> Result<()> {
+    if f.bool_or("mlp_bias", false)? {
+        bail!(
+            "{}: mlp_bias is true; biases on the MLP projections are not supported",
+            f.file()
+        );
+    }
+    if f.bool_or("use_sliding_window", false)? {
+        bail!(
+            "{}: use_sliding_window is true; sliding-window attention is not supported yet",
             f.file()
         );
     }

@@ -14,7 +14,10 @@
 use anyhow::{bail, Result};
 use serde_json::{json, Map, Value};
 
-use super::{check_layer_types, refuse_sliding_window, Family, GgufLayout, LayerSpec, Role};
+use super::{
+    check_layer_types, refuse_sliding_window, refuse_unsupported, Family, GgufLayout, LayerSpec,
+    Role,
+};
 use crate::family::fields::ConfigFields;
 use crate::gguf::GgufFile;
 use crate::kernels::rope_kv::Rope;
@@ -52,6 +55,7 @@ pub const FAMILY: Family = Family {
 fn layers(f: &ConfigFields, rope: &Rope, n_layers: usize) -> Result<Vec<LayerSpec>> {
     check_layer_types(f, n_layers)?;
     refuse_sliding_window(f)?;
+    refuse_unsupported(f)?;
     Ok(vec![LayerSpec::llama(rope); n_layers])
 }
 
@@ -74,15 +78,35 @@ fn gguf_config(g: &GgufFile, c: &mut Map<String, Value>) -> Result<()> {
         (None, None) => {}
         (Some(long), Some(short)) => {
             let original = g.get_u32(&key("rope.scaling.original_context_length"))?;
+            // transformers 4 takes exactly these three keys for Phi-3.
             let mut scaling = json!({
-                "type": "longrope", "rope_type": "longrope",
-                "long_factor": long, "short_factor": short,
+                "type": "longrope", "long_factor": long, "short_factor": short,
             });
+            // The attention factor as transformers derives it from the two
+            // contexts, unless the file says otherwise.
+            let context = g.get_u32(&key("context_length"))? as f64;
+            let ratio = context / original.max(1) as f64;
+            let derived = match ratio > 1.0 {
+                true => (1.0 + ratio.ln() / (original as f64).ln()).sqrt(),
+                false => 1.0,
+            };
             if let Some(a) = g.opt(&key("rope.scaling.attn_factor"), GgufFile::get_f32)? {
-                scaling["attention_factor"] = json!(a);
+                if (a as f64 - derived).abs() > 1e-6 {
+                    scaling["attention_factor"] = json!(a);
+                }
             }
-            c.insert("rope_scaling".into(), scaling);
+            c.insert("rope_scaling".into(), scaling.clone());
             c.insert("original_max_position_embeddings".into(), json!(original));
+            // transformers 5 reads `rope_parameters`.
+            let mut parameters = scaling;
+            let p = parameters.as_object_mut().expect("an object");
+            p.remove("type");
+            p.insert("rope_type".into(), json!("longrope"));
+            p.insert("original_max_position_embeddings".into(), json!(original));
+            if let Some(theta) = c.get("rope_theta") {
+                p.insert("rope_theta".into(), theta.clone());
+            }
+            c.insert("rope_parameters".into(), parameters);
         }
         _ => bail!(
             "{}: one of {ROPE_FACTORS_LONG} and {ROPE_FACTORS_SHORT} without the other",

@@ -5,7 +5,9 @@
 
 use anyhow::Result;
 
-use super::{check_layer_types, llama, no_gguf_keys, Family, GgufLayout, LayerSpec};
+use super::{
+    check_layer_types, llama, no_gguf_keys, refuse_unsupported, Family, GgufLayout, LayerSpec,
+};
 use crate::family::fields::ConfigFields;
 use crate::kernels::rope_kv::Rope;
 
@@ -25,6 +27,7 @@ pub const FAMILY: Family = Family {
 
 fn layers(f: &ConfigFields, rope: &Rope, n_layers: usize) -> Result<Vec<LayerSpec>> {
     check_layer_types(f, n_layers)?;
+    refuse_unsupported(f)?;
     let spec = LayerSpec {
         qkv_bias: true,
         ..LayerSpec::llama(rope)

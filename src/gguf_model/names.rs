@@ -33,6 +33,9 @@ struct Target {
     shape: Vec<usize>,
     qk_heads: Option<usize>,
     required: bool,
+    /// The model computes with it: a tensor it would not use is refused,
+    /// not silently dropped (an output bias in a Qwen2 file).
+    used: bool,
 }
 
 impl ModelMeta<'_> {
@@ -68,14 +71,15 @@ impl ModelMeta<'_> {
             crate::config::ModelConfig::from_json(&self.config_json(g, "float32")?, &g.path)
                 .with_context(|| format!("{file}: the configuration its metadata gives"))?;
         let any = |has: fn(&LayerSpec) -> bool| config.layers.iter().any(has);
-        let required = |role| match role {
-            // Absent when the LM head is tied to the embeddings.
-            Role::LmHead => false,
+        // Whether the layers use the role's tensor (the LM head: only when
+        // the file has it, else it is tied to the embeddings).
+        let used = |role| match role {
             Role::QBias | Role::KBias | Role::VBias => any(|l| l.qkv_bias),
             Role::OBias => any(|l| l.o_bias),
             Role::QNorm | Role::KNorm => any(|l| l.qk_norm),
             _ => true,
         };
+        let required = |role| role != Role::LmHead && used(role);
         let mut expected: BTreeMap<String, Target> = BTreeMap::new();
         for &(role, hf, gguf) in family.tensors {
             if gguf.is_empty() {
@@ -91,6 +95,7 @@ impl ModelMeta<'_> {
                         shape: role.shape(&dims),
                         qk_heads: permuted(role),
                         required: required(role),
+                        used: used(role),
                     },
                 );
             }
@@ -100,6 +105,13 @@ impl ModelMeta<'_> {
         for (index, t) in g.tensors.iter().enumerate() {
             if self.layout.setting_tensors.contains(&t.name.as_str()) {
                 continue;
+            }
+            if expected.get(&t.name).is_some_and(|target| !target.used) {
+                bail!(
+                    "{file}: tensor `{}` is in the file, but a {} model with this metadata does not use it",
+                    t.name,
+                    self.layout.architecture
+                );
             }
             let Some(target) = expected.remove(&t.name) else {
                 let hint = if t.name == "rope_freqs.weight" {

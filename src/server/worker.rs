@@ -106,6 +106,10 @@ pub fn run(
             }
         }
         counters.busy.store(running.len(), Ordering::Relaxed);
+        // The step's last events go out after the counters say what the
+        // step did, so a client that has its answer sees its sequence freed
+        // in /metrics.
+        let mut last_events = vec![];
         match scheduler.step() {
             Ok(finished) => {
                 for (id, g) in finished {
@@ -123,13 +127,13 @@ pub fn run(
                     counters
                         .generated_tokens
                         .fetch_add(g.stats.generated_tokens as u64, Ordering::Relaxed);
-                    let _ = events.send(Event::Done(g));
+                    last_events.push((events, Event::Done(g)));
                 }
                 // Non-finite logits, say: that request fails, the others go on.
                 for (id, e) in scheduler.take_failed() {
                     if let Some(events) = running.remove(&id) {
                         counters.failed.fetch_add(1, Ordering::Relaxed);
-                        let _ = events.send(Event::Failed(e));
+                        last_events.push((events, Event::Failed(e)));
                     }
                 }
             }
@@ -147,7 +151,7 @@ pub fn run(
                     if let Some(events) = running.remove(&id) {
                         counters.failed.fetch_add(1, Ordering::Relaxed);
                         let err = Error::classify(anyhow::anyhow!("{message}"), e.kind());
-                        let _ = events.send(Event::Failed(err));
+                        last_events.push((events, Event::Failed(err)));
                     }
                 }
             }
@@ -159,6 +163,9 @@ pub fn run(
             .store(scheduler.kv_entries(), Ordering::Relaxed);
         if let Ok(mut evicted) = counters.evicted.lock() {
             evicted.clone_from(scheduler.evicted());
+        }
+        for (events, event) in last_events {
+            let _ = events.send(event);
         }
     }
 }

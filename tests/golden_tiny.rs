@@ -119,12 +119,14 @@ fn check_model_at(dir: &Path, name: &str, kernels: Option<KernelSet>, lengths: &
         let logits = e.read_logits(l).unwrap();
         let (_, want) = g.f32("logits");
         let vocab = model.config.vocab_size;
+        let mut worst = (0f32, 0f32);
         for (i, &p) in g.ids("logits_positions").iter().enumerate() {
             let got = &logits[p as usize * vocab..][..vocab];
             let w = &want[i * vocab..][..vocab];
             let d = max_abs_diff(got, w);
             assert!(d <= 1e-3, "{name} len {len} pos {p}: logits max |d| {d}");
             assert_eq!(argmax(got), argmax(w), "{name} len {len} pos {p}: argmax");
+            worst.0 = worst.0.max(d);
         }
         // Hidden states: embedding output and every layer at the last K positions.
         for (layer, rel) in hidden_state_errors(&e, &g, l).into_iter().enumerate() {
@@ -132,7 +134,15 @@ fn check_model_at(dir: &Path, name: &str, kernels: Option<KernelSet>, lengths: &
                 rel <= 1e-4,
                 "{name} len {len} layer {layer}: max |d| / max |ref| {rel}"
             );
+            worst.1 = worst.1.max(rel);
         }
+        // The measured errors (`-- --nocapture` shows them).
+        eprintln!(
+            "{name} ({}) len {len} {kernels:?}: logits max |d| {:.1e}, hidden max |d| / max |ref| {:.1e}",
+            dir.display(),
+            worst.0,
+            worst.1
+        );
         // Greedy decoding, one token per step through the decode kernels.
         // The reference ran transformers' `generate`, which takes a prompt
         // token equal to the config's pad_token_id for padding: it masks it
@@ -190,7 +200,7 @@ fn tiny_qwen3_matches_transformers() {
         &with_transformers5_config("tiny-qwen3"),
         "tiny-qwen3",
         None,
-        &LENGTHS,
+        &["007", "300"],
     );
 }
 
@@ -201,7 +211,7 @@ fn tiny_smollm3_matches_transformers() {
         &with_transformers5_config("tiny-smollm3"),
         "tiny-smollm3",
         None,
-        &LENGTHS,
+        &["007", "300"],
     );
 }
 
@@ -212,7 +222,7 @@ fn tiny_phi3_matches_transformers() {
         &with_transformers5_config("tiny-phi3"),
         "tiny-phi3",
         None,
-        &LENGTHS,
+        &["007", "300"],
     );
 }
 

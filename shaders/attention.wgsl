@@ -40,11 +40,17 @@
 //   7 lse   storage rw    [row0 + n_tokens, n_heads] f32  log-sum-exp of the scaled scores
 //   8 qslot storage read  [n_tokens] u32  (anticausal_partial only) each query's own slot
 //   9 page  uniform Page  the slots kc/vc hold (page.first a multiple of CHUNK)
-// Limits: head_dim <= 128 (a multiple of 4), n_heads / n_kv <= 8.
+//  10 qpos  storage read  [row0 + n_tokens] u32  original positions of the query rows
+//  11 kpos  storage read  [slots] u32  original positions of the cache slots
+// With a sliding window (p.window > 0) a key counts only within the window
+// of its query (in_window); chunks with no key in it leave (NEG, 0).
+// Limits: head_dim <= 128 (a multiple of 4), n_heads / n_kv <= 8; the wide
+// build (attention_heads_wide.wgsl) takes head_dim <= 256, n_heads / n_kv <= 4.
 // Workgroup memory: 12 KiB (decode_partial).
 // One query row t of head h over the keys (cache slots) k_begin..k_end of chunk c,
 // all within the bound page.
-fn partial_row(t: u32, h: u32, c: u32, k_begin: u32, k_end: u32) {
+// `query_pos`: the query's original position (for the window).
+fn partial_row(t: u32, h: u32, c: u32, k_begin: u32, k_end: u32, query_pos: u32) {
     let kvh = h / (p.n_heads / p.n_kv);
     let hd4 = HD4; // p.hd4
     let kv_stride = p.n_kv * hd4;
@@ -69,8 +75,8 @@ fn partial_row(t: u32, h: u32, c: u32, k_begin: u32, k_end: u32) {
             for (var d = 0u; d < hd4; d++) {
                 dotv += dot(qv[d], unpack_kv(kc[kb + d]));
             }
-            s[j] = dotv;
-            tile_max = max(tile_max, dotv);
+            s[j] = select(NEG, dotv, in_window(query_pos, k0 + j));
+            tile_max = max(tile_max, s[j]);
         }
         let m_new = max(m, tile_max);
         let corr = exp(m - m_new);
@@ -79,7 +85,9 @@ fn partial_row(t: u32, h: u32, c: u32, k_begin: u32, k_end: u32) {
             acc[d] *= corr;
         }
         for (var j = 0u; j < n; j++) {
-            let pj = exp(s[j] - m_new);
+            // A key outside the window weighs 0, also while every key so
+            // far was outside (m_new still NEG).
+            let pj = select(0.0, exp(s[j] - m_new), s[j] > NEG);
             l += pj;
             let vb = (k0 + j - page.first) * kv_stride + kvh * hd4;
             for (var d = 0u; d < hd4; d++) {
@@ -105,7 +113,7 @@ fn prefill_partial(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocat
     let c = page.first / CHUNK + wid.z;
     let k_begin = c * CHUNK;
     let k_end = min(k_begin + CHUNK, step.start_slot + t + 1u);
-    partial_row(t, wid.y, c, k_begin, max(k_begin, k_end));
+    partial_row(t, wid.y, c, k_begin, max(k_begin, k_end), qpos[row(t)]);
 }
 
 @compute @workgroup_size(64)
@@ -120,7 +128,12 @@ fn anticausal_partial(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invo
     let chunk_begin = c * CHUNK;
     let k_begin = max(chunk_begin, qslot[t] + 1u);
     let k_end = min(chunk_begin + CHUNK, step.start_slot + step.n_tokens);
-    partial_row(t, wid.y, c, k_begin, max(k_begin, k_end));
+    // The query's position: its own slot's (read only with a window).
+    var query_pos = 0u;
+    if (p.window > 0u) {
+        query_pos = kpos[qslot[t]];
+    }
+    partial_row(t, wid.y, c, k_begin, max(k_begin, k_end), query_pos);
 }
 
 var<workgroup> qs: array<vec4<f32>, 256>;  // GMAX * HD4_MAX
@@ -136,6 +149,10 @@ fn decode_partial(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocati
     let kv_stride = p.n_kv * hd4;
     let n_keys = step.start_slot + 1u;
     let k0 = c * CHUNK;
+    var query_pos = 0u;
+    if (p.window > 0u) {
+        query_pos = qpos[row(0u)];
+    }
 
     for (var i = lid; i < bounded(g_n * hd4); i += 64u) {
         qs[i] = q[row(0u) * p.n_heads * hd4 + kvh * g_n * hd4 + i] * p.scale;
@@ -148,7 +165,8 @@ fn decode_partial(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocati
         for (var g = 0u; g < g_n; g++) {
             sg[g] = 0.0;
         }
-        if (slot < n_keys) {
+        let seen = slot < n_keys && in_window(query_pos, slot);
+        if (seen) {
             let kb = (slot - page.first) * kv_stride + kvh * hd4;
             for (var d = 0u; d < hd4; d++) {
                 let kv = unpack_kv(kc[kb + d]);
@@ -158,7 +176,7 @@ fn decode_partial(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocati
             }
         }
         for (var g = 0u; g < g_n; g++) {
-            sc[g * CHUNK + j] = select(NEG, sg[g], slot < n_keys);
+            sc[g * CHUNK + j] = select(NEG, sg[g], seen);
         }
     }
     workgroupBarrier();
@@ -169,7 +187,8 @@ fn decode_partial(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocati
         }
         var l = 0.0;
         for (var j = 0u; j < CHUNK; j++) {
-            let e = exp(sc[lid * CHUNK + j] - m);
+            // Unseen keys weigh 0, also in a chunk with none seen (m NEG).
+            let e = select(0.0, exp(sc[lid * CHUNK + j] - m), sc[lid * CHUNK + j] > NEG);
             sc[lid * CHUNK + j] = e;
             l += e;
         }

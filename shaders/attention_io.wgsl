@@ -17,12 +17,23 @@
 //   7 lse   storage rw    [row0 + n_tokens, n_heads] f32  log-sum-exp of the scaled scores
 //   8 qslot storage read  [n_tokens] u32  (anticausal_partial only) each query's own slot
 //   9 page  uniform Page  the slots kc/vc hold (page.first a multiple of CHUNK)
-// Limits: head_dim <= 128 (a multiple of 4), n_heads / n_kv <= 8.
+//  10 qpos  storage read  [row0 + n_tokens] u32  each query row's original position  (read only with a window)
+//  11 kpos  storage read  [slots] u32  each cache slot's original position             (read only with a window)
+// Limits: head_dim <= 4 x HD4_MAX (a multiple of 4), n_heads / n_kv <= GMAX:
+// 128 and 8, or in the wide build of attention.wgsl 256 and 4
+// (attention_heads.wgsl, attention_heads_wide.wgsl).
 struct AttnParams {
     n_heads: u32,
     n_kv: u32,
     hd4: u32,
     scale: f32,
+    // Sliding window: a key is seen only where its original position is
+    // less than `window` from the query's (either side: the counter-causal
+    // pass looks ahead); 0: no window.
+    window: u32,
+    _p0: u32,
+    _p1: u32,
+    _p2: u32,
 }
 
 @group(0) @binding(0) var<uniform> step: Step;
@@ -35,6 +46,8 @@ struct AttnParams {
 @group(0) @binding(7) var<storage, read_write> lse: array<f32>;
 @group(0) @binding(8) var<storage, read> qslot: array<u32>;
 @group(0) @binding(9) var<uniform> page: Page;
+@group(0) @binding(10) var<storage, read> qpos: array<u32>;
+@group(0) @binding(11) var<storage, read> kpos: array<u32>;
 
 // Cache slots per key chunk: 256 for every kernel (and the layout of the
 // partials), but for the short-chunk decode kernel (`ParallelShort`,
@@ -45,8 +58,6 @@ struct AttnParams {
 // At most 256 (the decode kernels' workgroup arrays), a multiple of 32.
 override CHUNK: u32 = 256u;
 const BK: u32 = 16u;
-const HD4_MAX: u32 = 32u;
-const GMAX: u32 = 8u;
 const NEG: f32 = -3.0e38;
 
 // Query heads per KV head (n_heads / n_kv, 1 to GMAX): an override constant
@@ -54,7 +65,8 @@ const NEG: f32 = -3.0e38;
 // constant trip count (unrolled, their per-head sums stay in registers); the
 // other entry points do not read it.
 override GROUP: u32 = 1u;
-// head_dim / 4 (1 to HD4_MAX), the same way, for the row-per-lane partials
+// head_dim / 4 (1 to HD4_MAX; HD4_MAX and GMAX come from
+// attention_heads.wgsl or its wide build), the same way, for the row-per-lane partials
 // and every decode kernel (on lavapipe a workgroup-memory read of the
 // queries at a constant offset is one load, at a run-time offset a loop over
 // the SIMD lanes: docs/ARCHITECTURE.md, "lavapipe facts").
@@ -63,6 +75,16 @@ override HD4: u32 = HD4_MAX;
 // Row of query t in q, out and lse: its sequence's rows start at step.row0.
 fn row(t: u32) -> u32 {
     return step.row0 + t;
+}
+
+// Whether the key in cache slot `slot` is within the window of a query at
+// original position `query_pos` (always, without a window).
+fn in_window(query_pos: u32, slot: u32) -> bool {
+    if (p.window == 0u) {
+        return true;
+    }
+    let key_pos = kpos[slot];
+    return max(query_pos, key_pos) - min(query_pos, key_pos) < p.window;
 }
 
 fn n_chunks() -> u32 {

@@ -33,6 +33,10 @@
 //   7 matrix storage rw    [n_heads, max_tokens, slots] f32 (materialize only; a
 //                          dummy otherwise)
 //   8 page   uniform Page  the slots kc holds
+//   9 qpos   storage read  [row0 + n_tokens] u32  original positions of the query rows (window only)
+//  10 kpos   storage read  [slots] u32  original positions of the cache slots (window only)
+// With a sliding window (p.window > 0) a slot outside a row's window gets
+// weight 0 from it, as the attention kernels mask it.
 // accumulate and materialize cover one page's slots (gid.x = slot - page.first)
 // and are dispatched once per page holding slots below start_slot + n_tokens,
 // with ceil(keys in that page / 64) for x; reduce covers every slot.
@@ -47,6 +51,10 @@ struct WeightParams {
     slots: u32,
     n_layers: u32,
     max_tokens: u32,
+    window: u32,
+    _p0: u32,
+    _p1: u32,
+    _p2: u32,
 }
 
 @group(0) @binding(0) var<uniform> step: Step;
@@ -58,6 +66,8 @@ struct WeightParams {
 @group(0) @binding(6) var<storage, read_write> score: array<f32>;
 @group(0) @binding(7) var<storage, read_write> matrix: array<f32>;
 @group(0) @binding(8) var<uniform> page: Page;
+@group(0) @binding(9) var<storage, read> qpos: array<u32>;
+@group(0) @binding(10) var<storage, read> kpos: array<u32>;
 
 // Rows of the step that count for slot i: from the first row that sees it
 // (causal by slot), or only the last row in mode 1.
@@ -73,6 +83,13 @@ fn first_row(i: u32) -> u32 {
 
 // Weight of query row t, head a on the entry in slot i (within the bound page).
 fn weight(t: u32, a: u32, i: u32) -> f32 {
+    if (p.window > 0u) {
+        let qp = qpos[step.row0 + t];
+        let kp = kpos[i];
+        if (max(qp, kp) - min(qp, kp) >= p.window) {
+            return 0.0;
+        }
+    }
     let kvh = a / (p.n_heads / p.n_kv);
     let kb = (i - page.first) * p.n_kv * p.hd4 + kvh * p.hd4;
     let qb = ((step.row0 + t) * p.n_heads + a) * p.hd4;

@@ -15,6 +15,9 @@ struct EmbedParams {
     _pad: u32,
 }
 
+// An override constant: every row is multiplied by it (Gemma's sqrt(hidden)).
+override SCALE: f32 = 1.0;
+
 @group(0) @binding(0) var<uniform> step: Step;
 @group(0) @binding(1) var<uniform> p: EmbedParams;
 @group(0) @binding(3) var<storage, read> ids: array<u32>;
@@ -31,5 +34,5 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (id < p.row_begin || id >= p.row_end) {
         return;
     }
-    x[t * p.hidden4 + i] = weight4(w_row(id - p.row_begin, p.hidden4) + i);
+    x[t * p.hidden4 + i] = weight4(w_row(id - p.row_begin, p.hidden4) + i) * SCALE;
 }

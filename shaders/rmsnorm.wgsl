@@ -1,4 +1,5 @@
-// rmsnorm.wgsl: y = x / sqrt(mean(x^2) + eps) * w, in f32.
+// rmsnorm.wgsl: y = x / sqrt(mean(x^2) + eps) * w, in f32; with ACCUMULATE,
+// y += that (a sandwich norm of a layer output into the residual, Gemma 3).
 //
 // Bindings (group 0):
 //   0 step  uniform Step
@@ -21,6 +22,9 @@ struct NormParams {
 @group(0) @binding(2) var<storage, read> w: array<vec4<f32>>;
 @group(0) @binding(3) var<storage, read> x: array<vec4<f32>>;
 @group(0) @binding(4) var<storage, read_write> y: array<vec4<f32>>;
+
+// An override constant: the norm is added to y instead of replacing it.
+override ACCUMULATE: bool = false;
 
 const WG: u32 = 64u;
 var<workgroup> partial: array<f32, WG>;
@@ -52,6 +56,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let inv = inverseSqrt(partial[0] / f32(p.dim4 * 4u) + p.eps);
     let base_out = row * p.dim4;
     for (var i = lid; i < bounded(p.dim4); i += WG) {
-        y[base_out + i] = x[base_in + i] * inv * w[i];
+        let v = x[base_in + i] * inv * w[i];
+        if (ACCUMULATE) {
+            y[base_out + i] += v;
+        } else {
+            y[base_out + i] = v;
+        }
     }
 }

@@ -5,7 +5,9 @@
 
 pub use crate::family::fields::ConfigFields;
 use crate::family::{Family, LayerSpec};
-use crate::kernels::attention::{MAX_HEADS_PER_KV, MAX_HEAD_DIM};
+use crate::kernels::attention::{
+    MAX_HEADS_PER_KV, MAX_HEAD_DIM, NARROW_HEAD_DIM, WIDE_HEADS_PER_KV,
+};
 pub use crate::kernels::rope_kv::{LongRope, Rope};
 use anyhow::{bail, Context, Result};
 use serde_json::Value;
@@ -61,6 +63,10 @@ pub struct ModelConfig {
     pub tie_word_embeddings: bool,
     /// What each decoder layer computes, from the family.
     pub layers: Vec<LayerSpec>,
+    /// Added to every norm weight when the weights are loaded: the family's
+    /// `norm_offset` for Hugging Face files, 0 for GGUF files (llama.cpp's
+    /// converter has added it).
+    pub norm_weight_offset: f32,
     pub bos_token_id: Option<u32>,
     pub eos_token_ids: Vec<u32>,
 }
@@ -204,6 +210,7 @@ impl ModelConfig {
             max_position_embeddings,
             tie_word_embeddings: f.bool_or("tie_word_embeddings", false)?,
             layers: vec![],
+            norm_weight_offset: family.norm_offset,
             bos_token_id: token_ids(v.get("bos_token_id"), "bos_token_id", path)?
                 .first()
                 .copied(),
@@ -261,6 +268,13 @@ impl ModelConfig {
             bail!(
                 "{p}: head_dim {} must be a multiple of 4 and at most {MAX_HEAD_DIM}",
                 self.head_dim
+            );
+        }
+        if self.head_dim > NARROW_HEAD_DIM && self.num_heads / self.num_kv_heads > WIDE_HEADS_PER_KV {
+            bail!(
+                "{p}: head_dim {} over {NARROW_HEAD_DIM} takes at most {WIDE_HEADS_PER_KV} query heads per KV head, not {}",
+                self.head_dim,
+                self.num_heads / self.num_kv_heads
             );
         }
         if !self.hidden_size.is_multiple_of(4) || !self.intermediate_size.is_multiple_of(4) {
@@ -326,7 +340,7 @@ impl ModelConfig {
                 self.head_dim
             );
         }
-        if let Some(bad) = self.rope_inv_freq().iter().find(|f| !f.is_finite()) {
+        if let Some(bad) = self.rope().inv_freq.iter().find(|f| !f.is_finite()) {
             bail!("{p}: the RoPE settings give a frequency of {bad}; expected finite frequencies");
         }
         Ok(())
@@ -340,81 +354,7 @@ impl ModelConfig {
     /// The RoPE the shared keys describe (rope_theta, rope_scaling,
     /// partial_rotary_factor); the family places it on its layers.
     pub fn rope(&self) -> Rope {
-        let mut rope = Rope {
-            rotary_dim: self.rotary_dim,
-            inv_freq: self.rope_inv_freq(),
-            attention_factor: 1.0,
-            long: None,
-        };
-        if let RopeScaling::LongRope {
-            long_factor,
-            original_max_position_embeddings,
-            attention_factor,
-            ..
-        } = &self.rope_scaling
-        {
-            rope.attention_factor = *attention_factor as f32;
-            rope.long = Some(LongRope {
-                inv_freq: self.long_rope_inv_freq(long_factor),
-                original: *original_max_position_embeddings,
-            });
-        }
-        rope
-    }
-
-    /// LongRoPE's frequencies with `factors`, as transformers'
-    /// `_compute_longrope_parameters` computes them (in float32):
-    /// 1 / (factor_j * theta^(2j / rotary_dim)).
-    fn long_rope_inv_freq(&self, factors: &[f64]) -> Vec<f32> {
-        let d = self.rotary_dim as f32;
-        factors
-            .iter()
-            .enumerate()
-            .map(|(j, &ext)| {
-                1.0f32 / (ext as f32 * (self.rope_theta as f32).powf((2 * j) as f32 / d))
-            })
-            .collect()
-    }
-
-    /// Inverse RoPE frequencies for pair index j (0..rotary_dim/2), with
-    /// rope scaling applied exactly as transformers' `_compute_llama3_parameters`
-    /// and `_compute_linear_scaling_rope_parameters`.
-    pub fn rope_inv_freq(&self) -> Vec<f32> {
-        if let RopeScaling::LongRope { short_factor, .. } = &self.rope_scaling {
-            return self.long_rope_inv_freq(short_factor);
-        }
-        let d = self.rotary_dim as f64;
-        (0..self.rotary_dim / 2)
-            .map(|j| {
-                // transformers computes the base frequencies in float32.
-                let base =
-                    (1.0f32 / (self.rope_theta as f32).powf((2 * j) as f32 / d as f32)) as f64;
-                let f = match &self.rope_scaling {
-                    RopeScaling::None | RopeScaling::LongRope { .. } => base,
-                    RopeScaling::Linear { factor } => base / factor,
-                    RopeScaling::Llama3 {
-                        factor,
-                        low_freq_factor,
-                        high_freq_factor,
-                        original_max_position_embeddings: old,
-                    } => {
-                        let low_wavelen = old / low_freq_factor;
-                        let high_wavelen = old / high_freq_factor;
-                        let wavelen = 2.0 * std::f64::consts::PI / base;
-                        if wavelen < high_wavelen {
-                            base
-                        } else if wavelen > low_wavelen {
-                            base / factor
-                        } else {
-                            let smooth = (old / wavelen - low_freq_factor)
-                                / (high_freq_factor - low_freq_factor);
-                            (1.0 - smooth) * base / factor + smooth * base
-                        }
-                    }
-                };
-                f as f32
-            })
-            .collect()
+        rope(self.rope_theta, &self.rope_scaling, self.rotary_dim)
     }
 
     /// Whether any layer has q, k and v biases.
@@ -430,7 +370,6 @@ fn rope_scaling(
     v: &Value,
     max_position_embeddings: usize,
 ) -> Result<RopeScaling> {
-    let file = f.file();
     let scaling = match v.get("rope_scaling").filter(|s| !s.is_null()) {
         Some(s) => Some(s),
         None => v.get("rope_parameters").filter(|r| {
@@ -442,17 +381,30 @@ fn rope_scaling(
     let Some(s) = scaling else {
         return Ok(RopeScaling::None);
     };
-    let kind = s
-        .get("rope_type")
-        .or_else(|| s.get("type"))
-        .and_then(Value::as_str)
-        .unwrap_or("");
     // The object read: transformers 4's `rope_scaling`, or 5's `rope_parameters`.
     let object = if v.get("rope_scaling").is_some_and(|x| !x.is_null()) {
         "rope_scaling"
     } else {
         "rope_parameters"
     };
+    scaling_object(f, v, s, object, max_position_embeddings)
+}
+
+/// The scaling `s` says (`object` names it in errors): its `rope_type`
+/// (or `type`) and that type's numbers.
+pub fn scaling_object(
+    f: &ConfigFields,
+    v: &Value,
+    s: &Value,
+    object: &str,
+    max_position_embeddings: usize,
+) -> Result<RopeScaling> {
+    let file = f.file();
+    let kind = s
+        .get("rope_type")
+        .or_else(|| s.get("type"))
+        .and_then(Value::as_str)
+        .unwrap_or("");
     let number = |k: &str| -> Result<f64> {
         s.get(k)
             .and_then(Value::as_f64)
@@ -683,4 +635,82 @@ mod tests {
         }
         assert_eq!(rope.long.as_ref().unwrap().original, 4096);
     }
+}
+
+/// The RoPE of base `theta` with `scaling` over the first `rotary_dim`
+/// dimensions of each head (a family with RoPE of its own per layer, as
+/// Gemma 3's, builds each with it).
+pub fn rope(theta: f64, scaling: &RopeScaling, rotary_dim: usize) -> Rope {
+    let mut rope = Rope {
+        rotary_dim,
+        inv_freq: rope_inv_freq(theta, scaling, rotary_dim),
+        attention_factor: 1.0,
+        long: None,
+    };
+    if let RopeScaling::LongRope {
+        long_factor,
+        original_max_position_embeddings,
+        attention_factor,
+        ..
+    } = scaling
+    {
+        rope.attention_factor = *attention_factor as f32;
+        rope.long = Some(LongRope {
+            inv_freq: long_rope_inv_freq(theta, rotary_dim, long_factor),
+            original: *original_max_position_embeddings,
+        });
+    }
+    rope
+}
+
+/// LongRoPE's frequencies with `factors`, as transformers'
+/// `_compute_longrope_parameters` computes them (in float32):
+/// 1 / (factor_j * theta^(2j / rotary_dim)).
+fn long_rope_inv_freq(theta: f64, rotary_dim: usize, factors: &[f64]) -> Vec<f32> {
+    let d = rotary_dim as f32;
+    factors
+        .iter()
+        .enumerate()
+        .map(|(j, &ext)| 1.0f32 / (ext as f32 * (theta as f32).powf((2 * j) as f32 / d)))
+        .collect()
+}
+
+/// Inverse RoPE frequencies for pair index j (0..rotary_dim/2), with
+/// rope scaling applied exactly as transformers' `_compute_llama3_parameters`
+/// and `_compute_linear_scaling_rope_parameters`.
+pub fn rope_inv_freq(theta: f64, scaling: &RopeScaling, rotary_dim: usize) -> Vec<f32> {
+    if let RopeScaling::LongRope { short_factor, .. } = scaling {
+        return long_rope_inv_freq(theta, rotary_dim, short_factor);
+    }
+    let d = rotary_dim as f64;
+    (0..rotary_dim / 2)
+        .map(|j| {
+            // transformers computes the base frequencies in float32.
+            let base = (1.0f32 / (theta as f32).powf((2 * j) as f32 / d as f32)) as f64;
+            let f = match scaling {
+                RopeScaling::None | RopeScaling::LongRope { .. } => base,
+                RopeScaling::Linear { factor } => base / factor,
+                RopeScaling::Llama3 {
+                    factor,
+                    low_freq_factor,
+                    high_freq_factor,
+                    original_max_position_embeddings: old,
+                } => {
+                    let low_wavelen = old / low_freq_factor;
+                    let high_wavelen = old / high_freq_factor;
+                    let wavelen = 2.0 * std::f64::consts::PI / base;
+                    if wavelen < high_wavelen {
+                        base
+                    } else if wavelen > low_wavelen {
+                        base / factor
+                    } else {
+                        let smooth = (old / wavelen - low_freq_factor)
+                            / (high_freq_factor - low_freq_factor);
+                        (1.0 - smooth) * base / factor + smooth * base
+                    }
+                }
+            };
+            f as f32
+        })
+        .collect()
 }

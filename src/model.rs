@@ -41,6 +41,8 @@ pub(crate) struct LayerWeights {
     pub inv_freq_long: Option<wgpu::Buffer>,
     pub o: GpuMatrix,
     pub mlp_norm: wgpu::Buffer,
+    /// The norms of the attention and MLP outputs (`LayerSpec::sandwich_norms`).
+    pub post_norms: Option<(wgpu::Buffer, wgpu::Buffer)>,
     /// gate and up projections stacked by rows: `[2 * ffn, hidden]`.
     pub gate_up: GpuMatrix,
     pub down: GpuMatrix,
@@ -190,6 +192,12 @@ impl Model {
         let vector = |name: &str, len: usize| -> Result<wgpu::Buffer> {
             Ok(gpu.storage_from(name, &store.vector(name, len)?))
         };
+        // A norm's weights, with the family's offset (Gemma's 1 + w) added.
+        let norm = |name: &str, len: usize| -> Result<wgpu::Buffer> {
+            let mut w = store.vector(name, len)?;
+            w.iter_mut().for_each(|x| *x += c.norm_weight_offset);
+            Ok(gpu.storage_from(name, &w))
+        };
         let embed = next_matrix(&gpu)?;
         tick(&gpu);
         let mut layers = Vec::with_capacity(c.num_layers);
@@ -209,8 +217,8 @@ impl Model {
             };
             let qk_norm = if spec.qk_norm {
                 Some((
-                    vector(&name(Role::QNorm), c.head_dim)?,
-                    vector(&name(Role::KNorm), c.head_dim)?,
+                    norm(&name(Role::QNorm), c.head_dim)?,
+                    norm(&name(Role::KNorm), c.head_dim)?,
                 ))
             } else {
                 None
@@ -228,8 +236,17 @@ impl Model {
             };
             let gate_up = next_matrix(&gpu)?;
             let down = next_matrix(&gpu)?;
+            let post_norms = if spec.sandwich_norms {
+                Some((
+                    norm(&name(Role::PostAttnNorm), h)?,
+                    norm(&name(Role::PostMlpNorm), h)?,
+                ))
+            } else {
+                None
+            };
             layers.push(LayerWeights {
-                attn_norm: vector(&name(Role::AttnNorm), h)?,
+                attn_norm: norm(&name(Role::AttnNorm), h)?,
+                post_norms,
                 qkv,
                 qkv_bias,
                 o_bias,
@@ -239,13 +256,13 @@ impl Model {
                     gpu.storage_from(&format!("layer {l} rope-inv-freq-long"), &long.inv_freq)
                 }),
                 o,
-                mlp_norm: vector(&name(Role::MlpNorm), h)?,
+                mlp_norm: norm(&name(Role::MlpNorm), h)?,
                 gate_up,
                 down,
             });
             tick(&gpu);
         }
-        let final_norm = vector(&family.required(Role::FinalNorm, 0), h)?;
+        let final_norm = norm(&family.required(Role::FinalNorm, 0), h)?;
         tick(&gpu);
         // Some tied checkpoints still carry lm_head.weight; use it only when untied.
         let lm_head = if c.tie_word_embeddings {

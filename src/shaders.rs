@@ -95,11 +95,21 @@ const MATVEC_IO: &str = concat!(
     include_str!("../shaders/matmul_io.wgsl"),
     include_str!("../shaders/matvec_rows.wgsl")
 );
-const ATTENTION_IO: &str = include_str!("../shaders/attention_io.wgsl");
+/// The attention kernels' head sizes, then what they share.
+const ATTENTION_IO: &str = concat!(
+    include_str!("../shaders/attention_heads.wgsl"),
+    include_str!("../shaders/attention_io.wgsl")
+);
+/// The same for the wide build of attention.wgsl (heads of up to 256).
+const ATTENTION_WIDE_IO: &str = concat!(
+    include_str!("../shaders/attention_heads_wide.wgsl"),
+    include_str!("../shaders/attention_io.wgsl")
+);
 /// The two copies of a product's input share their parameters and input.
 const X_COPY_IO: &str = include_str!("../shaders/x_copy_io.wgsl");
 /// The `gpu` decode attentions also share the phases after their scores.
 const ATTENTION_DECODE_IO: &str = concat!(
+    include_str!("../shaders/attention_heads.wgsl"),
     include_str!("../shaders/attention_io.wgsl"),
     include_str!("../shaders/attention_decode_io.wgsl")
 );
@@ -130,6 +140,15 @@ shader!(MATMUL_COOP, "matmul_coop", None, MATMUL_IO);
 shader!(MATMUL_COOP_STAGED, "matmul_coop_staged", Weights, MATMUL_IO);
 shader!(ROPE_KV, "rope_kv", Kv);
 shader!(ATTENTION, "attention", Kv, ATTENTION_IO);
+/// attention.wgsl built for heads of up to 256 values (and up to 4 query
+/// heads per KV head; attention_heads_wide.wgsl).
+pub const ATTENTION_WIDE: Shader = Shader {
+    name: "attention_wide",
+    file: "shaders/attention.wgsl",
+    body: include_str!("../shaders/attention.wgsl"),
+    prelude: Prelude::Kv,
+    include: ATTENTION_WIDE_IO,
+};
 shader!(
     ATTENTION_DECODE,
     "attention_decode",
@@ -176,6 +195,7 @@ pub fn all() -> Vec<&'static Shader> {
         &MATMUL_COOP_STAGED,
         &ROPE_KV,
         &ATTENTION,
+        &ATTENTION_WIDE,
         &ATTENTION_DECODE,
         &ATTENTION_DECODE_LANES,
         &ATTENTION_PREFILL,
@@ -499,6 +519,11 @@ mod tests {
             4096 + 8192 + 64
         );
         assert_eq!(bytes(&ATTENTION, kv16, "prefill_partial", &[]), 0);
+        // Its wide build: the same arrays, GMAX x HD4_MAX queries both ways.
+        assert_eq!(
+            bytes(&ATTENTION_WIDE, kv16, "decode_partial", &[]),
+            4096 + 8192 + 32
+        );
         // Sized by override constants.
         let staged = |wide| bytes(&MATMUL_COOP_STAGED, q4, "matmul", &[("WIDE", wide)]);
         assert_eq!((staged(1.0), staged(2.0)), (16384, 20480));

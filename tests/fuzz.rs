@@ -362,7 +362,7 @@ fn config_json() {
                 "case {n}: qkv width {}",
                 c.qkv_dim()
             );
-            assert!(c.rope_inv_freq().iter().all(|f| f.is_finite()), "case {n}");
+            assert!(c.rope().inv_freq.iter().all(|f| f.is_finite()), "case {n}");
             Ok(())
         }) as usize;
     }

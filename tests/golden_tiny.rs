@@ -226,6 +226,17 @@ fn tiny_phi3_matches_transformers() {
     );
 }
 
+#[test]
+fn tiny_gemma3_matches_transformers() {
+    check_model("tiny-gemma3", None, &LENGTHS);
+    check_model_at(
+        &with_transformers5_config("tiny-gemma3"),
+        "tiny-gemma3",
+        None,
+        &["007", "300"],
+    );
+}
+
 /// The tiny model `name` as a GGUF file written by llama.cpp's own gguf-py
 /// (scripts/family-ggufs.sh), or None outside CI when it was not written.
 fn family_gguf(name: &str) -> Option<PathBuf> {
@@ -378,12 +389,13 @@ fn longrope_takes_long_factors_past_the_original_context() {
 }
 
 /// The families sieve runs whose tiny models are in ../shared/golden.
-const FAMILIES: [&str; 5] = [
+const FAMILIES: [&str; 6] = [
     "tiny-qwen2",
     "tiny-llama-gqa",
     "tiny-qwen3",
     "tiny-smollm3",
     "tiny-phi3",
+    "tiny-gemma3",
 ];
 
 /// Every kernel set on whatever device runs the tests (`auto` above picks

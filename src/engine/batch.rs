@@ -241,6 +241,7 @@ impl Batch {
                 ..Default::default()
             };
             gpu.write(&engine.acts.step, 0, bytemuck::bytes_of(&own));
+            engine.write_slot_positions(s.positions);
             if let Some((params, counter)) = &s.sample {
                 let row = (r0 + n - 1 - logit_row0) as u32;
                 engine.sampler.set_params(&gpu, params, row, *counter);

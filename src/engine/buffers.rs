@@ -119,6 +119,10 @@ impl Activations {
 pub struct KvCache {
     pub(super) k: Vec<SlotPages>,
     pub(super) v: Vec<SlotPages>,
+    /// `[slots]` u32: the original position of the entry in each slot, one
+    /// for all layers (sliding windows mask by it; compaction moves it with
+    /// the keys and values).
+    pub(super) positions: wgpu::Buffer,
 }
 
 impl std::fmt::Debug for KvCache {
@@ -152,9 +156,11 @@ impl KvCache {
         page_slots: Option<usize>,
     ) -> Result<KvCache> {
         let kv_row = model.heads().kv_row_bytes();
+        gpu.check_binding("slot positions (slots x 4 bytes)", slots as u64 * 4)?;
         let mut cache = KvCache {
             k: vec![],
             v: vec![],
+            positions: gpu.storage("slot positions", slots as u64 * 4),
         };
         for l in 0..model.config.num_layers {
             for (pages, what) in [(&mut cache.k, "key"), (&mut cache.v, "value")] {
@@ -176,9 +182,9 @@ impl KvCache {
         self.k.first().map_or(0, |p| p.slots)
     }
 
-    /// Bytes of every layer's keys and values.
+    /// Bytes of every layer's keys and values, and of the slot positions.
     pub fn bytes(&self) -> u64 {
-        self.k.iter().chain(&self.v).map(SlotPages::bytes).sum()
+        self.k.iter().chain(&self.v).map(SlotPages::bytes).sum::<u64>() + self.positions.size()
     }
 
     /// The cache of an engine with `opts`: the lent one's first
@@ -211,6 +217,7 @@ impl KvCache {
         Ok(KvCache {
             k: first(&lent.k)?,
             v: first(&lent.v)?,
+            positions: lent.positions.clone(),
         })
     }
 }

@@ -21,6 +21,9 @@ pub(super) struct LayerKernels {
     pub gate_up: Matmul,
     pub silu: SiluMul,
     pub down: Matmul,
+    /// The sandwich norms of the attention and MLP outputs, which add them
+    /// to the residual (the o and down products then write `xn`).
+    pub post_norms: Option<(RmsNorm, RmsNorm)>,
 }
 
 /// How a layer's attention reads the cache.
@@ -39,12 +42,20 @@ pub(super) enum LayerAttention<'a> {
     AntiCausal {
         rope: &'a RopeKv,
         n_present: u32,
-        o: Option<&'a Matmul>,
+        o: Option<&'a OutputWithoutResidual>,
     },
     /// A step several sequences share (`Batch`): each sequence's RoPE and
     /// attention, bound to its own cache and its own `Step` (whose row0
     /// places its rows), over its rows, causally as `Causal`.
     Batch(&'a [SeqAttention<'a>]),
+}
+
+/// An attention output that replaces the residual stream instead of adding
+/// to it (the `ccs-context` pass): the output projection writing `x`, or
+/// with a sandwich norm writing `xn` and the norm (not accumulating) `x`.
+pub(super) struct OutputWithoutResidual {
+    pub o: Matmul,
+    pub norm: Option<RmsNorm>,
 }
 
 /// One sequence's attention kernels of one layer in a batched step.
@@ -81,7 +92,7 @@ impl LayerKernels {
             norm.encode(p, n);
             mark(p, "q/k norm");
         }
-        let mut o = &self.o;
+        let mut own_output = None;
         match attention {
             LayerAttention::Causal { start, weights } => {
                 self.rope.encode(p, n, start);
@@ -112,11 +123,27 @@ impl LayerKernels {
                 mark(p, "rope + kv write");
                 self.attn.encode_anticausal(p, n, n_present);
                 mark(p, "attention");
-                o = own_o.unwrap_or(o);
+                own_output = own_o;
             }
         }
-        o.encode(p, n);
-        mark(p, "o matmul");
+        match own_output {
+            Some(own) => {
+                own.o.encode(p, n);
+                mark(p, "o matmul");
+                if let Some(norm) = &own.norm {
+                    norm.encode(p, n);
+                    mark(p, "post-attention norm");
+                }
+            }
+            None => {
+                self.o.encode(p, n);
+                mark(p, "o matmul");
+                if let Some((attn, _)) = &self.post_norms {
+                    attn.encode(p, n);
+                    mark(p, "post-attention norm");
+                }
+            }
+        }
         if !(n == 1 && self.gate_up.fuses_input) {
             self.mlp_norm.encode(p, n);
             mark(p, "rmsnorm");
@@ -129,5 +156,9 @@ impl LayerKernels {
         }
         self.down.encode(p, n);
         mark(p, "down matmul");
+        if let Some((_, mlp)) = &self.post_norms {
+            mlp.encode(p, n);
+            mark(p, "post-MLP norm");
+        }
     }
 }

@@ -24,7 +24,8 @@ pub use signals::{CcsMode, Signals};
 use layer::{LayerAttention, LayerKernels};
 use signals::SignalKernels;
 
-use crate::kernels::attention::Attention;
+use crate::family::Activation;
+use crate::kernels::attention::{Attention, AttnLayer, Window};
 use crate::kernels::compact::Compactor;
 use crate::kernels::embed::Embed;
 use crate::kernels::head_norm::HeadNorm;
@@ -195,6 +196,8 @@ pub struct Engine {
     compactor: Option<Compactor>,
     /// What the policy reads besides the forward pass.
     signals: SignalKernels,
+    /// The cache's slot positions (`KvCache::positions`), written each step.
+    slot_positions: wgpu::Buffer,
     /// Bytes of the attention partials buffer: at most one storage binding,
     /// which can bound how many queries a step takes at depth.
     partials_capacity: u64,
@@ -268,13 +271,22 @@ impl Engine {
         let KvCache {
             k: k_cache,
             v: v_cache,
+            positions: slot_positions,
         } = KvCache::for_engine(&model, &opts, &mut bytes)?;
         let layers = (0..model.layers.len())
-            .map(|l| LayerKernels::new(&gpu, &model, &opts, l, &acts, (&k_cache[l], &v_cache[l])))
+            .map(|l| {
+                let cache = (&k_cache[l], &v_cache[l], &slot_positions);
+                LayerKernels::new(&gpu, &model, &opts, l, &acts, cache)
+            })
             .collect::<Result<Vec<_>>>()?;
         let a = &acts;
         let (h, eps) = (model.config.hidden_size, model.config.rms_norm_eps);
-        let embed = Embed::new(&gpu, &a.step, &model.embed, &a.ids, &a.x)?;
+        let embed_scale = if model.config.family.scales_embeddings {
+            (h as f32).sqrt()
+        } else {
+            1.0
+        };
+        let embed = Embed::new(&gpu, &a.step, &model.embed, &a.ids, &a.x, embed_scale)?;
         let final_norm = RmsNorm::new(
             &gpu,
             &a.step,
@@ -299,11 +311,18 @@ impl Engine {
             logit_rows,
         )?;
         let sampler = Sampler::new(&gpu, model.config.vocab_size, &a.logits)?;
-        let signals = SignalKernels::new(&gpu, &model, &opts, a, &k_cache, &mut bytes)?;
+        let signals =
+            SignalKernels::new(&gpu, &model, &opts, a, &k_cache, &slot_positions, &mut bytes)?;
         let compactor = match opts.max_keep {
             Some(keep) => {
                 // Per-slot data of the policy moves with the cache.
-                let singles = signals.compacted_with_cache(&gpu, opts.max_slots, h);
+                let mut singles = signals.compacted_with_cache(&gpu, opts.max_slots, h);
+                singles.push(SlotPages::single(
+                    &gpu,
+                    slot_positions.clone(),
+                    opts.max_slots,
+                    4,
+                ));
                 let targets: Vec<&SlotPages> =
                     k_cache.iter().chain(&v_cache).chain(&singles).collect();
                 let compactor = Compactor::new(&gpu, &targets, keep)?;
@@ -327,6 +346,7 @@ impl Engine {
             last_step_sampled: false,
             compactor,
             signals,
+            slot_positions,
             partials_capacity,
             n_cached: 0,
             buffer_bytes: bytes,
@@ -435,6 +455,7 @@ impl Engine {
         let a = &self.acts;
         gpu.write(&a.step, 0, bytemuck::bytes_of(&step));
         gpu.write(&a.positions, 0, bytemuck::cast_slice(positions));
+        self.write_slot_positions(positions);
         if let Some((params, counter)) = &out.sample {
             self.sampler
                 .set_params(&gpu, params, (out.n_logits - 1) as u32, *counter);
@@ -474,6 +495,14 @@ impl Engine {
             first_slot,
             n_tokens: n,
         })
+    }
+
+    /// Records the original positions of a step's tokens for the slots
+    /// they go to (from `n_cached` on), which sliding windows mask by.
+    fn write_slot_positions(&self, positions: &[u32]) {
+        let offset = self.n_cached as u64 * 4;
+        let gpu = &self.model.gpu;
+        gpu.write(&self.slot_positions, offset, bytemuck::cast_slice(positions));
     }
 
     /// The step's token count, after checking the step against the
@@ -760,7 +789,7 @@ impl LayerKernels {
         opts: &EngineOptions,
         layer: usize,
         a: &Activations,
-        (k_cache, v_cache): (&SlotPages, &SlotPages),
+        (k_cache, v_cache, slot_positions): (&SlotPages, &SlotPages, &wgpu::Buffer),
     ) -> Result<Self> {
         let c = &model.config;
         let (h, eps, step) = (c.hidden_size, c.rms_norm_eps, &a.step);
@@ -781,6 +810,20 @@ impl LayerKernels {
                 eps,
             })
         };
+        // With sandwich norms the attention and MLP outputs go to `xn` (free
+        // by then), and their norms add them to the residual `x`.
+        let (out, out_mode) = match &w.post_norms {
+            Some(_) => (&a.xn, set),
+            None => (&a.x, add),
+        };
+        let post_norms = match &w.post_norms {
+            Some((attn, mlp)) => Some((
+                RmsNorm::accumulating(gpu, step, h, eps, attn, &a.xn, &a.x)?,
+                RmsNorm::accumulating(gpu, step, h, eps, mlp, &a.xn, &a.x)?,
+            )),
+            None => None,
+        };
+
         Ok(LayerKernels {
             attn_norm: RmsNorm::new(gpu, step, h, eps, &w.attn_norm, &a.x, &a.xn, Rows::Tokens)?,
             qkv: Matmul::normed(
@@ -828,8 +871,9 @@ impl LayerKernels {
                 &a.attn_out,
                 &a.lse,
                 &a.qslot,
+                attn_layer(spec, a, slot_positions),
             )?,
-            o: Matmul::new(gpu, step, &w.o, w.o_bias.as_ref(), &a.attn_out, &a.x, add)?,
+            o: Matmul::new(gpu, step, &w.o, w.o_bias.as_ref(), &a.attn_out, out, out_mode)?,
             mlp_norm: RmsNorm::new(gpu, step, h, eps, &w.mlp_norm, &a.x, &a.xn, Rows::Tokens)?,
             gate_up: Matmul::normed(
                 gpu,
@@ -841,20 +885,48 @@ impl LayerKernels {
                 set,
                 normed(&w.mlp_norm),
             )?,
-            silu: SiluMul::new(gpu, step, c.intermediate_size, &a.gate_up, &a.act)?,
+            silu: SiluMul::new(
+                gpu,
+                step,
+                c.intermediate_size,
+                spec.activation,
+                &a.gate_up,
+                &a.act,
+            )?,
+            // The mat-vecs fold in SiLU only: another activation runs first.
             down: Matmul::normed(
                 gpu,
                 step,
                 &w.down,
                 None,
                 &a.act,
-                &a.x,
-                add,
-                Some(FusedInput::SwiGlu {
+                out,
+                out_mode,
+                (spec.activation == Activation::Silu).then_some(FusedInput::SwiGlu {
                     gate_up: &a.gate_up,
                 }),
             )?,
+            post_norms,
         })
+    }
+}
+
+/// What the attention kernels (and the attention weights of H2O and TOVA)
+/// of a layer with `spec` compute beyond plain causal attention: its score
+/// scale, and its window over the step's positions and the cache's.
+fn attn_layer<'a>(
+    spec: &crate::family::LayerSpec,
+    a: &'a Activations,
+    slot_positions: &'a wgpu::Buffer,
+) -> AttnLayer<'a> {
+    AttnLayer {
+        scale: spec.attn_scale,
+        window: spec.window.map(|size| Window {
+            // A window past u32 range hides nothing the kernels index.
+            size: size.min(u32::MAX as usize) as u32,
+            query_positions: &a.positions,
+            slot_positions,
+        }),
     }
 }
 

@@ -7,13 +7,14 @@
 
 use anyhow::{bail, Context, Result};
 
-use super::layer::LayerAttention;
+use super::layer::{LayerAttention, OutputWithoutResidual};
 use super::{Activations, Engine, EngineOptions, Readbacks};
 use crate::kernels::attn_weights::{AttnWeights, WeightMode};
 use crate::kernels::compact::Gather;
 use crate::kernels::epikv_delta::LayerDelta;
 use crate::kernels::matmul::Matmul;
 use crate::kernels::paging::SlotPages;
+use crate::kernels::rmsnorm::RmsNorm;
 use crate::kernels::rope_kv::RopeKv;
 use crate::kernels::runtime::Runtime;
 use crate::kernels::token_logit::TokenLogit;
@@ -82,7 +83,7 @@ struct CounterCausal {
     hidden: Option<(wgpu::Buffer, Gather)>,
     /// FastContext: the last layer's output projection writing x instead of
     /// adding to it (drops the entry's own residual path).
-    o_without_residual: Option<Matmul>,
+    o_without_residual: Option<OutputWithoutResidual>,
     token_logit: TokenLogit,
     out: wgpu::Buffer,
 }
@@ -120,6 +121,7 @@ impl SignalKernels {
         opts: &EngineOptions,
         a: &Activations,
         k_cache: &[SlotPages],
+        slot_positions: &wgpu::Buffer,
         bytes: &mut u64,
     ) -> Result<Self> {
         let (signals, max_slots, max_tokens) = (&opts.signals, opts.max_slots, opts.max_tokens);
@@ -178,7 +180,7 @@ impl SignalKernels {
             // zeroed by every step's reduce).
             let saved = gpu.storage("saved attention weights", slot_scores.size());
             undo_state.push((slot_scores.clone(), saved));
-            for kc in k_cache {
+            for (l, kc) in k_cache.iter().enumerate() {
                 // Eager attention holds every layer's weight matrix at once
                 // (what attention-scored eviction reads): one per layer.
                 let matrix = if signals.materialize {
@@ -206,6 +208,7 @@ impl SignalKernels {
                     &slot_scores,
                     max_tokens,
                     matrix.as_ref(),
+                    super::attn_layer(&c.layers[l], a, slot_positions),
                 )?);
             }
         }
@@ -400,15 +403,29 @@ impl CounterCausal {
                 accumulate: false,
                 rows: crate::kernels::Rows::Tokens,
             };
-            Some(Matmul::new(
-                gpu,
-                &a.step,
-                &last.o,
-                last.o_bias.as_ref(),
-                &a.attn_out,
-                &a.x,
-                set,
-            )?)
+            // With a sandwich norm the context is that norm of W_o(attn):
+            // the product writes xn and the norm (not accumulating) x.
+            let (o_out, norm) = match &last.post_norms {
+                Some((attn_norm, _)) => {
+                    let (h, eps) = (c.hidden_size, c.rms_norm_eps);
+                    let rows = crate::kernels::Rows::Tokens;
+                    let norm = RmsNorm::new(gpu, &a.step, h, eps, attn_norm, &a.xn, &a.x, rows)?;
+                    (&a.xn, Some(norm))
+                }
+                None => (&a.x, None),
+            };
+            Some(OutputWithoutResidual {
+                o: Matmul::new(
+                    gpu,
+                    &a.step,
+                    &last.o,
+                    last.o_bias.as_ref(),
+                    &a.attn_out,
+                    o_out,
+                    set,
+                )?,
+                norm,
+            })
         } else {
             None
         };

@@ -22,8 +22,13 @@ impl<'a> ConfigFields<'a> {
         self.path.display().to_string()
     }
 
+    /// The whole config.json.
+    pub fn json(&self) -> &'a Value {
+        self.v
+    }
+
     /// A field, absent when missing or null.
-    fn get(&self, key: &str) -> Option<&'a Value> {
+    pub fn get(&self, key: &str) -> Option<&'a Value> {
         self.v.get(key).filter(|x| !x.is_null())
     }
 

@@ -47,6 +47,8 @@ pub const FAMILY: Family = Family {
         config: no_gguf_keys,
         setting_tensors: &[],
     }),
+    norm_offset: 0.0,
+    scales_embeddings: false,
 };
 
 /// Llama's layers: `attention_bias` puts biases on q, k, v and the output
@@ -62,4 +64,14 @@ pub fn layers(f: &ConfigFields, rope: &Rope, n_layers: usize) -> Result<Vec<Laye
         ..LayerSpec::llama(rope)
     };
     Ok(vec![spec; n_layers])
+}
+
+/// `sliding_window` on every layer, as transformers' Mistral and Phi-3 apply
+/// it; None where it reaches past `max_position_embeddings` and so hides
+/// nothing within the model's context (Phi-3.5-mini and Phi-4-mini publish
+/// 262,144 with a context of 131,072), which keeps such a model on the
+/// kernels without a window.
+pub fn window_within_context(f: &ConfigFields) -> Result<Option<usize>> {
+    let context = f.usize_or("max_position_embeddings", 4096)?;
+    Ok(super::sliding_window(f)?.filter(|&w| w < context))
 }

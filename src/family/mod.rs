@@ -18,7 +18,9 @@ use crate::kernels::rope_kv::Rope;
 use fields::ConfigFields;
 
 pub mod fields;
+pub mod gemma3;
 pub mod llama;
+pub mod mistral;
 pub mod phi3;
 pub mod qwen2;
 pub mod qwen3;
@@ -55,6 +57,10 @@ pub enum Role {
     O,
     /// The norm before the MLP `[hidden]`.
     MlpNorm,
+    /// The norms of the attention and MLP outputs before they join the
+    /// residual `[hidden]` (Gemma 3's sandwich norms, [`LayerSpec::sandwich_norms`]).
+    PostAttnNorm,
+    PostMlpNorm,
     /// The MLP's gate, up and down projections.
     Gate,
     Up,
@@ -79,7 +85,12 @@ impl Role {
         let (q, kv) = (d.heads * d.head_dim, d.kv_heads * d.head_dim);
         match self {
             Role::Embed | Role::LmHead => vec![d.vocab, d.hidden],
-            Role::FinalNorm | Role::AttnNorm | Role::MlpNorm | Role::OBias => vec![d.hidden],
+            Role::FinalNorm
+            | Role::AttnNorm
+            | Role::MlpNorm
+            | Role::PostAttnNorm
+            | Role::PostMlpNorm
+            | Role::OBias => vec![d.hidden],
             Role::Q => vec![q, d.hidden],
             Role::K | Role::V => vec![kv, d.hidden],
             Role::Qkv => vec![q + 2 * kv, d.hidden],
@@ -117,6 +128,13 @@ pub struct Family {
     /// How llama.cpp writes the family as GGUF; None: sieve reads no GGUF
     /// file of it.
     pub gguf: Option<GgufLayout>,
+    /// Its norms multiply by `norm_offset + w` (Gemma's 1 + w; 0 for the
+    /// others). The loader adds it to every norm weight of Hugging Face
+    /// files; llama.cpp's converter has already added it in GGUF files.
+    pub norm_offset: f32,
+    /// The token embeddings are multiplied by sqrt(hidden) before the first
+    /// layer (Gemma), but not where the LM head reuses them.
+    pub scales_embeddings: bool,
 }
 
 /// A family's GGUF files as llama.cpp's converter writes them.
@@ -146,6 +164,8 @@ pub const FAMILIES: &[&Family] = &[
     &qwen3::FAMILY,
     &smollm3::FAMILY,
     &phi3::FAMILY,
+    &gemma3::FAMILY,
+    &mistral::FAMILY,
 ];
 
 /// The family whose architectures include `architecture`.
@@ -218,6 +238,15 @@ impl PartialEq for Family {
     }
 }
 
+/// The gate activation of the MLP: act(gate) * up.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Activation {
+    /// SiLU (SwiGLU): the Llama layout.
+    Silu,
+    /// GELU with the tanh approximation (`gelu_pytorch_tanh`; Gemma).
+    GeluTanh,
+}
+
 /// What one decoder layer computes beyond the Llama layer every family
 /// shares (RMSNorm, attention, RMSNorm, SwiGLU MLP, residuals).
 #[derive(Clone, Debug, PartialEq)]
@@ -231,6 +260,17 @@ pub struct LayerSpec {
     pub qk_norm: bool,
     /// The layer's rotary embedding; `rotary_dim` 0 for a layer without one.
     pub rope: Rope,
+    /// Sliding-window attention: a query at position p sees the keys at
+    /// positions p - window + 1 ..= p (by original position, so also after
+    /// evictions); None: every earlier key.
+    pub window: Option<usize>,
+    /// The scores are multiplied by this; None: 1 / sqrt(head_dim). Gemma 3
+    /// takes `query_pre_attn_scalar ** -0.5`.
+    pub attn_scale: Option<f32>,
+    /// The attention and MLP outputs are RMS-normed (`PostAttnNorm`,
+    /// `PostMlpNorm`) before they join the residual (Gemma 3).
+    pub sandwich_norms: bool,
+    pub activation: Activation,
 }
 
 impl LayerSpec {
@@ -241,16 +281,20 @@ impl LayerSpec {
             o_bias: false,
             qk_norm: false,
             rope: rope.clone(),
+            window: None,
+            attn_scale: None,
+            sandwich_norms: false,
+            activation: Activation::Silu,
         }
     }
 }
 
 /// `layer_types` (transformers 5; also in some transformers 4 configs):
-/// one entry per layer, each "full_attention". Sliding-window layers are
-/// refused by name until sieve has them.
-pub fn check_layer_types(f: &ConfigFields, n_layers: usize) -> Result<()> {
+/// one entry per layer, "full_attention" or "sliding_attention"; for each
+/// layer whether it slides, None when the key is absent.
+pub fn layer_types(f: &ConfigFields, n_layers: usize) -> Result<Option<Vec<bool>>> {
     let Some(types) = f.array("layer_types")? else {
-        return Ok(());
+        return Ok(None);
     };
     if types.len() != n_layers {
         bail!(
@@ -259,20 +303,44 @@ pub fn check_layer_types(f: &ConfigFields, n_layers: usize) -> Result<()> {
             types.len()
         );
     }
-    for (l, t) in types.iter().enumerate() {
-        match t.as_str() {
-            Some("full_attention") => {}
-            Some("sliding_attention") => bail!(
-                "{}: layer_types[{l}] is sliding_attention; sliding-window layers are not supported yet",
-                f.file()
-            ),
+    let sliding = types
+        .iter()
+        .enumerate()
+        .map(|(l, t)| match t.as_str() {
+            Some("full_attention") => Ok(false),
+            Some("sliding_attention") => Ok(true),
             _ => bail!(
-                "{}: layer_types[{l}] is {t}; expected \"full_attention\"",
+                "{}: layer_types[{l}] is {t}; expected \"full_attention\" or \"sliding_attention\"",
                 f.file()
             ),
-        }
+        })
+        .collect::<Result<Vec<bool>>>()?;
+    Ok(Some(sliding))
+}
+
+/// `layer_types` of a family whose layers all attend fully: a sliding
+/// entry is refused by name (its config would need the family's window
+/// settings, which only Gemma 3 and Mistral read).
+pub fn check_layer_types(f: &ConfigFields, n_layers: usize) -> Result<()> {
+    if let Some(l) = layer_types(f, n_layers)?.and_then(|s| s.iter().position(|&w| w)) {
+        bail!(
+            "{}: layer_types[{l}] is sliding_attention; this family's layers attend fully (sliding windows are read for Gemma 3 and Mistral)",
+            f.file()
+        );
     }
     Ok(())
+}
+
+/// `sliding_window`: None when absent or null; 0 is refused by name.
+pub fn sliding_window(f: &ConfigFields) -> Result<Option<usize>> {
+    let w = f.usize_opt("sliding_window")?;
+    if w == Some(0) {
+        bail!(
+            "{}: sliding_window is 0; expected a window of at least one token",
+            f.file()
+        );
+    }
+    Ok(w)
 }
 
 /// Two tensor tables as one, at compile time (a family that adds tensors
@@ -292,24 +360,6 @@ pub(crate) const fn concat_tables<const N: usize>(
         i += 1;
     }
     out
-}
-
-/// A `sliding_window` on a family whose every layer would use it: refused
-/// by name until sieve has sliding windows, unless it reaches past
-/// `max_position_embeddings` and so hides nothing (Phi-3.5-mini and
-/// Phi-4-mini publish 262,144 with a context of 131,072).
-pub fn refuse_sliding_window(f: &ConfigFields) -> Result<()> {
-    let Some(w) = f.usize_opt("sliding_window")? else {
-        return Ok(());
-    };
-    let context = f.usize_or("max_position_embeddings", 4096)?;
-    if w < context {
-        bail!(
-            "{}: sliding_window is {w}, less than max_position_embeddings ({context}); sliding-window attention is not supported yet",
-            f.file()
-        );
-    }
-    Ok(())
 }
 
 /// Fields of the Llama-layout families that would change the computation

@@ -3,7 +3,7 @@
 //! one (`gate_up_proj`, rows gate then up), RoPE on part of each head
 //! (`partial_rotary_factor`: Phi-4-mini's 0.75) and LongRoPE scaling, both
 //! read with the shared RoPE keys by `crate::config`. Phi-3's sliding
-//! window (Phi-3-mini-4k) is refused until sieve has windows.
+//! window (Phi-3-mini-4k's 2,047) on every layer.
 //!
 //! GGUF: architecture `phi3`; the fused tensors keep their rows (llama.cpp
 //! calls gate|up `ffn_up`); the RoPE dimensions in `phi3.rope.dimension_count`,
@@ -15,7 +15,7 @@ use anyhow::{bail, Result};
 use serde_json::{json, Map, Value};
 
 use super::{
-    check_layer_types, refuse_sliding_window, refuse_unsupported, Family, GgufLayout, LayerSpec,
+    check_layer_types, llama, refuse_unsupported, Family, GgufLayout, LayerSpec,
     Role,
 };
 use crate::family::fields::ConfigFields;
@@ -50,13 +50,18 @@ pub const FAMILY: Family = Family {
         config: gguf_config,
         setting_tensors: &[ROPE_FACTORS_LONG, ROPE_FACTORS_SHORT],
     }),
+    norm_offset: 0.0,
+    scales_embeddings: false,
 };
 
 fn layers(f: &ConfigFields, rope: &Rope, n_layers: usize) -> Result<Vec<LayerSpec>> {
     check_layer_types(f, n_layers)?;
-    refuse_sliding_window(f)?;
     refuse_unsupported(f)?;
-    Ok(vec![LayerSpec::llama(rope); n_layers])
+    let spec = LayerSpec {
+        window: llama::window_within_context(f)?,
+        ..LayerSpec::llama(rope)
+    };
+    Ok(vec![spec; n_layers])
 }
 
 /// The sliding window (0 for none, as llama.cpp writes Phi-4's) and

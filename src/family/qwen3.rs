@@ -33,6 +33,8 @@ pub const FAMILY: Family = Family {
         config: no_gguf_keys,
         setting_tensors: &[],
     }),
+    norm_offset: 0.0,
+    scales_embeddings: false,
 };
 
 fn layers(f: &ConfigFields, rope: &Rope, n_layers: usize) -> Result<Vec<LayerSpec>> {

@@ -26,6 +26,8 @@ pub const FAMILY: Family = Family {
         config: gguf_config,
         setting_tensors: &[],
     }),
+    norm_offset: 0.0,
+    scales_embeddings: false,
 };
 
 fn layers(f: &ConfigFields, rope: &Rope, n_layers: usize) -> Result<Vec<LayerSpec>> {

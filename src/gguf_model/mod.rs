@@ -64,8 +64,10 @@ impl GgufModel {
         // Weights are read as f32 (or kept in their blocks), whatever
         // config.json would say.
         let documents = meta.documents(&file, "float32")?;
-        let config = ModelConfig::from_json(&documents[0].1, &path)
+        let mut config = ModelConfig::from_json(&documents[0].1, &path)
             .with_context(|| format!("{}: the configuration its metadata gives", path.display()))?;
+        // llama.cpp's converter adds Gemma's 1 to the norm weights.
+        config.norm_weight_offset = 0.0;
         Ok(GgufModel {
             file,
             config,

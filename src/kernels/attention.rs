@@ -35,24 +35,56 @@ struct Params {
     n_kv: u32,
     hd4: u32,
     scale: f32,
+    window: u32,
+    _p: [u32; 3],
 }
 
 impl Params {
-    fn of(heads: Heads) -> Self {
+    fn of(heads: Heads, layer: &AttnLayer) -> Self {
         Params {
             n_heads: heads.n_heads as u32,
             n_kv: heads.n_kv as u32,
             hd4: (heads.head_dim / 4) as u32,
-            scale: 1.0 / (heads.head_dim as f32).sqrt(),
+            scale: layer.scale(heads),
+            window: layer.window.as_ref().map_or(0, |w| w.size),
+            _p: [0; 3],
         }
     }
 }
 
 /// How `Params` mirrors `AttnParams` (checked against naga in tests/shaders.rs).
 pub(crate) fn uniform_layout() -> super::UniformLayout {
-    super::uniform_layout!(Params as "AttnParams" in [shaders::ATTENTION, shaders::ATTENTION_DECODE, shaders::ATTENTION_DECODE_LANES, shaders::ATTENTION_PREFILL, shaders::ATTENTION_PREFILL_COOP] {
-        n_heads, n_kv, hd4, scale
+    super::uniform_layout!(Params as "AttnParams" in [shaders::ATTENTION, shaders::ATTENTION_WIDE, shaders::ATTENTION_DECODE, shaders::ATTENTION_DECODE_LANES, shaders::ATTENTION_PREFILL, shaders::ATTENTION_PREFILL_COOP] {
+        n_heads, n_kv, hd4, scale, window, _p
     })
+}
+
+/// What one layer's attention computes beyond softmax(q k / sqrt(head_dim))
+/// over every earlier slot: its own score scale, and a sliding window.
+#[derive(Clone, Copy, Default)]
+pub struct AttnLayer<'a> {
+    /// The scores' scale; None: 1 / sqrt(head_dim).
+    pub scale: Option<f32>,
+    pub window: Option<Window<'a>>,
+}
+
+/// A sliding window: a query sees the keys whose original positions are
+/// less than `size` from its own (the counter-causal pass: after it).
+#[derive(Clone, Copy)]
+pub struct Window<'a> {
+    pub size: u32,
+    /// `[rows]` u32: the original position of each query row (the step's
+    /// positions).
+    pub query_positions: &'a wgpu::Buffer,
+    /// `[slots]` u32: the original position of the entry in each cache slot.
+    pub slot_positions: &'a wgpu::Buffer,
+}
+
+impl AttnLayer<'_> {
+    fn scale(&self, heads: Heads) -> f32 {
+        self.scale
+            .unwrap_or(1.0 / (heads.head_dim as f32).sqrt())
+    }
 }
 
 struct PageGroups {
@@ -92,10 +124,28 @@ pub struct Attention {
 }
 
 /// The most query heads per KV head and the largest head size the attention
-/// kernels take (GMAX and 4 x HD4_MAX in attention_io.wgsl); model configs
-/// are checked against the same limits when loaded (src/config.rs).
+/// kernels take (GMAX and 4 x HD4_MAX in attention_heads.wgsl); model
+/// configs are checked against the same limits when loaded (src/config.rs).
 pub const MAX_HEADS_PER_KV: usize = 8;
-pub const MAX_HEAD_DIM: usize = 128;
+pub const NARROW_HEAD_DIM: usize = 128;
+/// The wide build of attention.wgsl (attention_heads_wide.wgsl) takes heads
+/// up to this size, with up to [`WIDE_HEADS_PER_KV`] query heads per KV head.
+pub const MAX_HEAD_DIM: usize = 256;
+pub const WIDE_HEADS_PER_KV: usize = 4;
+
+/// Whether `heads` need the wide build of attention.wgsl.
+fn wide(heads: Heads) -> bool {
+    heads.head_dim > NARROW_HEAD_DIM
+}
+
+/// attention.wgsl built for `heads`.
+fn attention_shader(heads: Heads) -> &'static shaders::Shader {
+    if wide(heads) {
+        &shaders::ATTENTION_WIDE
+    } else {
+        &shaders::ATTENTION
+    }
+}
 
 impl Attention {
     /// Bytes of the partials buffer for up to `max_tokens` queries over
@@ -130,6 +180,7 @@ impl Attention {
         out: &wgpu::Buffer,
         lse: &wgpu::Buffer,
         qslot: &wgpu::Buffer,
+        layer: AttnLayer,
     ) -> Result<Self> {
         // The head counts and head size become override constants below.
         anyhow::ensure!(
@@ -145,12 +196,27 @@ impl Attention {
             "attention: head_dim {} must be a multiple of 4 from 4 to {MAX_HEAD_DIM}",
             heads.head_dim
         );
-        let params = gpu.uniform("attn-params", &Params::of(heads));
+        anyhow::ensure!(
+            !wide(heads) || heads.n_heads / heads.n_kv <= WIDE_HEADS_PER_KV,
+            "attention: heads of {} values take at most {WIDE_HEADS_PER_KV} query heads per KV head, not {}",
+            heads.head_dim,
+            heads.n_heads / heads.n_kv
+        );
+        anyhow::ensure!(
+            layer.window.is_none_or(|w| w.size > 0),
+            "attention: a sliding window of 0 tokens"
+        );
+        let params = gpu.uniform("attn-params", &Params::of(heads, &layer));
         anyhow::ensure!(
             k_cache.n_pages() == 1 || k_cache.page_slots.is_multiple_of(KEY_CHUNK as usize),
             "key cache pages of {} slots are not whole key chunks of {KEY_CHUNK}",
             k_cache.page_slots
         );
+        // Without a window the position bindings are never read: any buffer.
+        let (qpos, kpos) = match &layer.window {
+            Some(w) => (w.query_positions, w.slot_positions),
+            None => (q, q),
+        };
         let b = Bindings {
             params: &params,
             q,
@@ -160,8 +226,14 @@ impl Attention {
             out,
             lse,
             qslot,
+            qpos,
+            kpos,
         };
-        let decode = tuned_decode(gpu, heads, &b)
+        let shape = KernelShape {
+            heads,
+            window: layer.window.is_some(),
+        };
+        let decode = tuned_decode(gpu, shape, &b)
             .into_iter()
             .map(|(up_to_keys, variant)| -> Result<DecodeKernel> {
                 Ok(DecodeKernel {
@@ -172,7 +244,7 @@ impl Attention {
                 })
             })
             .collect::<Result<Vec<_>>>()?;
-        let prefill_variant = tuned_prefill(gpu, heads, &b);
+        let prefill_variant = tuned_prefill(gpu, shape, &b);
         let prefill = prefill_pipeline(gpu, prefill_variant, heads, "prefill_partial")?;
         let anticausal = prefill_pipeline(gpu, prefill_variant, heads, "anticausal_partial")?;
         let merge = merge_pipeline(gpu, heads, KEY_CHUNK)?;
@@ -311,11 +383,13 @@ struct Bindings<'a> {
     out: &'a wgpu::Buffer,
     lse: &'a wgpu::Buffer,
     qslot: &'a wgpu::Buffer,
+    qpos: &'a wgpu::Buffer,
+    kpos: &'a wgpu::Buffer,
 }
 
 impl<'a> Bindings<'a> {
     /// The bindings of cache page `p` with the given step uniform.
-    fn page(&self, step: &'a wgpu::Buffer, p: usize) -> [&'a wgpu::Buffer; 10] {
+    fn page(&self, step: &'a wgpu::Buffer, p: usize) -> [&'a wgpu::Buffer; 12] {
         [
             step,
             self.params,
@@ -327,6 +401,8 @@ impl<'a> Bindings<'a> {
             self.lse,
             self.qslot,
             &self.k_cache.uniforms[p],
+            self.qpos,
+            self.kpos,
         ]
     }
 }
@@ -354,7 +430,7 @@ fn decode_pipeline(
     let [group] = group_constant(heads);
     let [hd4] = head_dim_constant(heads);
     let (shader, value_batch) = match variant {
-        AttnDecodeVariant::Serial => (&shaders::ATTENTION, None),
+        AttnDecodeVariant::Serial => (attention_shader(heads), None),
         AttnDecodeVariant::Parallel => (&shaders::ATTENTION_DECODE, None),
         AttnDecodeVariant::ParallelBatched | AttnDecodeVariant::ParallelShort => {
             (&shaders::ATTENTION_DECODE, Some(8.0))
@@ -377,7 +453,7 @@ fn chunk_constant(chunk: u32) -> Option<(&'static str, f64)> {
 fn merge_pipeline(gpu: &Runtime, heads: Heads, chunk: u32) -> Result<Arc<wgpu::ComputePipeline>> {
     let constants: Vec<_> = chunk_constant(chunk).into_iter().collect();
     gpu.pipeline(
-        &shaders::ATTENTION,
+        attention_shader(heads),
         Some(heads.kv_format.into()),
         "merge",
         &constants,
@@ -393,7 +469,7 @@ fn prefill_pipeline(
     entry: &str,
 ) -> Result<Arc<wgpu::ComputePipeline>> {
     let shader = match variant {
-        AttnPrefillVariant::RowPerLane => &shaders::ATTENTION,
+        AttnPrefillVariant::RowPerLane => attention_shader(heads),
         AttnPrefillVariant::Tiled => &shaders::ATTENTION_PREFILL,
         AttnPrefillVariant::Coop => {
             anyhow::ensure!(
@@ -442,13 +518,30 @@ const TUNE_DEPTHS: [usize; 3] = [1024, 4096, 16384];
 /// steps hold fewer), from slot 0: a causal prompt chunk.
 const TUNE_QUERIES: usize = 512;
 
+/// What decides which attention variants can run a layer: its heads, and
+/// whether it has a sliding window.
+#[derive(Clone, Copy)]
+struct KernelShape {
+    heads: Heads,
+    window: bool,
+}
+
 /// The decode variants by depth, as (up to how many keys, variant): the
 /// rule's for every depth, or with `tuned` the fastest of the candidates at
 /// each of [`TUNE_DEPTHS`] the first cache page holds (and at its length
 /// where that is less: the depths that engine reaches first), neighbours
 /// with the same choice merged.
-fn tuned_decode(gpu: &Runtime, heads: Heads, b: &Bindings) -> Vec<(u32, AttnDecodeVariant)> {
-    let cands = gpu.kernels.attn_decode_candidates();
+fn tuned_decode(gpu: &Runtime, shape: KernelShape, b: &Bindings) -> Vec<(u32, AttnDecodeVariant)> {
+    let heads = shape.heads;
+    let mut cands: Vec<_> = gpu
+        .kernels
+        .attn_decode_candidates()
+        .into_iter()
+        .filter(|v| v.takes(heads.head_dim, shape.window))
+        .collect();
+    if cands.is_empty() {
+        cands.push(AttnDecodeVariant::Serial);
+    }
     if cands.len() == 1 {
         return vec![(u32::MAX, cands[0])];
     }
@@ -517,10 +610,17 @@ fn tuned_decode_at(
 /// [`TUNE_QUERIES`] queries from slot 0, as many as the engine's buffers
 /// and first cache page hold (where that is under 2, the rule's choice is
 /// kept, and the timings say why).
-fn tuned_prefill(gpu: &Runtime, heads: Heads, b: &Bindings) -> AttnPrefillVariant {
-    let cands = gpu
+fn tuned_prefill(gpu: &Runtime, shape: KernelShape, b: &Bindings) -> AttnPrefillVariant {
+    let heads = shape.heads;
+    let mut cands: Vec<_> = gpu
         .kernels
-        .attn_prefill_candidates(heads.head_dim, heads.kv_format);
+        .attn_prefill_candidates(heads.head_dim, heads.kv_format)
+        .into_iter()
+        .filter(|v| v.takes(heads.head_dim, shape.window))
+        .collect();
+    if cands.is_empty() {
+        cands.push(AttnPrefillVariant::RowPerLane);
+    }
     if cands.len() == 1 {
         return cands[0];
     }
@@ -682,7 +782,7 @@ impl WaveRun<'_> {
         Ok(())
     }
 
-    /// Runs `partials` (bound to the ten bindings of attention_io.wgsl,
+    /// Runs `partials` (bound to the twelve bindings of attention_io.wgsl,
     /// then `extra`) on `groups` workgroups and the merge, and returns its
     /// output (an error if it cannot be read back) and the CPU reference's.
     pub(crate) fn partials_and_merge(
@@ -723,7 +823,10 @@ impl WaveRun<'_> {
             ),
         };
         let step = tune_step(gpu, n, slots - n);
-        let params = gpu.uniform("check-attn-params", &Params::of(heads));
+        let params = gpu.uniform(
+            "check-attn-params",
+            &Params::of(heads, &AttnLayer::default()),
+        );
         let (qb, out) = (
             gpu.storage_from("check-q", &q),
             gpu.storage("check-out", n as u64 * query_row_bytes(heads)),
@@ -741,6 +844,8 @@ impl WaveRun<'_> {
             out: &out,
             lse: &gpu.storage("check-lse", (n * heads.n_heads * 4) as u64),
             qslot: &qslot,
+            qpos: &qb,
+            kpos: &qb,
         };
         let merge = merge_pipeline(gpu, heads, chunk);
         let bufs = b.page(&step, 0);
@@ -1332,7 +1437,7 @@ pub(crate) mod tests {
         }
         let shader = &shaders::ATTENTION_PREFILL_COOP;
         let init = "emu_init(wid.x + 4u * (wid.y + 16u * wid.z), sg, sg_lane);";
-        let (body, emu_slots) = emulate_coop(shader.body, init, 10);
+        let (body, emu_slots) = emulate_coop(shader.body, init, 12);
         let leak = |s: String| -> &'static str { Box::leak(s.into_boxed_str()) };
         let emulated = shaders::Shader {
             name: leak(format!("{}-emulated", shader.name)),

@@ -10,6 +10,7 @@ use super::paging::SlotPages;
 use super::rope_kv::Heads;
 use super::{ceil_div, dispatch};
 use crate::gpu::Gpu;
+use super::attention::AttnLayer;
 use crate::shaders;
 
 /// Which queries count.
@@ -32,12 +33,14 @@ struct Params {
     slots: u32,
     n_layers: u32,
     max_tokens: u32,
+    window: u32,
+    _p: [u32; 3],
 }
 
 /// How `Params` mirrors `WeightParams` (checked against naga in tests/shaders.rs).
 pub(crate) fn uniform_layout() -> super::UniformLayout {
     super::uniform_layout!(Params as "WeightParams" in [shaders::ATTN_WEIGHTS] {
-        n_heads, n_kv, hd4, scale, mode, slots, n_layers, max_tokens
+        n_heads, n_kv, hd4, scale, mode, slots, n_layers, max_tokens, window, _p
     })
 }
 
@@ -75,6 +78,7 @@ impl AttnWeights {
         score: &wgpu::Buffer,
         max_tokens: usize,
         matrix: Option<&wgpu::Buffer>,
+        layer: AttnLayer,
     ) -> Result<Self> {
         let kv = Some(heads.kv_format.into());
         let accumulate = gpu.pipeline(&shaders::ATTN_WEIGHTS, kv, "accumulate", &[])?;
@@ -85,13 +89,22 @@ impl AttnWeights {
                 n_heads: heads.n_heads as u32,
                 n_kv: heads.n_kv as u32,
                 hd4: (heads.head_dim / 4) as u32,
-                scale: 1.0 / (heads.head_dim as f32).sqrt(),
+                scale: layer
+                    .scale
+                    .unwrap_or(1.0 / (heads.head_dim as f32).sqrt()),
                 mode: mode as u32,
                 slots: slots as u32,
                 n_layers: n_layers as u32,
                 max_tokens: max_tokens as u32,
+                window: layer.window.as_ref().map_or(0, |w| w.size),
+                _p: [0; 3],
             },
         );
+        // Without a window the position bindings are never read: any buffer.
+        let (qpos, kpos) = match &layer.window {
+            Some(w) => (w.query_positions, w.slot_positions),
+            None => (q, q),
+        };
         let dummy = gpu.storage("no-matrix", 16);
         let matrix_buf = matrix.unwrap_or(&dummy);
         let pages = (0..k_cache.n_pages())
@@ -99,7 +112,7 @@ impl AttnWeights {
                 let (kc, page) = (&k_cache.buffers[p], &k_cache.uniforms[p]);
                 let group = gpu.bind_group(
                     &accumulate,
-                    &[step, &params, q, kc, lse, cell, score, matrix_buf, page],
+                    &[step, &params, q, kc, lse, cell, score, matrix_buf, page, qpos, kpos],
                 );
                 let r = k_cache.range(p);
                 (r.start as u32..r.end as u32, group)

@@ -22,9 +22,17 @@ impl Embed {
         table: &GpuMatrix,
         ids: &wgpu::Buffer,
         x: &wgpu::Buffer,
+        scale: f32,
     ) -> Result<Self> {
         let format = table.single_format("the embedding table")?;
-        let pipeline = gpu.pipeline(&shaders::EMBED, Some(format.into()), "main", &[])?;
+        // An override constant only where it scales, so the other models'
+        // pipeline is the one they always had.
+        let constants: Vec<(&str, f64)> = if scale == 1.0 {
+            vec![]
+        } else {
+            vec![("SCALE", scale as f64)]
+        };
+        let pipeline = gpu.pipeline(&shaders::EMBED, Some(format.into()), "main", &constants)?;
         let hidden4 = (table.cols / 4) as u32;
         let groups = table_part_groups(gpu, &pipeline, step, table, &[ids, x]);
         Ok(Embed {
@@ -46,13 +54,13 @@ impl Embed {
     }
 }
 
-/// CPU reference: rows of the table by id.
-pub fn reference(table: &[f32], hidden: usize, ids: &[u32]) -> Vec<f32> {
+/// CPU reference: rows of the table by id, times `scale`.
+pub fn reference(table: &[f32], hidden: usize, ids: &[u32], scale: f32) -> Vec<f32> {
     ids.iter()
         .flat_map(|&id| {
             table[id as usize * hidden..(id as usize + 1) * hidden]
                 .iter()
-                .copied()
+                .map(move |v| v * scale)
         })
         .collect()
 }
@@ -77,8 +85,11 @@ pub(crate) mod tests {
             m.write_rows(&gpu, 0, &table, "emb").unwrap();
             let ids = vec![36, 0, 8, 7, 9, 16, 35, 10];
             for ids in [vec![0u32], ids.clone()] {
-                assert_eq!(gather(&gpu, &m, &ids), reference(&table, hidden, &ids));
+                assert_eq!(gather(&gpu, &m, &ids, 1.0), reference(&table, hidden, &ids, 1.0));
             }
+            // Gemma's scale: sqrt(hidden), not a power of two.
+            let s = (hidden as f32).sqrt();
+            assert_eq!(gather(&gpu, &m, &ids, s), reference(&table, hidden, &ids, s));
             // Rows written again after the table was read (a texture's
             // staging copy is gone by then): the new rows 7 .. 11, which
             // share words and parts with rows kept, and the others as before.
@@ -86,8 +97,8 @@ pub(crate) mod tests {
             m.write_rows(&gpu, 7, &new_rows, "emb").unwrap();
             table[7 * hidden..11 * hidden].copy_from_slice(&new_rows);
             assert_eq!(
-                gather(&gpu, &m, &ids),
-                reference(&table, hidden, &ids),
+                gather(&gpu, &m, &ids, 1.0),
+                reference(&table, hidden, &ids, 1.0),
                 "{store:?}"
             );
         }
@@ -98,7 +109,7 @@ pub(crate) mod tests {
     }
 
     /// The rows of `ids` gathered from `m` by the kernel.
-    fn gather(gpu: &Gpu, m: &GpuMatrix, ids: &[u32]) -> Vec<f32> {
+    fn gather(gpu: &Gpu, m: &GpuMatrix, ids: &[u32], scale: f32) -> Vec<f32> {
         let n = ids.len();
         let step = step_buffer(
             gpu,
@@ -109,7 +120,7 @@ pub(crate) mod tests {
         );
         let idb = gpu.storage_from("ids", ids);
         let x = gpu.storage("x", (n * m.cols * 4) as u64);
-        let e = Embed::new(gpu, &step, m, &idb, &x).unwrap();
+        let e = Embed::new(gpu, &step, m, &idb, &x, scale).unwrap();
         run_pass(gpu, |pass| e.encode(pass, n as u32));
         gpu.read(&x, 0, n * m.cols).unwrap()
     }
@@ -129,8 +140,8 @@ pub(crate) mod tests {
             let m = GpuMatrix::new(&gpu, "emb", vocab, hidden, format).unwrap();
             assert!(m.parts.len() > 1, "{format:?}");
             let table = fill_test_weights(&gpu, &m, 3);
-            let got = gather(&gpu, &m, &ids);
-            let want = reference(&table, hidden, &ids);
+            let got = gather(&gpu, &m, &ids, 1.0);
+            let want = reference(&table, hidden, &ids, 1.0);
             assert!(max_abs_diff(&got, &want) < 1e-5, "{format:?} {store:?}");
         }
     }

@@ -642,7 +642,8 @@ impl Scratch {
             super::rmsnorm::RmsNorm::new(gpu, step, cols, eps, norm, input, x, Rows::Tokens)?
                 .dispatch_for(1)
         } else {
-            super::silu_mul::SiluMul::new(gpu, step, cols, input, x)?.dispatch_for(1)
+            super::silu_mul::SiluMul::new(gpu, step, cols, crate::family::Activation::Silu, input, x)?
+                .dispatch_for(1)
         })
     }
 }
@@ -1341,7 +1342,11 @@ pub(crate) mod tests {
         let gpu = gpu();
         for &(rows, cols, format) in FUSED_SHAPES {
             let gate_up = rand_vec(2 * cols, 11, 4.0);
-            let x = crate::kernels::silu_mul::reference(&gate_up, cols);
+            let x = crate::kernels::silu_mul::reference(
+                &gate_up,
+                cols,
+                crate::family::Activation::Silu,
+            );
             let gub = gpu.storage_from("gate-up", &gate_up);
             let fused = FusedInput::SwiGlu { gate_up: &gub };
             check_fused_input(&gpu, rows, cols, format, &x, fused);

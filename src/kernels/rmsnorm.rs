@@ -43,7 +43,42 @@ impl RmsNorm {
         y: &wgpu::Buffer,
         rows: Rows,
     ) -> Result<Self> {
-        let pipeline = gpu.pipeline(&shaders::RMSNORM, None, "main", &[])?;
+        Self::build(gpu, step, dim, eps, w, x, y, rows, false)
+    }
+
+    /// As [`RmsNorm::new`], adding the norm to `y` (a sandwich norm: a
+    /// layer's output normed into the residual stream).
+    #[allow(clippy::too_many_arguments)]
+    pub fn accumulating(
+        gpu: &Gpu,
+        step: &wgpu::Buffer,
+        dim: usize,
+        eps: f64,
+        w: &wgpu::Buffer,
+        x: &wgpu::Buffer,
+        y: &wgpu::Buffer,
+    ) -> Result<Self> {
+        Self::build(gpu, step, dim, eps, w, x, y, Rows::Tokens, true)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn build(
+        gpu: &Gpu,
+        step: &wgpu::Buffer,
+        dim: usize,
+        eps: f64,
+        w: &wgpu::Buffer,
+        x: &wgpu::Buffer,
+        y: &wgpu::Buffer,
+        rows: Rows,
+        accumulate: bool,
+    ) -> Result<Self> {
+        let constants: &[(&str, f64)] = if accumulate {
+            &[("ACCUMULATE", 1.0)]
+        } else {
+            &[]
+        };
+        let pipeline = gpu.pipeline(&shaders::RMSNORM, None, "main", constants)?;
         let params = gpu.uniform(
             "rmsnorm-params",
             &Params {
@@ -122,6 +157,14 @@ pub(crate) mod tests {
                 max_abs_diff(&got, &want[(n - 1) * dim..]) < 4e-5,
                 "dim {dim} last row"
             );
+            // Accumulating: y (holding `want`) gains the norm once more.
+            let y0: Vec<f32> = rand_vec(dim * n, 3, 1.0);
+            let yb = gpu.storage_from("y", &y0);
+            let add = RmsNorm::accumulating(&gpu, &step, dim, 1e-5, &wb, &xb, &yb).unwrap();
+            run_pass(&gpu, |pass| add.encode(pass, n as u32));
+            let got: Vec<f32> = gpu.read(&yb, 0, dim * n).unwrap();
+            let want_sum: Vec<f32> = y0.iter().zip(&want).map(|(a, b)| a + b).collect();
+            assert!(max_abs_diff(&got, &want_sum) < 1e-5 * 4.0, "dim {dim} accumulating");
         }
     }
 

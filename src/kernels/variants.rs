@@ -412,6 +412,15 @@ pub enum AttnDecodeVariant {
 }
 
 impl AttnDecodeVariant {
+    /// Whether the variant runs heads of `head_dim` values, and a sliding
+    /// window: only `Serial` (attention.wgsl) has the wide build for heads
+    /// over 128 values and the window's mask; a layer that needs either
+    /// takes it whatever the kernel set.
+    pub fn takes(self, head_dim: usize, window: bool) -> bool {
+        self == AttnDecodeVariant::Serial
+            || (head_dim <= super::attention::NARROW_HEAD_DIM && !window)
+    }
+
     /// Cache slots per key chunk: the partials' layout, the workgroups a
     /// step dispatches and the merge's chunk count.
     pub fn key_chunk(self) -> u32 {
@@ -436,6 +445,15 @@ pub enum AttnPrefillVariant {
     /// accumulators; head_dim a multiple of 16). A `tuned` candidate on
     /// devices with cooperative matrices, after a start-up check.
     Coop,
+}
+
+impl AttnPrefillVariant {
+    /// As [`AttnDecodeVariant::takes`]: only `RowPerLane` (attention.wgsl)
+    /// has the wide build and the window's mask.
+    pub fn takes(self, head_dim: usize, window: bool) -> bool {
+        self == AttnPrefillVariant::RowPerLane
+            || (head_dim <= super::attention::NARROW_HEAD_DIM && !window)
+    }
 }
 
 /// The variant of every op with variants, chosen once per device, and the

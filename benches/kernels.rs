@@ -99,6 +99,7 @@ fn main() {
             &out,
             &lse,
             &gpu.storage("qslot", 16),
+            sieve::kernels::attention::AttnLayer::default(),
         )
         .unwrap();
         let ms = time(&gpu, |p| a.encode(p, n as u32, depth as u32));

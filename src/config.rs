@@ -270,7 +270,8 @@ impl ModelConfig {
                 self.head_dim
             );
         }
-        if self.head_dim > NARROW_HEAD_DIM && self.num_heads / self.num_kv_heads > WIDE_HEADS_PER_KV {
+        if self.head_dim > NARROW_HEAD_DIM && self.num_heads / self.num_kv_heads > WIDE_HEADS_PER_KV
+        {
             bail!(
                 "{p}: head_dim {} over {NARROW_HEAD_DIM} takes at most {WIDE_HEADS_PER_KV} query heads per KV head, not {}",
                 self.head_dim,
@@ -473,6 +474,84 @@ pub fn scaling_object(
     })
 }
 
+/// The RoPE of base `theta` with `scaling` over the first `rotary_dim`
+/// dimensions of each head (a family with RoPE of its own per layer, as
+/// Gemma 3's, builds each with it).
+pub fn rope(theta: f64, scaling: &RopeScaling, rotary_dim: usize) -> Rope {
+    let mut rope = Rope {
+        rotary_dim,
+        inv_freq: rope_inv_freq(theta, scaling, rotary_dim),
+        attention_factor: 1.0,
+        long: None,
+    };
+    if let RopeScaling::LongRope {
+        long_factor,
+        original_max_position_embeddings,
+        attention_factor,
+        ..
+    } = scaling
+    {
+        rope.attention_factor = *attention_factor as f32;
+        rope.long = Some(LongRope {
+            inv_freq: long_rope_inv_freq(theta, rotary_dim, long_factor),
+            original: *original_max_position_embeddings,
+        });
+    }
+    rope
+}
+
+/// LongRoPE's frequencies with `factors`, as transformers'
+/// `_compute_longrope_parameters` computes them (in float32):
+/// 1 / (factor_j * theta^(2j / rotary_dim)).
+fn long_rope_inv_freq(theta: f64, rotary_dim: usize, factors: &[f64]) -> Vec<f32> {
+    let d = rotary_dim as f32;
+    factors
+        .iter()
+        .enumerate()
+        .map(|(j, &ext)| 1.0f32 / (ext as f32 * (theta as f32).powf((2 * j) as f32 / d)))
+        .collect()
+}
+
+/// Inverse RoPE frequencies for pair index j (0..rotary_dim/2), with
+/// rope scaling applied exactly as transformers' `_compute_llama3_parameters`
+/// and `_compute_linear_scaling_rope_parameters`.
+pub fn rope_inv_freq(theta: f64, scaling: &RopeScaling, rotary_dim: usize) -> Vec<f32> {
+    if let RopeScaling::LongRope { short_factor, .. } = scaling {
+        return long_rope_inv_freq(theta, rotary_dim, short_factor);
+    }
+    let d = rotary_dim as f64;
+    (0..rotary_dim / 2)
+        .map(|j| {
+            // transformers computes the base frequencies in float32.
+            let base = (1.0f32 / (theta as f32).powf((2 * j) as f32 / d as f32)) as f64;
+            let f = match scaling {
+                RopeScaling::None | RopeScaling::LongRope { .. } => base,
+                RopeScaling::Linear { factor } => base / factor,
+                RopeScaling::Llama3 {
+                    factor,
+                    low_freq_factor,
+                    high_freq_factor,
+                    original_max_position_embeddings: old,
+                } => {
+                    let low_wavelen = old / low_freq_factor;
+                    let high_wavelen = old / high_freq_factor;
+                    let wavelen = 2.0 * std::f64::consts::PI / base;
+                    if wavelen < high_wavelen {
+                        base
+                    } else if wavelen > low_wavelen {
+                        base / factor
+                    } else {
+                        let smooth = (old / wavelen - low_freq_factor)
+                            / (high_freq_factor - low_freq_factor);
+                        (1.0 - smooth) * base / factor + smooth * base
+                    }
+                }
+            };
+            f as f32
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -501,7 +580,7 @@ mod tests {
                              "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
         });
         let cfg = ModelConfig::from_json(&v, Path::new("config.json")).unwrap();
-        let f = cfg.rope_inv_freq();
+        let f = cfg.rope().inv_freq;
         assert_eq!(f.len(), 64);
         assert!((f[0] - 1.0).abs() < 1e-7);
         let base_last = 1.0 / 500000f64.powf(126.0 / 128.0);
@@ -635,82 +714,4 @@ mod tests {
         }
         assert_eq!(rope.long.as_ref().unwrap().original, 4096);
     }
-}
-
-/// The RoPE of base `theta` with `scaling` over the first `rotary_dim`
-/// dimensions of each head (a family with RoPE of its own per layer, as
-/// Gemma 3's, builds each with it).
-pub fn rope(theta: f64, scaling: &RopeScaling, rotary_dim: usize) -> Rope {
-    let mut rope = Rope {
-        rotary_dim,
-        inv_freq: rope_inv_freq(theta, scaling, rotary_dim),
-        attention_factor: 1.0,
-        long: None,
-    };
-    if let RopeScaling::LongRope {
-        long_factor,
-        original_max_position_embeddings,
-        attention_factor,
-        ..
-    } = scaling
-    {
-        rope.attention_factor = *attention_factor as f32;
-        rope.long = Some(LongRope {
-            inv_freq: long_rope_inv_freq(theta, rotary_dim, long_factor),
-            original: *original_max_position_embeddings,
-        });
-    }
-    rope
-}
-
-/// LongRoPE's frequencies with `factors`, as transformers'
-/// `_compute_longrope_parameters` computes them (in float32):
-/// 1 / (factor_j * theta^(2j / rotary_dim)).
-fn long_rope_inv_freq(theta: f64, rotary_dim: usize, factors: &[f64]) -> Vec<f32> {
-    let d = rotary_dim as f32;
-    factors
-        .iter()
-        .enumerate()
-        .map(|(j, &ext)| 1.0f32 / (ext as f32 * (theta as f32).powf((2 * j) as f32 / d)))
-        .collect()
-}
-
-/// Inverse RoPE frequencies for pair index j (0..rotary_dim/2), with
-/// rope scaling applied exactly as transformers' `_compute_llama3_parameters`
-/// and `_compute_linear_scaling_rope_parameters`.
-pub fn rope_inv_freq(theta: f64, scaling: &RopeScaling, rotary_dim: usize) -> Vec<f32> {
-    if let RopeScaling::LongRope { short_factor, .. } = scaling {
-        return long_rope_inv_freq(theta, rotary_dim, short_factor);
-    }
-    let d = rotary_dim as f64;
-    (0..rotary_dim / 2)
-        .map(|j| {
-            // transformers computes the base frequencies in float32.
-            let base = (1.0f32 / (theta as f32).powf((2 * j) as f32 / d as f32)) as f64;
-            let f = match scaling {
-                RopeScaling::None | RopeScaling::LongRope { .. } => base,
-                RopeScaling::Linear { factor } => base / factor,
-                RopeScaling::Llama3 {
-                    factor,
-                    low_freq_factor,
-                    high_freq_factor,
-                    original_max_position_embeddings: old,
-                } => {
-                    let low_wavelen = old / low_freq_factor;
-                    let high_wavelen = old / high_freq_factor;
-                    let wavelen = 2.0 * std::f64::consts::PI / base;
-                    if wavelen < high_wavelen {
-                        base
-                    } else if wavelen > low_wavelen {
-                        base / factor
-                    } else {
-                        let smooth = (old / wavelen - low_freq_factor)
-                            / (high_freq_factor - low_freq_factor);
-                        (1.0 - smooth) * base / factor + smooth * base
-                    }
-                }
-            };
-            f as f32
-        })
-        .collect()
 }

@@ -193,6 +193,8 @@ fn batched_steps_match_each_sequence_alone() {
     check("tiny-qwen3", KernelSet::Gpu);
     check("tiny-smollm3", KernelSet::Cpu);
     check("tiny-phi3", KernelSet::Gpu);
+    // Gemma 3: windows (by each sequence's own positions) and heads of 256.
+    check("tiny-gemma3", KernelSet::Gpu);
 }
 
 /// A sequence of another batch, or a step past the batch's rows, is an

@@ -289,7 +289,13 @@ fn batching_does_not_change_the_result() {
 /// the full cache run in chunks matches transformers.
 #[test]
 fn budget_larger_than_the_sequence_reproduces_the_full_cache() {
-    for name in ["tiny-llama-gqa", "tiny-qwen3", "tiny-smollm3", "tiny-phi3"] {
+    for name in [
+        "tiny-llama-gqa",
+        "tiny-qwen3",
+        "tiny-smollm3",
+        "tiny-phi3",
+        "tiny-gemma3",
+    ] {
         let model = load(name);
         let g = Npz::open(&golden_dir().join(name).join("golden_len300.npz"));
         let ids = g.ids("input_ids");
@@ -740,4 +746,47 @@ fn window_sinks_matches_a_cpu_reference() {
             .count();
     }
     assert!(rescued > 0, "no sink that the window evicts was kept");
+}
+
+/// Sliding-window layers mask by original position, so evictions do not
+/// move their windows: tiny-gemma3 with every layer sliding (window 16),
+/// through a cache that keeps the 32 most recent entries (no sinks) and
+/// compacts every 16 tokens, gives what the full cache gives, while the
+/// real tiny-gemma3 (its last layer attends fully) does not.
+#[test]
+fn window_layers_see_the_same_keys_after_evictions() {
+    let src = golden_dir().join("tiny-gemma3");
+    let dir = std::env::temp_dir().join(format!("sieve-gemma3-all-sliding-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::copy(src.join("model.safetensors"), dir.join("model.safetensors")).unwrap();
+    let text = std::fs::read_to_string(src.join("config.json")).unwrap();
+    let mut cfg: serde_json::Value = serde_json::from_str(&text).unwrap();
+    cfg["layer_types"] = serde_json::json!(vec!["sliding_attention"; 6]);
+    std::fs::write(dir.join("config.json"), cfg.to_string()).unwrap();
+    let ids = Npz::open(&src.join("golden_len300.npz")).ids("input_ids");
+    let opts = LoadOptions {
+        dtype: Some(WeightFormat::F32),
+        ..Default::default()
+    };
+    let keep_recent = CacheOptions {
+        sinks: 0,
+        recent: 16,
+        ..CacheOptions::new(Policy::Window, 32, 16)
+    };
+    for (model, sliding_only) in [
+        (Model::load(&dir, &opts).unwrap(), true),
+        (load("tiny-gemma3"), false),
+    ] {
+        let (full, _) = run(&model, &ids, CacheOptions::new(Policy::Full, 0, 16), 16);
+        let (bounded, cache) = run(&model, &ids, keep_recent, 16);
+        assert!(cache.trace.len() > 10, "the cache compacted");
+        let d = max_abs_diff(&full, &bounded);
+        eprintln!("all layers sliding: {sliding_only}: max |d| {d:.2e}");
+        if sliding_only {
+            assert!(d < 1e-4, "windows moved with the evictions: {d}");
+        } else {
+            assert!(d > 1e-2, "the full layer should see the evictions: {d}");
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -87,6 +87,7 @@ const EVERY_FAMILY: &[&str] = &[
     "tiny-qwen3",
     "tiny-smollm3",
     "tiny-phi3",
+    "tiny-gemma3",
 ];
 
 /// For the policies: GQA, Qwen2's biases and Qwen3's q/k norms, which the

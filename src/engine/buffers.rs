@@ -184,7 +184,12 @@ impl KvCache {
 
     /// Bytes of every layer's keys and values, and of the slot positions.
     pub fn bytes(&self) -> u64 {
-        self.k.iter().chain(&self.v).map(SlotPages::bytes).sum::<u64>() + self.positions.size()
+        self.k
+            .iter()
+            .chain(&self.v)
+            .map(SlotPages::bytes)
+            .sum::<u64>()
+            + self.positions.size()
     }
 
     /// The cache of an engine with `opts`: the lent one's first

@@ -311,8 +311,15 @@ impl Engine {
             logit_rows,
         )?;
         let sampler = Sampler::new(&gpu, model.config.vocab_size, &a.logits)?;
-        let signals =
-            SignalKernels::new(&gpu, &model, &opts, a, &k_cache, &slot_positions, &mut bytes)?;
+        let signals = SignalKernels::new(
+            &gpu,
+            &model,
+            &opts,
+            a,
+            &k_cache,
+            &slot_positions,
+            &mut bytes,
+        )?;
         let compactor = match opts.max_keep {
             Some(keep) => {
                 // Per-slot data of the policy moves with the cache.
@@ -502,7 +509,11 @@ impl Engine {
     fn write_slot_positions(&self, positions: &[u32]) {
         let offset = self.n_cached as u64 * 4;
         let gpu = &self.model.gpu;
-        gpu.write(&self.slot_positions, offset, bytemuck::cast_slice(positions));
+        gpu.write(
+            &self.slot_positions,
+            offset,
+            bytemuck::cast_slice(positions),
+        );
     }
 
     /// The step's token count, after checking the step against the
@@ -873,7 +884,15 @@ impl LayerKernels {
                 &a.qslot,
                 attn_layer(spec, a, slot_positions),
             )?,
-            o: Matmul::new(gpu, step, &w.o, w.o_bias.as_ref(), &a.attn_out, out, out_mode)?,
+            o: Matmul::new(
+                gpu,
+                step,
+                &w.o,
+                w.o_bias.as_ref(),
+                &a.attn_out,
+                out,
+                out_mode,
+            )?,
             mlp_norm: RmsNorm::new(gpu, step, h, eps, &w.mlp_norm, &a.x, &a.xn, Rows::Tokens)?,
             gate_up: Matmul::normed(
                 gpu,

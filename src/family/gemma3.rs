@@ -62,7 +62,10 @@ pub const FAMILY: Family = Family {
 fn layers(f: &ConfigFields, shared: &Rope, n_layers: usize) -> Result<Vec<LayerSpec>> {
     for key in ["attn_logit_softcapping", "final_logit_softcapping"] {
         if f.get(key).is_some() {
-            bail!("{}: {key} is set; logit soft-capping is not supported", f.file());
+            bail!(
+                "{}: {key} is set; logit soft-capping is not supported",
+                f.file()
+            );
         }
     }
     if f.bool_or("use_bidirectional_attention", false)? {
@@ -81,7 +84,10 @@ fn layers(f: &ConfigFields, shared: &Rope, n_layers: usize) -> Result<Vec<LayerS
     let head_dim = shared.rotary_dim;
     let scalar = f.f64_or("query_pre_attn_scalar", head_dim as f64)?;
     if scalar <= 0.0 || !scalar.is_finite() {
-        bail!("{}: query_pre_attn_scalar is {scalar}; expected a positive number", f.file());
+        bail!(
+            "{}: query_pre_attn_scalar is {scalar}; expected a positive number",
+            f.file()
+        );
     }
     let sliding = match layer_types(f, n_layers)? {
         Some(s) => s,
@@ -91,7 +97,10 @@ fn layers(f: &ConfigFields, shared: &Rope, n_layers: usize) -> Result<Vec<LayerS
                 None => f.usize_or("_sliding_window_pattern", 6)?,
             };
             if pattern == 0 {
-                bail!("{}: sliding_window_pattern is 0; expected 1 or more", f.file());
+                bail!(
+                    "{}: sliding_window_pattern is 0; expected 1 or more",
+                    f.file()
+                );
             }
             (0..n_layers).map(|l| (l + 1) % pattern != 0).collect()
         }
@@ -107,7 +116,11 @@ fn layers(f: &ConfigFields, shared: &Rope, n_layers: usize) -> Result<Vec<LayerS
             qkv_bias: false,
             o_bias: false,
             qk_norm: true,
-            rope: if slides { local.clone() } else { global.clone() },
+            rope: if slides {
+                local.clone()
+            } else {
+                global.clone()
+            },
             window: if slides { window } else { None },
             attn_scale: Some((1.0 / scalar.sqrt()) as f32),
             sandwich_norms: true,
@@ -138,7 +151,12 @@ fn ropes(f: &ConfigFields, shared: &Rope) -> Result<(Rope, Rope)> {
         let theta = s
             .get("rope_theta")
             .and_then(Value::as_f64)
-            .with_context(|| format!("{}: {object}'s 'rope_theta' is missing or not a number", f.file()))?;
+            .with_context(|| {
+                format!(
+                    "{}: {object}'s 'rope_theta' is missing or not a number",
+                    f.file()
+                )
+            })?;
         let scaling = scaling_object(f, f.json(), s, &object, max_position)?;
         Ok(rope(theta, &scaling, d))
     };

@@ -14,10 +14,7 @@
 use anyhow::{bail, Result};
 use serde_json::{json, Map, Value};
 
-use super::{
-    check_layer_types, llama, refuse_unsupported, Family, GgufLayout, LayerSpec,
-    Role,
-};
+use super::{check_layer_types, llama, refuse_unsupported, Family, GgufLayout, LayerSpec, Role};
 use crate::family::fields::ConfigFields;
 use crate::gguf::GgufFile;
 use crate::kernels::rope_kv::Rope;

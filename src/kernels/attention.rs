@@ -82,8 +82,7 @@ pub struct Window<'a> {
 
 impl AttnLayer<'_> {
     fn scale(&self, heads: Heads) -> f32 {
-        self.scale
-            .unwrap_or(1.0 / (heads.head_dim as f32).sqrt())
+        self.scale.unwrap_or(1.0 / (heads.head_dim as f32).sqrt())
     }
 }
 
@@ -902,10 +901,10 @@ pub fn reference_softmax(
     t: usize,
     head: usize,
     keys: &[usize],
+    scale: f64,
 ) -> (Vec<f64>, f64) {
     let hd = h.head_dim;
     let kvh = head / (h.n_heads / h.n_kv);
-    let scale = 1.0 / (hd as f64).sqrt();
     let qv = &q[(t * h.n_heads + head) * hd..][..hd];
     let scores: Vec<f64> = keys
         .iter()
@@ -933,6 +932,7 @@ fn reference_over(
     k: &[f32],
     v: &[f32],
     h: Heads,
+    scale: f64,
     keys_of: impl Fn(usize) -> Vec<usize>,
 ) -> (Vec<f32>, Vec<f32>) {
     let hd = h.head_dim;
@@ -943,7 +943,7 @@ fn reference_over(
         let keys = keys_of(t);
         for head in 0..h.n_heads {
             let kvh = head / (h.n_heads / h.n_kv);
-            let (w, l) = reference_softmax(q, k, h, t, head, &keys);
+            let (w, l) = reference_softmax(q, k, h, t, head, &keys, scale);
             for d in 0..hd {
                 let acc: f64 = keys
                     .iter()
@@ -967,7 +967,40 @@ pub fn reference(
     h: Heads,
     start_slot: usize,
 ) -> (Vec<f32>, Vec<f32>) {
-    reference_over(q, k, v, h, |t| (0..=start_slot + t).collect())
+    let scale = 1.0 / (h.head_dim as f64).sqrt();
+    reference_over(q, k, v, h, scale, |t| (0..=start_slot + t).collect())
+}
+
+/// A layer's scale and window for the references: query row t sits at
+/// position `query_pos[t]`, the entry of slot s at `slot_pos[s]`.
+pub struct ReferenceMask<'a> {
+    pub scale: f64,
+    pub window: usize,
+    pub query_pos: &'a [u32],
+    pub slot_pos: &'a [u32],
+}
+
+impl ReferenceMask<'_> {
+    /// Whether row t's query sees slot s.
+    pub fn sees(&self, query_pos: u32, s: usize) -> bool {
+        query_pos.abs_diff(self.slot_pos[s]) < self.window as u32
+    }
+}
+
+/// [`reference`] with a scale of its own and a sliding window.
+pub fn reference_masked(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    h: Heads,
+    start_slot: usize,
+    mask: &ReferenceMask,
+) -> (Vec<f32>, Vec<f32>) {
+    reference_over(q, k, v, h, mask.scale, |t| {
+        (0..=start_slot + t)
+            .filter(|&s| mask.sees(mask.query_pos[t], s))
+            .collect()
+    })
 }
 
 /// CPU reference of the counter-causal attention: query t attends the slots
@@ -980,7 +1013,31 @@ pub fn anticausal_reference(
     qslot: &[u32],
     n_present: usize,
 ) -> Vec<f32> {
-    reference_over(q, k, v, h, |t| (qslot[t] as usize + 1..n_present).collect()).0
+    let scale = 1.0 / (h.head_dim as f64).sqrt();
+    reference_over(q, k, v, h, scale, |t| {
+        (qslot[t] as usize + 1..n_present).collect()
+    })
+    .0
+}
+
+/// [`anticausal_reference`] with a scale of its own and a sliding window
+/// (a query's position is its own slot's).
+pub fn anticausal_reference_masked(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    h: Heads,
+    qslot: &[u32],
+    n_present: usize,
+    mask: &ReferenceMask,
+) -> Vec<f32> {
+    reference_over(q, k, v, h, mask.scale, |t| {
+        let own = mask.slot_pos[qslot[t] as usize];
+        (qslot[t] as usize + 1..n_present)
+            .filter(|&s| mask.sees(own, s))
+            .collect()
+    })
+    .0
 }
 
 #[cfg(any(test, feature = "kernel-checks"))]
@@ -1001,16 +1058,20 @@ pub(crate) mod tests {
         for (nh, nkv, hd, what) in [
             (9, 1, 64, "9 query heads over 1 KV heads"),
             (6, 4, 64, "6 query heads over 4 KV heads"),
-            (4, 4, 132, "head_dim 132"),
+            (4, 4, 260, "head_dim 260"),
             (4, 4, 66, "head_dim 66"),
+            (8, 1, 256, "at most 4 query heads per KV head, not 8"),
         ] {
             let h = Heads::new(nh, nkv, hd, KvFormat::F32);
             let (kb, _) = kv_pages(&gpu, &vec![0.0; nkv * hd], nkv * hd, 1, KvFormat::F32);
             let (vb, _) = kv_pages(&gpu, &vec![0.0; nkv * hd], nkv * hd, 1, KvFormat::F32);
-            let err = Attention::new(&gpu, &step, h, 1, &buf, &kb, &vb, &buf, &buf, &buf, &buf)
-                .err()
-                .unwrap_or_else(|| panic!("{what}: accepted"))
-                .to_string();
+            let none = AttnLayer::default();
+            let err = Attention::new(
+                &gpu, &step, h, 1, &buf, &kb, &vb, &buf, &buf, &buf, &buf, none,
+            )
+            .err()
+            .unwrap_or_else(|| panic!("{what}: accepted"))
+            .to_string();
             assert!(err.contains(what), "{err}");
         }
     }
@@ -1067,6 +1128,7 @@ pub(crate) mod tests {
             &ob,
             &lb,
             &gpu.storage("qslot", 16),
+            AttnLayer::default(),
         )
         .unwrap();
         run_pass(gpu, |pass| a.encode(pass, n as u32, start as u32));
@@ -1270,8 +1332,21 @@ pub(crate) mod tests {
             let (kb, k) = kv_pages(gpu, &k, nkv * hd, slots, KvFormat::F32);
             let (vb, v) = kv_pages(gpu, &v, nkv * hd, slots, KvFormat::F32);
             let part = gpu.storage("part", Attention::partials_bytes(h, n, slots));
-            let a = Attention::new(gpu, &step, h, slots, &qb, &kb, &vb, &part, &ob, &lb, &qslot)
-                .unwrap();
+            let a = Attention::new(
+                gpu,
+                &step,
+                h,
+                slots,
+                &qb,
+                &kb,
+                &vb,
+                &part,
+                &ob,
+                &lb,
+                &qslot,
+                AttnLayer::default(),
+            )
+            .unwrap();
             let want = reference(&q[row0 * nh * hd..(row0 + n) * nh * hd], &k, &v, h, start);
             runs.push((a, (step, kb, vb, part), n, start, row0, want));
             row0 += n;
@@ -1565,7 +1640,18 @@ pub(crate) mod tests {
             let ob = gpu.storage("o", (n * nh * hd * 4) as u64);
             let lb = gpu.storage("lse", (n * nh * 4) as u64);
             let a = Attention::new(
-                gpu, &step, h, n_present, &qb, &kb, &vb, &part, &ob, &lb, &qs,
+                gpu,
+                &step,
+                h,
+                n_present,
+                &qb,
+                &kb,
+                &vb,
+                &part,
+                &ob,
+                &lb,
+                &qs,
+                AttnLayer::default(),
             )
             .unwrap();
             run_pass(gpu, |pass| {
@@ -1590,7 +1676,99 @@ pub(crate) mod tests {
         }
     }
 
+    /// Sliding windows, a scale of the layer's own and heads of 256 (the
+    /// wide build): prefill, decode and the counter-causal entry against the
+    /// masked reference. Slot positions have gaps (as after evictions), so
+    /// the window is by position, not by slot; the decode step's first
+    /// chunk lies wholly outside its window (a chunk with no key seen).
+    #[cfg_attr(test, test)]
+    fn windows_scales_and_wide_heads_match_reference() {
+        let gpu = gpu();
+        // (query heads, KV heads, head_dim, window, queries, first slot, format)
+        let cases = [
+            (2, 1, 256, 16, 40, 0, KvFormat::F32),
+            (2, 1, 256, 16, 1, 300, KvFormat::F16),
+            (4, 1, 256, 40, 9, 270, KvFormat::F32),
+            (4, 2, 64, 7, 30, 5, KvFormat::F32),
+            (4, 2, 64, 100, 1, 400, KvFormat::F16),
+        ];
+        for (nh, nkv, hd, window, n, start, format) in cases {
+            let h = Heads::new(nh, nkv, hd, format);
+            let slots = start + n;
+            let slot_pos: Vec<u32> = (0..slots as u32).map(|s| 2 * s + 5).collect();
+            let query_pos = &slot_pos[start..];
+            let q = rand_vec(n * nh * hd, 11 + n as u64, 1.0);
+            let k = rand_vec(slots * nkv * hd, 12, 2.0);
+            let v = rand_vec(slots * nkv * hd, 13, 1.0);
+            let step = step_buffer(
+                &gpu,
+                Step {
+                    n_tokens: n as u32,
+                    start_slot: start as u32,
+                    ..Default::default()
+                },
+            );
+            let (kb, k) = kv_pages(&gpu, &k, nkv * hd, slots, format);
+            let (vb, v) = kv_pages(&gpu, &v, nkv * hd, slots, format);
+            let (qb, qpos, kpos) = (
+                gpu.storage_from("q", &q),
+                gpu.storage_from("qpos", query_pos),
+                gpu.storage_from("kpos", &slot_pos),
+            );
+            let ob = gpu.storage("o", (n * nh * hd * 4) as u64);
+            let lb = gpu.storage("lse", (n * nh * 4) as u64);
+            let part = gpu.storage("part", Attention::partials_bytes(h, n, slots));
+            let qslot: Vec<u32> = (0..n as u32).map(|t| (t * 7) % slots as u32).collect();
+            let qs = gpu.storage_from("qslot", &qslot);
+            let scale = 1.0 / 12.0;
+            let layer = AttnLayer {
+                scale: Some(scale),
+                window: Some(Window {
+                    size: window as u32,
+                    query_positions: &qpos,
+                    slot_positions: &kpos,
+                }),
+            };
+            let a = Attention::new(
+                &gpu, &step, h, slots, &qb, &kb, &vb, &part, &ob, &lb, &qs, layer,
+            )
+            .unwrap();
+            let mask = ReferenceMask {
+                scale: scale as f64,
+                window,
+                query_pos,
+                slot_pos: &slot_pos,
+            };
+            let what = format!("{nh}/{nkv} heads of {hd}, window {window}, {n} from {start}");
+            run_pass(&gpu, |pass| a.encode(pass, n as u32, start as u32));
+            let got: Vec<f32> = gpu.read(&ob, 0, n * nh * hd).unwrap();
+            let (want, _) = reference_masked(&q, &k, &v, h, start, &mask);
+            let err = max_abs_diff(&got, &want);
+            assert!(err < 2e-5, "{what}: {err}");
+            // The counter-causal entry: each query is the entry of its slot
+            // and sees the later ones within the window (rows past the
+            // last slot see none).
+            run_pass(&gpu, |pass| {
+                a.encode_anticausal(pass, n as u32, slots as u32)
+            });
+            let got: Vec<f32> = gpu.read(&ob, 0, n * nh * hd).unwrap();
+            let want = anticausal_reference_masked(&q, &k, &v, h, &qslot, slots, &mask);
+            let seen: Vec<bool> = (0..n)
+                .map(|t| {
+                    let own = slot_pos[qslot[t] as usize];
+                    (qslot[t] as usize + 1..slots).any(|s| mask.sees(own, s))
+                })
+                .collect();
+            for t in (0..n).filter(|&t| seen[t]) {
+                let row = t * nh * hd..(t + 1) * nh * hd;
+                let err = max_abs_diff(&got[row.clone()], &want[row]);
+                assert!(err < 2e-5, "{what}: counter-causal row {t}: {err}");
+            }
+        }
+    }
+
     crate::kernels::checks::register![
+        windows_scales_and_wide_heads_match_reference,
         head_shapes_past_the_kernel_limits_are_refused,
         tuned_decode_runs_each_depths_choice,
         prefill_matches_reference,

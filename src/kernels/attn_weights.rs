@@ -6,11 +6,11 @@ use anyhow::Result;
 use bytemuck::{Pod, Zeroable};
 use std::sync::Arc;
 
+use super::attention::AttnLayer;
 use super::paging::SlotPages;
 use super::rope_kv::Heads;
 use super::{ceil_div, dispatch};
 use crate::gpu::Gpu;
-use super::attention::AttnLayer;
 use crate::shaders;
 
 /// Which queries count.
@@ -89,9 +89,7 @@ impl AttnWeights {
                 n_heads: heads.n_heads as u32,
                 n_kv: heads.n_kv as u32,
                 hd4: (heads.head_dim / 4) as u32,
-                scale: layer
-                    .scale
-                    .unwrap_or(1.0 / (heads.head_dim as f32).sqrt()),
+                scale: layer.scale.unwrap_or(1.0 / (heads.head_dim as f32).sqrt()),
                 mode: mode as u32,
                 slots: slots as u32,
                 n_layers: n_layers as u32,
@@ -112,7 +110,9 @@ impl AttnWeights {
                 let (kc, page) = (&k_cache.buffers[p], &k_cache.uniforms[p]);
                 let group = gpu.bind_group(
                     &accumulate,
-                    &[step, &params, q, kc, lse, cell, score, matrix_buf, page, qpos, kpos],
+                    &[
+                        step, &params, q, kc, lse, cell, score, matrix_buf, page, qpos, kpos,
+                    ],
                 );
                 let r = k_cache.range(p);
                 (r.start as u32..r.end as u32, group)
@@ -163,7 +163,16 @@ impl AttnWeights {
 
 /// CPU reference for one layer: per slot, the sum over heads and counted query
 /// rows of the softmax weight (caller divides by layers x heads).
-pub fn reference(q: &[f32], k: &[f32], h: Heads, start_slot: usize, mode: WeightMode) -> Vec<f64> {
+/// With `mask`, its scale and window (a slot outside a row's window gets
+/// nothing from it).
+pub fn reference(
+    q: &[f32],
+    k: &[f32],
+    h: Heads,
+    start_slot: usize,
+    mode: WeightMode,
+    mask: Option<&super::attention::ReferenceMask>,
+) -> Vec<f64> {
     let n = q.len() / (h.n_heads * h.head_dim);
     let mut out = vec![0.0; start_slot + n];
     let rows: Vec<usize> = match mode {
@@ -171,9 +180,12 @@ pub fn reference(q: &[f32], k: &[f32], h: Heads, start_slot: usize, mode: Weight
         WeightMode::LastRow => vec![n - 1],
     };
     for t in rows {
-        let keys: Vec<usize> = (0..=start_slot + t).collect();
+        let keys: Vec<usize> = (0..=start_slot + t)
+            .filter(|&s| mask.is_none_or(|m| m.sees(m.query_pos[t], s)))
+            .collect();
+        let scale = mask.map_or(1.0 / (h.head_dim as f64).sqrt(), |m| m.scale);
         for a in 0..h.n_heads {
-            let (w, _) = super::attention::reference_softmax(q, k, h, t, a, &keys);
+            let (w, _) = super::attention::reference_softmax(q, k, h, t, a, &keys, scale);
             for (&s, p) in keys.iter().zip(w) {
                 out[s] += p;
             }
@@ -186,22 +198,32 @@ pub fn reference(q: &[f32], k: &[f32], h: Heads, start_slot: usize, mode: Weight
 pub(crate) mod tests {
     use super::*;
     use crate::formats::KvFormat;
-    use crate::kernels::attention::Attention;
+    use crate::kernels::attention::{Attention, ReferenceMask, Window};
     use crate::kernels::testutil::*;
     use crate::kernels::Step;
 
     #[cfg_attr(test, test)]
     fn weights_from_lse_match_softmax() {
         let gpu = gpu();
-        // The last two hold the keys in pages of 256 slots (0: one page).
-        for &(nh, nkv, hd, n, start, mode, page) in &[
+        // The page field: pages of that many slots (0: one page).
+        for (nh, nkv, hd, n, start, mode, page, window) in [
             (2, 1, 32, 1, 0, WeightMode::Cumulative, 0),
             (6, 2, 32, 7, 21, WeightMode::Cumulative, 0),
             (9, 3, 64, 5, 300, WeightMode::LastRow, 0),
             (4, 4, 128, 1, 600, WeightMode::LastRow, 0),
             (6, 2, 32, 9, 501, WeightMode::Cumulative, 256),
             (4, 2, 64, 1, 600, WeightMode::LastRow, 256),
-        ] {
+            // Windowed (the last field, over positions with gaps) with a
+            // scale of the layer's own; heads of 256.
+            (2, 1, 256, 7, 300, WeightMode::Cumulative, 0),
+            (4, 2, 64, 1, 601, WeightMode::LastRow, 256),
+        ]
+        .into_iter()
+        .enumerate()
+        .map(|(i, (nh, nkv, hd, n, start, mode, page))| {
+            let window = [0, 0, 0, 0, 0, 0, 20, 50][i];
+            (nh, nkv, hd, n, start, mode, page, window)
+        }) {
             // Odd start slots store the cache in f16.
             let format = if start % 2 == 1 {
                 KvFormat::F16
@@ -210,6 +232,28 @@ pub(crate) mod tests {
             };
             let h = Heads::new(nh, nkv, hd, format);
             let slots = start + n;
+            let slot_pos: Vec<u32> = (0..slots as u32).map(|s| 2 * s + 5).collect();
+            let (qpos, kpos) = (
+                gpu.storage_from("qpos", &slot_pos[start..]),
+                gpu.storage_from("kpos", &slot_pos),
+            );
+            let layer = || match window {
+                0 => AttnLayer::default(),
+                w => AttnLayer {
+                    scale: Some(1.0 / 12.0),
+                    window: Some(Window {
+                        size: w as u32,
+                        query_positions: &qpos,
+                        slot_positions: &kpos,
+                    }),
+                },
+            };
+            let mask = ReferenceMask {
+                scale: 1.0 / 12.0,
+                window,
+                query_pos: &slot_pos[start..],
+                slot_pos: &slot_pos,
+            };
             let q = rand_vec(n * nh * hd, 5, 1.0);
             let k = rand_vec(slots * nkv * hd, 6, 2.0);
             let v = rand_vec(slots * nkv * hd, 7, 1.0);
@@ -244,6 +288,7 @@ pub(crate) mod tests {
                 &out,
                 &lse,
                 &gpu.storage("qslot", 16),
+                layer(),
             )
             .unwrap();
             // The materialized path (eager matrix) must give the same numbers.
@@ -263,6 +308,7 @@ pub(crate) mod tests {
                 &score,
                 n,
                 materialize.then_some(&matrix),
+                layer(),
             )
             .unwrap();
             // Two "layers" with the same keys: every weight counts twice, divided by 2 x heads.
@@ -273,7 +319,7 @@ pub(crate) mod tests {
                 w.encode_reduce(pass, n as u32, start as u32);
             });
             let got: Vec<f32> = gpu.read(&score, 0, slots).unwrap();
-            let r = reference(&q, &k, h, start, mode);
+            let r = reference(&q, &k, h, start, mode, (window > 0).then_some(&mask));
             let want: Vec<f32> = (0..slots)
                 .map(|i| {
                     let base = if mode == WeightMode::Cumulative && i < start {
@@ -286,7 +332,7 @@ pub(crate) mod tests {
                 .collect();
             assert!(
                 max_abs_diff(&got, &want) < 1e-5,
-                "{nh}/{nkv}/{hd} n {n} start {start} {mode:?} materialized {materialize} page {page} {format:?}"
+                "{nh}/{nkv}/{hd} n {n} start {start} {mode:?} materialized {materialize} page {page} {format:?} window {window}"
             );
             let cells: Vec<f32> = gpu.read(&cell, 0, nh * slots).unwrap();
             assert!(

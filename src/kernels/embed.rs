@@ -85,11 +85,17 @@ pub(crate) mod tests {
             m.write_rows(&gpu, 0, &table, "emb").unwrap();
             let ids = vec![36, 0, 8, 7, 9, 16, 35, 10];
             for ids in [vec![0u32], ids.clone()] {
-                assert_eq!(gather(&gpu, &m, &ids, 1.0), reference(&table, hidden, &ids, 1.0));
+                assert_eq!(
+                    gather(&gpu, &m, &ids, 1.0),
+                    reference(&table, hidden, &ids, 1.0)
+                );
             }
             // Gemma's scale: sqrt(hidden), not a power of two.
             let s = (hidden as f32).sqrt();
-            assert_eq!(gather(&gpu, &m, &ids, s), reference(&table, hidden, &ids, s));
+            assert_eq!(
+                gather(&gpu, &m, &ids, s),
+                reference(&table, hidden, &ids, s)
+            );
             // Rows written again after the table was read (a texture's
             // staging copy is gone by then): the new rows 7 .. 11, which
             // share words and parts with rows kept, and the others as before.

@@ -642,8 +642,15 @@ impl Scratch {
             super::rmsnorm::RmsNorm::new(gpu, step, cols, eps, norm, input, x, Rows::Tokens)?
                 .dispatch_for(1)
         } else {
-            super::silu_mul::SiluMul::new(gpu, step, cols, crate::family::Activation::Silu, input, x)?
-                .dispatch_for(1)
+            super::silu_mul::SiluMul::new(
+                gpu,
+                step,
+                cols,
+                crate::family::Activation::Silu,
+                input,
+                x,
+            )?
+            .dispatch_for(1)
         })
     }
 }

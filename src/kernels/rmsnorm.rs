@@ -164,7 +164,10 @@ pub(crate) mod tests {
             run_pass(&gpu, |pass| add.encode(pass, n as u32));
             let got: Vec<f32> = gpu.read(&yb, 0, dim * n).unwrap();
             let want_sum: Vec<f32> = y0.iter().zip(&want).map(|(a, b)| a + b).collect();
-            assert!(max_abs_diff(&got, &want_sum) < 1e-5 * 4.0, "dim {dim} accumulating");
+            assert!(
+                max_abs_diff(&got, &want_sum) < 1e-5 * 4.0,
+                "dim {dim} accumulating"
+            );
         }
     }
 

@@ -73,7 +73,8 @@ pub fn reference(gate_up: &[f32], ffn: usize, activation: Activation) -> Vec<f32
     let act = move |g: f64| match activation {
         Activation::Silu => g / (1.0 + (-g).exp()),
         Activation::GeluTanh => {
-            0.5 * g * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (g + 0.044715 * g.powi(3))).tanh())
+            0.5 * g
+                * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (g + 0.044715 * g.powi(3))).tanh())
         }
     };
     gate_up

@@ -558,12 +558,12 @@ mod tests {
 
     #[test]
     fn unknown_architecture_is_named() {
-        let v: Value = serde_json::json!({"architectures": ["MistralForCausalLM"]});
+        let v: Value = serde_json::json!({"architectures": ["FalconForCausalLM"]});
         let err = ModelConfig::from_json(&v, Path::new("x/config.json"))
             .unwrap_err()
             .to_string();
         assert!(
-            err.contains("MistralForCausalLM") && err.contains("LlamaForCausalLM"),
+            err.contains("FalconForCausalLM") && err.contains("LlamaForCausalLM"),
             "{err}"
         );
     }
@@ -620,7 +620,7 @@ mod tests {
             (
                 "Qwen3ForCausalLM",
                 serde_json::json!({"layer_types": ["full_attention", "full_attention", "sliding_attention", "full_attention"]}),
-                "layer_types[2] is sliding_attention; sliding-window layers are not supported yet",
+                "layer_types[2] is sliding_attention; this family's layers attend fully",
             ),
             (
                 "SmolLM3ForCausalLM",
@@ -644,9 +644,29 @@ mod tests {
                 "short_factor has 2 values; expected one per rotated pair (12)",
             ),
             (
-                "Phi3ForCausalLM",
-                serde_json::json!({"sliding_window": 2047}),
-                "sliding_window is 2047, less than max_position_embeddings (4096)",
+                "MistralForCausalLM",
+                serde_json::json!({"sliding_window": 0}),
+                "sliding_window is 0; expected a window of at least one token",
+            ),
+            (
+                "Gemma3ForCausalLM",
+                serde_json::json!({"sliding_window": 16, "final_logit_softcapping": 30.0}),
+                "final_logit_softcapping is set; logit soft-capping is not supported",
+            ),
+            (
+                "Gemma3ForCausalLM",
+                serde_json::json!({"sliding_window": 16, "hidden_activation": "gelu"}),
+                "hidden_activation is \"gelu\"; expected \"gelu_pytorch_tanh\"",
+            ),
+            (
+                "Gemma3ForCausalLM",
+                serde_json::json!({"sliding_window": 16, "layer_types": ["full_attention", "sliding_attention"]}),
+                "layer_types has 2 entries; expected one per layer (4)",
+            ),
+            (
+                "Gemma3ForCausalLM",
+                serde_json::json!({"sliding_window_pattern": 2}),
+                "sliding layers but no sliding_window",
             ),
             (
                 "LlamaForCausalLM",
@@ -659,33 +679,46 @@ mod tests {
                 "partial_rotary_factor is 1.5; expected a number in (0, 1]",
             ),
             (
-                "Gemma3ForCausalLM",
+                "FalconForCausalLM",
                 serde_json::json!({}),
-                "architecture 'Gemma3ForCausalLM' is not supported; supported: LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, SmolLM3ForCausalLM, Phi3ForCausalLM",
+                "architecture 'FalconForCausalLM' is not supported; supported: LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, SmolLM3ForCausalLM, Phi3ForCausalLM, Gemma3ForCausalLM, MistralForCausalLM",
             ),
         ] {
             let e = error(arch, extra.clone());
             assert!(e.contains("m/config.json") && e.contains(expect), "{arch} {extra}: {e}");
         }
         // transformers 5 names the family by model_type alone.
-        let v = serde_json::json!({"model_type": "mistral", "hidden_size": 128});
+        let v = serde_json::json!({"model_type": "falcon", "hidden_size": 128});
         let e = format!(
             "{:#}",
             ModelConfig::from_json(&v, Path::new("m/config.json")).unwrap_err()
         );
-        assert!(e.contains("model_type 'mistral' is not supported; supported: llama, qwen2, qwen3, smollm3, phi3"), "{e}");
+        assert!(e.contains("model_type 'falcon' is not supported; supported: llama, qwen2, qwen3, smollm3, phi3, gemma3_text, mistral"), "{e}");
     }
 
     /// A window as long as the context hides nothing (Phi-4-mini's 262,144
-    /// over 131,072): accepted.
+    /// over 131,072): dropped. A shorter one applies to every layer
+    /// (Phi-3-mini-4k's 2,047, Mistral 7B v0.1's 4,096), and Gemma 3's to
+    /// all but every `sliding_window_pattern`-th layer.
     #[test]
-    fn a_window_past_the_context_is_no_window() {
-        let c = config(
-            "Phi3ForCausalLM",
-            serde_json::json!({"sliding_window": 262144, "max_position_embeddings": 131072}),
-        )
-        .unwrap();
-        assert_eq!(c.family.name, "phi3");
+    fn windows_apply_where_they_hide_something() {
+        let windows = |arch: &str, extra: serde_json::Value| -> Vec<Option<usize>> {
+            let c = config(arch, extra).unwrap();
+            c.layers.iter().map(|l| l.window).collect()
+        };
+        let big = serde_json::json!({"sliding_window": 262144, "max_position_embeddings": 131072});
+        assert_eq!(windows("Phi3ForCausalLM", big), vec![None; 4]);
+        let phi3_mini = serde_json::json!({"sliding_window": 2047});
+        assert_eq!(windows("Phi3ForCausalLM", phi3_mini), vec![Some(2047); 4]);
+        let mistral = serde_json::json!({"sliding_window": 4096, "max_position_embeddings": 32768});
+        assert_eq!(windows("MistralForCausalLM", mistral), vec![Some(4096); 4]);
+        let later_mistral = serde_json::json!({"sliding_window": null});
+        assert_eq!(windows("MistralForCausalLM", later_mistral), vec![None; 4]);
+        let gemma = serde_json::json!({"sliding_window": 512, "sliding_window_pattern": 2});
+        assert_eq!(
+            windows("Gemma3ForCausalLM", gemma),
+            vec![Some(512), None, Some(512), None]
+        );
     }
 
     /// LongRoPE as transformers computes it: frequencies divided by each

@@ -587,6 +587,7 @@ mod tests {
                 .str("general.architecture", "gemma3")
                 .build(),
         );
+        // Gemma 3's GGUF waits for SentencePiece vocabularies.
         assert!(
             msg.contains(
                 "architecture `gemma3` is not supported (supported: llama, qwen2, qwen3, smollm3, phi3)"

@@ -9,18 +9,19 @@
 //! `rope_local_base_freq` and no scaling, full layers with `rope_theta` and
 //! `rope_scaling` (transformers 5: `rope_parameters` keyed by layer type).
 //!
-//! GGUF: architecture `gemma3`; rows as in Hugging Face, the (1 + w) already
-//! folded into the norm weights by llama.cpp's converter; the window in
-//! `gemma3.attention.sliding_window`, every 6th layer full and the local
-//! base 10,000 as llama.cpp fixes them.
+//! GGUF (architecture `gemma3`) is not read yet: its files carry a
+//! SentencePiece vocabulary, which sieve does not read from GGUF yet. Its
+//! tensor names are in the table below; llama.cpp's converter folds the
+//! (1 + w) into the norm weights and writes only the window
+//! (`gemma3.attention.sliding_window`), fixing every 6th layer full, the
+//! local base 10,000 and the query scale 1 / sqrt(head_dim).
 
 use anyhow::{bail, Context, Result};
-use serde_json::{json, Map, Value};
+use serde_json::Value;
 
-use super::{layer_types, sliding_window, Activation, Family, GgufLayout, LayerSpec, Role};
+use super::{layer_types, sliding_window, Activation, Family, LayerSpec, Role};
 use crate::config::{rope, scaling_object, RopeScaling};
 use crate::family::fields::ConfigFields;
-use crate::gguf::GgufFile;
 use crate::kernels::rope_kv::Rope;
 
 #[rustfmt::skip]
@@ -49,12 +50,7 @@ pub const FAMILY: Family = Family {
     model_type: "gemma3_text",
     tensors: TENSORS,
     layers,
-    gguf: Some(GgufLayout {
-        architecture: "gemma3",
-        permutes_qk: false,
-        config: gguf_config,
-        setting_tensors: &[],
-    }),
+    gguf: None,
     norm_offset: 1.0,
     scales_embeddings: true,
 };
@@ -161,22 +157,4 @@ fn ropes(f: &ConfigFields, shared: &Rope) -> Result<(Rope, Rope)> {
         Ok(rope(theta, &scaling, d))
     };
     Ok((of("sliding_attention")?, of("full_attention")?))
-}
-
-/// What llama.cpp fixes for Gemma 3 rather than writing it: every 6th
-/// layer full, the local RoPE base 10,000, the query scale 1 / sqrt(head_dim)
-/// (llama.cpp's for every size but 27B, which sieve does not claim), the
-/// GELU (tanh) gate; the window from `gemma3.attention.sliding_window`.
-fn gguf_config(g: &GgufFile, c: &mut Map<String, Value>) -> Result<()> {
-    let window = g
-        .opt("gemma3.attention.sliding_window", GgufFile::get_u32)?
-        .context("gemma3.attention.sliding_window is missing")?;
-    c.insert("sliding_window".into(), json!(window));
-    c.insert("sliding_window_pattern".into(), json!(6));
-    c.insert("rope_local_base_freq".into(), json!(10000.0));
-    c.insert("hidden_activation".into(), json!("gelu_pytorch_tanh"));
-    if let Some(head_dim) = c.get("head_dim").cloned() {
-        c.insert("query_pre_attn_scalar".into(), head_dim);
-    }
-    Ok(())
 }

@@ -373,7 +373,7 @@ pub fn refuse_unsupported(f: &ConfigFields) -> Result<()> {
     }
     if f.bool_or("use_sliding_window", false)? {
         bail!(
-            "{}: use_sliding_window is true; sliding-window attention is not supported yet",
+            "{}: use_sliding_window is true; Qwen2's windows on the layers past max_window_layers are not supported",
             f.file()
         );
     }

@@ -40,8 +40,7 @@
 //   7 lse   storage rw    [row0 + n_tokens, n_heads] f32  log-sum-exp of the scaled scores
 //   8 qslot storage read  [n_tokens] u32  (anticausal_partial only) each query's own slot
 //   9 page  uniform Page  the slots kc/vc hold (page.first a multiple of CHUNK)
-//  10 qpos  storage read  [row0 + n_tokens] u32  original positions of the query rows
-//  11 kpos  storage read  [slots] u32  original positions of the cache slots
+//  10 kpos  storage read  [slots] u32  original positions of the cache slots (a query's: its own slot's)
 // With a sliding window (p.window > 0) a key counts only within the window
 // of its query (in_window); chunks with no key in it leave (NEG, 0).
 // Limits: head_dim <= 128 (a multiple of 4), n_heads / n_kv <= 8; the wide
@@ -113,7 +112,7 @@ fn prefill_partial(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocat
     let c = page.first / CHUNK + wid.z;
     let k_begin = c * CHUNK;
     let k_end = min(k_begin + CHUNK, step.start_slot + t + 1u);
-    partial_row(t, wid.y, c, k_begin, max(k_begin, k_end), qpos[row(t)]);
+    partial_row(t, wid.y, c, k_begin, max(k_begin, k_end), kpos[step.start_slot + t]);
 }
 
 @compute @workgroup_size(64)
@@ -151,7 +150,7 @@ fn decode_partial(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocati
     let k0 = c * CHUNK;
     var query_pos = 0u;
     if (p.window > 0u) {
-        query_pos = qpos[row(0u)];
+        query_pos = kpos[step.start_slot];
     }
 
     for (var i = lid; i < bounded(g_n * hd4); i += 64u) {

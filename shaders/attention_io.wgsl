@@ -17,8 +17,8 @@
 //   7 lse   storage rw    [row0 + n_tokens, n_heads] f32  log-sum-exp of the scaled scores
 //   8 qslot storage read  [n_tokens] u32  (anticausal_partial only) each query's own slot
 //   9 page  uniform Page  the slots kc/vc hold (page.first a multiple of CHUNK)
-//  10 qpos  storage read  [row0 + n_tokens] u32  each query row's original position  (read only with a window)
-//  11 kpos  storage read  [slots] u32  each cache slot's original position             (read only with a window)
+//  10 kpos  storage read  [slots] u32  each cache slot's original position (read only with a window;
+//                         query t's is its own slot's, start_slot + t, written before the step runs)
 // Limits: head_dim <= 4 x HD4_MAX (a multiple of 4), n_heads / n_kv <= GMAX:
 // 128 and 8, or in the wide build of attention.wgsl 256 and 4
 // (attention_heads.wgsl, attention_heads_wide.wgsl).
@@ -46,8 +46,7 @@ struct AttnParams {
 @group(0) @binding(7) var<storage, read_write> lse: array<f32>;
 @group(0) @binding(8) var<storage, read> qslot: array<u32>;
 @group(0) @binding(9) var<uniform> page: Page;
-@group(0) @binding(10) var<storage, read> qpos: array<u32>;
-@group(0) @binding(11) var<storage, read> kpos: array<u32>;
+@group(0) @binding(10) var<storage, read> kpos: array<u32>;
 
 // Cache slots per key chunk: 256 for every kernel (and the layout of the
 // partials), but for the short-chunk decode kernel (`ParallelShort`,

@@ -33,8 +33,8 @@
 //   7 matrix storage rw    [n_heads, max_tokens, slots] f32 (materialize only; a
 //                          dummy otherwise)
 //   8 page   uniform Page  the slots kc holds
-//   9 qpos   storage read  [row0 + n_tokens] u32  original positions of the query rows (window only)
-//  10 kpos   storage read  [slots] u32  original positions of the cache slots (window only)
+//   9 kpos   storage read  [slots] u32  original positions of the cache slots (window only; query
+//                          row t's is its own slot's, start_slot + t)
 // With a sliding window (p.window > 0) a slot outside a row's window gets
 // weight 0 from it, as the attention kernels mask it.
 // accumulate and materialize cover one page's slots (gid.x = slot - page.first)
@@ -66,8 +66,7 @@ struct WeightParams {
 @group(0) @binding(6) var<storage, read_write> score: array<f32>;
 @group(0) @binding(7) var<storage, read_write> matrix: array<f32>;
 @group(0) @binding(8) var<uniform> page: Page;
-@group(0) @binding(9) var<storage, read> qpos: array<u32>;
-@group(0) @binding(10) var<storage, read> kpos: array<u32>;
+@group(0) @binding(9) var<storage, read> kpos: array<u32>;
 
 // Rows of the step that count for slot i: from the first row that sees it
 // (causal by slot), or only the last row in mode 1.
@@ -84,7 +83,7 @@ fn first_row(i: u32) -> u32 {
 // Weight of query row t, head a on the entry in slot i (within the bound page).
 fn weight(t: u32, a: u32, i: u32) -> f32 {
     if (p.window > 0u) {
-        let qp = qpos[step.row0 + t];
+        let qp = kpos[step.start_slot + t];
         let kp = kpos[i];
         if (max(qp, kp) - min(qp, kp) >= p.window) {
             return 0.0;

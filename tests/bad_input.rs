@@ -48,12 +48,12 @@ fn unknown_architecture() {
     let cfg = std::fs::read_to_string(dir.join("config.json")).unwrap();
     std::fs::write(
         dir.join("config.json"),
-        cfg.replace("Qwen2ForCausalLM", "MistralForCausalLM"),
+        cfg.replace("Qwen2ForCausalLM", "FalconForCausalLM"),
     )
     .unwrap();
     let e = load_err(&dir);
     assert!(
-        e.contains("MistralForCausalLM") && e.contains("LlamaForCausalLM, Qwen2ForCausalLM"),
+        e.contains("FalconForCausalLM") && e.contains("LlamaForCausalLM, Qwen2ForCausalLM"),
         "{e}"
     );
 }

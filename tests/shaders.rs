@@ -127,6 +127,8 @@ fn shader_list_covers_the_folder() {
         "shaders/kv_f32.wgsl",
         "shaders/matmul_io.wgsl",
         "shaders/matvec_rows.wgsl",
+        "shaders/attention_heads.wgsl",
+        "shaders/attention_heads_wide.wgsl",
         "shaders/attention_io.wgsl",
         "shaders/attention_decode_io.wgsl",
         "shaders/x_copy_io.wgsl",

@@ -882,7 +882,7 @@ impl LayerKernels {
                 &a.attn_out,
                 &a.lse,
                 &a.qslot,
-                attn_layer(spec, a, slot_positions),
+                attn_layer(spec, slot_positions),
             )?,
             o: Matmul::new(
                 gpu,
@@ -932,10 +932,9 @@ impl LayerKernels {
 
 /// What the attention kernels (and the attention weights of H2O and TOVA)
 /// of a layer with `spec` compute beyond plain causal attention: its score
-/// scale, and its window over the step's positions and the cache's.
+/// scale, and its window over the cache's slot positions.
 fn attn_layer<'a>(
     spec: &crate::family::LayerSpec,
-    a: &'a Activations,
     slot_positions: &'a wgpu::Buffer,
 ) -> AttnLayer<'a> {
     AttnLayer {
@@ -943,7 +942,6 @@ fn attn_layer<'a>(
         window: spec.window.map(|size| Window {
             // A window past u32 range hides nothing the kernels index.
             size: size.min(u32::MAX as usize) as u32,
-            query_positions: &a.positions,
             slot_positions,
         }),
     }

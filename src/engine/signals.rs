@@ -208,7 +208,7 @@ impl SignalKernels {
                     &slot_scores,
                     max_tokens,
                     matrix.as_ref(),
-                    super::attn_layer(&c.layers[l], a, slot_positions),
+                    super::attn_layer(&c.layers[l], slot_positions),
                 )?);
             }
         }

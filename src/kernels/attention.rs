@@ -73,9 +73,6 @@ pub struct AttnLayer<'a> {
 #[derive(Clone, Copy)]
 pub struct Window<'a> {
     pub size: u32,
-    /// `[rows]` u32: the original position of each query row (the step's
-    /// positions).
-    pub query_positions: &'a wgpu::Buffer,
     /// `[slots]` u32: the original position of the entry in each cache slot.
     pub slot_positions: &'a wgpu::Buffer,
 }
@@ -212,9 +209,9 @@ impl Attention {
             k_cache.page_slots
         );
         // Without a window the position bindings are never read: any buffer.
-        let (qpos, kpos) = match &layer.window {
-            Some(w) => (w.query_positions, w.slot_positions),
-            None => (q, q),
+        let kpos = match &layer.window {
+            Some(w) => w.slot_positions,
+            None => q,
         };
         let b = Bindings {
             params: &params,
@@ -225,7 +222,6 @@ impl Attention {
             out,
             lse,
             qslot,
-            qpos,
             kpos,
         };
         let shape = KernelShape {
@@ -382,13 +378,12 @@ struct Bindings<'a> {
     out: &'a wgpu::Buffer,
     lse: &'a wgpu::Buffer,
     qslot: &'a wgpu::Buffer,
-    qpos: &'a wgpu::Buffer,
     kpos: &'a wgpu::Buffer,
 }
 
 impl<'a> Bindings<'a> {
     /// The bindings of cache page `p` with the given step uniform.
-    fn page(&self, step: &'a wgpu::Buffer, p: usize) -> [&'a wgpu::Buffer; 12] {
+    fn page(&self, step: &'a wgpu::Buffer, p: usize) -> [&'a wgpu::Buffer; 11] {
         [
             step,
             self.params,
@@ -400,7 +395,6 @@ impl<'a> Bindings<'a> {
             self.lse,
             self.qslot,
             &self.k_cache.uniforms[p],
-            self.qpos,
             self.kpos,
         ]
     }
@@ -781,7 +775,7 @@ impl WaveRun<'_> {
         Ok(())
     }
 
-    /// Runs `partials` (bound to the twelve bindings of attention_io.wgsl,
+    /// Runs `partials` (bound to the eleven bindings of attention_io.wgsl,
     /// then `extra`) on `groups` workgroups and the merge, and returns its
     /// output (an error if it cannot be read back) and the CPU reference's.
     pub(crate) fn partials_and_merge(
@@ -843,7 +837,6 @@ impl WaveRun<'_> {
             out: &out,
             lse: &gpu.storage("check-lse", (n * heads.n_heads * 4) as u64),
             qslot: &qslot,
-            qpos: &qb,
             kpos: &qb,
         };
         let merge = merge_pipeline(gpu, heads, chunk);
@@ -1512,7 +1505,7 @@ pub(crate) mod tests {
         }
         let shader = &shaders::ATTENTION_PREFILL_COOP;
         let init = "emu_init(wid.x + 4u * (wid.y + 16u * wid.z), sg, sg_lane);";
-        let (body, emu_slots) = emulate_coop(shader.body, init, 12);
+        let (body, emu_slots) = emulate_coop(shader.body, init, 11);
         let leak = |s: String| -> &'static str { Box::leak(s.into_boxed_str()) };
         let emulated = shaders::Shader {
             name: leak(format!("{}-emulated", shader.name)),
@@ -1710,9 +1703,8 @@ pub(crate) mod tests {
             );
             let (kb, k) = kv_pages(&gpu, &k, nkv * hd, slots, format);
             let (vb, v) = kv_pages(&gpu, &v, nkv * hd, slots, format);
-            let (qb, qpos, kpos) = (
+            let (qb, kpos) = (
                 gpu.storage_from("q", &q),
-                gpu.storage_from("qpos", query_pos),
                 gpu.storage_from("kpos", &slot_pos),
             );
             let ob = gpu.storage("o", (n * nh * hd * 4) as u64);
@@ -1725,7 +1717,6 @@ pub(crate) mod tests {
                 scale: Some(scale),
                 window: Some(Window {
                     size: window as u32,
-                    query_positions: &qpos,
                     slot_positions: &kpos,
                 }),
             };

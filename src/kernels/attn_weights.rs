@@ -99,9 +99,9 @@ impl AttnWeights {
             },
         );
         // Without a window the position bindings are never read: any buffer.
-        let (qpos, kpos) = match &layer.window {
-            Some(w) => (w.query_positions, w.slot_positions),
-            None => (q, q),
+        let kpos = match &layer.window {
+            Some(w) => w.slot_positions,
+            None => q,
         };
         let dummy = gpu.storage("no-matrix", 16);
         let matrix_buf = matrix.unwrap_or(&dummy);
@@ -111,7 +111,7 @@ impl AttnWeights {
                 let group = gpu.bind_group(
                     &accumulate,
                     &[
-                        step, &params, q, kc, lse, cell, score, matrix_buf, page, qpos, kpos,
+                        step, &params, q, kc, lse, cell, score, matrix_buf, page, kpos,
                     ],
                 );
                 let r = k_cache.range(p);
@@ -233,17 +233,13 @@ pub(crate) mod tests {
             let h = Heads::new(nh, nkv, hd, format);
             let slots = start + n;
             let slot_pos: Vec<u32> = (0..slots as u32).map(|s| 2 * s + 5).collect();
-            let (qpos, kpos) = (
-                gpu.storage_from("qpos", &slot_pos[start..]),
-                gpu.storage_from("kpos", &slot_pos),
-            );
+            let kpos = gpu.storage_from("kpos", &slot_pos);
             let layer = || match window {
                 0 => AttnLayer::default(),
                 w => AttnLayer {
                     scale: Some(1.0 / 12.0),
                     window: Some(Window {
                         size: w as u32,
-                        query_positions: &qpos,
                         slot_positions: &kpos,
                     }),
                 },

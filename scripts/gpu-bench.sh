@@ -320,6 +320,14 @@ bench speed-$big-gpu-set 45 25 -- "$big" "${speed[@]}" --kernels gpu --depths 0 
 bench speed-$big-wgpu-spirv 45 25 SIEVE_SPIRV=wgpu -- "$big" "${speed[@]}" --depths 0 --decode-steps 8
 bench speed-$little-q4_0 45 25 -- "$little" "${speed[@]}" --dtype q4_0 --depths "$depths_short" \
     --decode-steps 8
+# The newer families' shapes beside the 8B Llama one (issue #52's target:
+# decode within 10% of its tok/s per weight byte): Qwen3's q/k norms,
+# Gemma 3's heads of 256, windows and sandwich norms.
+if [ "$small" != 1 ]; then
+    for shape in qwen3-8b gemma-3-4b; do
+        bench speed-$shape 45 25 -- "$shape" "${speed[@]}" --depths "$depths_short" --decode-steps 8
+    done
+fi
 
 # 7. Decode with eviction, one step at a time and with steps submitted
 # ahead between refreshes (after a 32-token prompt the cache fills at J + h

@@ -70,6 +70,8 @@ struct OutTensor<'a> {
     dtype: OutDtype,
     /// Undo llama.cpp's q/k row permutation with this many heads.
     qk_heads: Option<usize>,
+    /// Added to every value (Gemma's norms: w, not llama.cpp's 1 + w).
+    hf_shift: f32,
 }
 
 impl OutTensor<'_> {
@@ -97,6 +99,7 @@ fn plan(g: &GgufFile, dtype: OutDtype) -> anyhow::Result<(Vec<OutTensor<'_>>, Do
             name: t.name,
             shape: t.shape,
             qk_heads: t.qk_heads,
+            hf_shift: t.hf_shift,
         })
         .collect();
     // As safetensors' own writer does: larger elements first, then by name,
@@ -211,7 +214,10 @@ fn write_safetensors(
 
     let mut row_bytes = Vec::new();
     for (done, t) in tensors.iter().enumerate() {
-        let values = g.dequantize(t.src)?;
+        let mut values = g.dequantize(t.src)?;
+        if t.hf_shift != 0.0 {
+            values.iter_mut().for_each(|x| *x += t.hf_shift);
+        }
         let rows = t.shape[0];
         let row_len = values.len() / rows;
         for row in 0..rows {
@@ -466,6 +472,51 @@ mod tests {
             .contains("partial")));
     }
 
+    /// Gemma 3: llama.cpp's 1 + w taken back to w in every norm (q/k norms
+    /// too), the q/k rows left in order, and the settings llama.cpp fixes
+    /// written as config.json keys.
+    #[test]
+    fn gemma3_conversion_unfolds_the_norm_offset() {
+        let mut b = tiny_model("gemma3", false, false).u32("gemma3.attention.sliding_window", 16);
+        for l in 0..2 {
+            for (name, len) in [
+                ("attn_q_norm.weight", HEAD_DIM),
+                ("attn_k_norm.weight", HEAD_DIM),
+                ("post_attention_norm.weight", HIDDEN),
+                ("post_ffw_norm.weight", HIDDEN),
+            ] {
+                b = rows_tensor(b, &format!("blk.{l}.{name}"), &[len]);
+            }
+        }
+        let dir = TempDir::new("convert-gemma3");
+        let out = convert_bytes(&dir, &b.build(), OutDtype::F32).unwrap();
+        let bytes = fs::read(out.join("model.safetensors")).unwrap();
+        let st = SafeTensors::deserialize(&bytes).unwrap();
+        for name in [
+            "model.norm.weight",
+            "model.layers.1.input_layernorm.weight",
+            "model.layers.0.self_attn.q_norm.weight",
+            "model.layers.0.self_attn.k_norm.weight",
+            "model.layers.1.post_attention_layernorm.weight",
+            "model.layers.0.pre_feedforward_layernorm.weight",
+            "model.layers.0.post_feedforward_layernorm.weight",
+        ] {
+            let values: Vec<f32> = rows_of(&st, name).concat();
+            let want: Vec<f32> = (0..values.len()).map(|c| c as f32 - 1.0).collect();
+            assert_eq!(values, want, "{name}");
+        }
+        assert_eq!(
+            row_ids(&st, "model.layers.0.self_attn.q_proj.weight"),
+            [0., 1., 2., 3., 4., 5., 6., 7.]
+        );
+        let config = read_json(&out.join("config.json"));
+        assert_eq!(config["model_type"], "gemma3_text");
+        assert_eq!(config["sliding_window"], 16);
+        assert_eq!(config["sliding_window_pattern"], 6);
+        assert_eq!(config["query_pre_attn_scalar"], HEAD_DIM);
+        assert_eq!(config["hidden_activation"], "gelu_pytorch_tanh");
+    }
+
     #[test]
     fn qwen2_conversion_keeps_row_order_and_biases() {
         let dir = TempDir::new("convert-qwen2");
@@ -584,24 +635,32 @@ mod tests {
         let msg = convert_err(
             "convert-arch",
             &GgufBuilder::default()
-                .str("general.architecture", "gemma3")
+                .str("general.architecture", "falcon")
                 .build(),
         );
-        // Gemma 3's GGUF waits for SentencePiece vocabularies.
         assert!(
             msg.contains(
-                "architecture `gemma3` is not supported (supported: llama, qwen2, qwen3, smollm3, phi3)"
+                "architecture `falcon` is not supported (supported: llama, qwen2, qwen3, smollm3, phi3, gemma3)"
             ),
             "{msg}"
         );
         assert!(msg.contains("model.gguf"), "{msg}");
 
-        let spm = tiny_model("llama", false, false)
+        let unigram = tiny_model("llama", false, false)
+            .remove("tokenizer.ggml.model")
+            .str("tokenizer.ggml.model", "t5");
+        let msg = convert_err("convert-t5", &unigram.build());
+        assert!(
+            msg.contains("tokenizer model `t5` (`tokenizer.ggml.model`) is not supported (supported: gpt2, llama)"),
+            "{msg}"
+        );
+        // A SentencePiece vocabulary ranks its merges by the scores.
+        let no_scores = tiny_model("llama", false, false)
             .remove("tokenizer.ggml.model")
             .str("tokenizer.ggml.model", "llama");
-        let msg = convert_err("convert-spm", &spm.build());
+        let msg = convert_err("convert-spm", &no_scores.build());
         assert!(
-            msg.contains("tokenizer model `llama` is not supported (supported: gpt2)"),
+            msg.contains("metadata key `tokenizer.ggml.scores` is missing"),
             "{msg}"
         );
 

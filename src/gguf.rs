@@ -313,34 +313,39 @@ impl GgufFile {
 
     /// An array whose elements are all strings, e.g. `tokenizer.ggml.tokens`.
     pub fn get_str_array(&self, key: &str) -> anyhow::Result<Vec<&str>> {
-        let value = self.require(key)?;
-        let expected = "an array of strings";
-        let items = value
-            .as_array()
-            .ok_or_else(|| self.wrong_type(key, value, expected))?;
-        items
-            .iter()
-            .map(|item| {
-                item.as_str()
-                    .ok_or_else(|| self.array_item_type(key, item, expected))
-            })
-            .collect()
+        self.get_array(key, "an array of strings", GgufValue::as_str)
     }
 
     /// An array of any integer type whose values fit in `i64`.
     pub fn get_i64_array(&self, key: &str) -> anyhow::Result<Vec<i64>> {
+        self.get_array(key, "an array of integers", |item| {
+            item.as_integer().and_then(|v| i64::try_from(v).ok())
+        })
+    }
+
+    /// An array of floats (`float32`, or `float64` rounded to `f32`), e.g.
+    /// `tokenizer.ggml.scores`.
+    pub fn get_f32_array(&self, key: &str) -> anyhow::Result<Vec<f32>> {
+        self.get_array(key, "an array of floats", |item| {
+            item.as_f64().map(|v| v as f32)
+        })
+    }
+
+    /// An array whose every element `element` takes; `expected` says what
+    /// it must hold.
+    fn get_array<'a, T>(
+        &'a self,
+        key: &str,
+        expected: &str,
+        element: impl Fn(&'a GgufValue) -> Option<T>,
+    ) -> anyhow::Result<Vec<T>> {
         let value = self.require(key)?;
-        let expected = "an array of integers";
         let items = value
             .as_array()
             .ok_or_else(|| self.wrong_type(key, value, expected))?;
         items
             .iter()
-            .map(|item| {
-                item.as_integer()
-                    .and_then(|v| i64::try_from(v).ok())
-                    .ok_or_else(|| self.array_item_type(key, item, expected))
-            })
+            .map(|item| element(item).ok_or_else(|| self.array_item_type(key, item, expected)))
             .collect()
     }
 
@@ -725,6 +730,15 @@ pub(crate) mod tests {
 
         pub(crate) fn i32_array(self, key: &str, items: &[i32]) -> Self {
             let mut v = 5u32.to_le_bytes().to_vec();
+            v.extend((items.len() as u64).to_le_bytes());
+            for x in items {
+                v.extend(x.to_le_bytes());
+            }
+            self.raw(key, 9, v)
+        }
+
+        pub(crate) fn f32_array(self, key: &str, items: &[f32]) -> Self {
+            let mut v = 6u32.to_le_bytes().to_vec();
             v.extend((items.len() as u64).to_le_bytes());
             for x in items {
                 v.extend(x.to_le_bytes());

@@ -56,6 +56,31 @@ pub fn builtin_shapes() -> Vec<(&'static str, Value)> {
             llama(4096, 14336, 32, 32, 8, 128256, false, 500000.0, llama3(8.0)),
         ),
         ("qwen2.5-7b", qwen2(3584, 18944, 28, 28, 4, 152064, false)),
+        (
+            "qwen3-8b",
+            json!({
+                "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3",
+                "hidden_size": 4096, "intermediate_size": 12288, "num_hidden_layers": 36,
+                "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
+                "vocab_size": 151936, "tie_word_embeddings": false, "rope_theta": 1000000.0,
+                "rms_norm_eps": 1e-6, "max_position_embeddings": 40960,
+                "bos_token_id": 151643, "eos_token_id": 151645,
+            }),
+        ),
+        (
+            // The text model of Gemma 3 4B (its vision tower left out).
+            "gemma-3-4b",
+            json!({
+                "architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text",
+                "hidden_size": 2560, "intermediate_size": 10240, "num_hidden_layers": 34,
+                "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256,
+                "vocab_size": 262208, "tie_word_embeddings": true, "rope_theta": 1000000.0,
+                "rope_local_base_freq": 10000.0, "rope_scaling": {"rope_type": "linear", "factor": 8.0},
+                "sliding_window": 1024, "sliding_window_pattern": 6, "query_pre_attn_scalar": 256,
+                "hidden_activation": "gelu_pytorch_tanh", "rms_norm_eps": 1e-6,
+                "max_position_embeddings": 131072, "bos_token_id": 2, "eos_token_id": 1,
+            }),
+        ),
     ]
 }
 
@@ -213,6 +238,8 @@ mod tests {
             ("qwen2.5-1.5b", 1.544),
             ("llama-3.1-8b", 8.030),
             ("qwen2.5-7b", 7.616),
+            ("qwen3-8b", 8.191),
+            ("gemma-3-4b", 3.880),
         ] {
             let p = parameters(&shape_config(name).unwrap()) / 1e9;
             assert!(

@@ -38,25 +38,11 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 
 fn gguf_path() -> Option<PathBuf> {
-    let p = std::env::var("SIEVE_GGUF")
-        .map(PathBuf::from)
-        .unwrap_or_else(|_| {
-            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("models/SmolLM2-135M-Instruct.Q4_1.gguf")
-        });
-    if p.exists() {
-        return Some(p);
-    }
-    if std::env::var("CI").is_ok() {
-        panic!(
-            "{} is missing: CI must run scripts/setup.sh first",
-            p.display()
-        );
-    }
-    eprintln!(
-        "note: {} not found; run scripts/setup.sh to enable the SmolLM2 golden tests",
-        p.display()
-    );
-    None
+    real_model_file(
+        "SIEVE_GGUF",
+        "models/SmolLM2-135M-Instruct.Q4_1.gguf",
+        "scripts/setup.sh",
+    )
 }
 
 /// The GGUF converted once per test binary (f32 and f16), in a temporary directory.
@@ -172,60 +158,15 @@ fn model_with(dtype: OutDtype, kv: KvFormat, kernels: Option<KernelSet>) -> Opti
     )
 }
 
-/// Prefills prompt + greedy[..31] in chunks that end at each stored logits
-/// position, then one last chunk with logits for every greedy step.
-/// Returns (logits at the stored positions, logits at steps 0..32).
+/// The stored positions' logits and the 32 greedy steps' (teacher forced).
 fn run_prompt(m: &Arc<Model>, g: &Npz) -> (Vec<Vec<f32>>, Vec<Vec<f32>>) {
-    let ids = g.ids("input_ids");
     let greedy = g.ids("greedy_ids");
-    let l = ids.len();
-    let all: Vec<u32> = ids.iter().chain(&greedy[..31]).copied().collect();
-    let vocab = m.config.vocab_size;
-    let mut e = Engine::new(
-        m.clone(),
-        EngineOptions {
-            max_slots: all.len(),
-            max_tokens: all.len(),
-            max_logit_rows: 32,
-            ..Default::default()
-        },
+    teacher_forced(
+        m,
+        &g.ids("input_ids"),
+        &greedy[..32],
+        &g.ids("logits_positions"),
     )
-    .unwrap();
-    let mut stored = vec![];
-    let mut done = 0;
-    for &p in g
-        .ids("logits_positions")
-        .iter()
-        .filter(|&&p| (p as usize) < l - 1)
-    {
-        let end = p as usize + 1;
-        let pos: Vec<u32> = (done as u32..end as u32).collect();
-        e.step(&all[done..end], &pos, StepOutput::last(end - done))
-            .unwrap();
-        stored.push(e.read_logits(1).unwrap());
-        done = end;
-    }
-    let pos: Vec<u32> = (done as u32..all.len() as u32).collect();
-    let n = all.len() - done;
-    e.step(
-        &all[done..],
-        &pos,
-        StepOutput {
-            logit_row0: l - 1 - done,
-            n_logits: 32,
-            sample: None,
-        },
-    )
-    .unwrap();
-    let steps: Vec<Vec<f32>> = e
-        .read_logits(32)
-        .unwrap()
-        .chunks(vocab)
-        .map(|c| c.to_vec())
-        .collect();
-    assert_eq!(n, all.len() - done);
-    stored.push(steps[0].clone());
-    (stored, steps)
 }
 
 fn check_logits(dtype: OutDtype, tol: f32, files: &[&str]) {

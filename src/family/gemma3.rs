@@ -9,19 +9,20 @@
 //! `rope_local_base_freq` and no scaling, full layers with `rope_theta` and
 //! `rope_scaling` (transformers 5: `rope_parameters` keyed by layer type).
 //!
-//! GGUF (architecture `gemma3`) is not read yet: its files carry a
-//! SentencePiece vocabulary, which sieve does not read from GGUF yet. Its
-//! tensor names are in the table below; llama.cpp's converter folds the
-//! (1 + w) into the norm weights and writes only the window
-//! (`gemma3.attention.sliding_window`), fixing every 6th layer full, the
-//! local base 10,000 and the query scale 1 / sqrt(head_dim).
+//! GGUF (architecture `gemma3`, a SentencePiece vocabulary): llama.cpp's
+//! converter folds the (1 + w) into the norm weights and writes only the
+//! window (`gemma3.attention.sliding_window`); the rest is fixed as
+//! llama.cpp fixes it: every 6th layer full, the local base 10,000, the
+//! query scale 1 / sqrt(head_dim) (1 / sqrt(hidden / heads) for the 62-layer
+//! 27B). Without a window every layer is full, as in llama.cpp.
 
 use anyhow::{bail, Context, Result};
-use serde_json::Value;
+use serde_json::{json, Map, Value};
 
-use super::{layer_types, sliding_window, Activation, Family, LayerSpec, Role};
+use super::{layer_types, sliding_window, Activation, Family, GgufLayout, LayerSpec, Role};
 use crate::config::{rope, scaling_object, RopeScaling};
 use crate::family::fields::ConfigFields;
+use crate::gguf::GgufFile;
 use crate::kernels::rope_kv::Rope;
 
 #[rustfmt::skip]
@@ -50,10 +51,48 @@ pub const FAMILY: Family = Family {
     model_type: "gemma3_text",
     tensors: TENSORS,
     layers,
-    gguf: None,
+    gguf: Some(GgufLayout {
+        architecture: "gemma3",
+        permutes_qk: false,
+        config: gguf_config,
+        setting_tensors: &[],
+    }),
     norm_offset: 1.0,
     scales_embeddings: true,
 };
+
+/// What llama.cpp reads from a `gemma3` file or fixes for it, as
+/// config.json keys.
+fn gguf_config(g: &GgufFile, c: &mut Map<String, Value>) -> Result<()> {
+    let key = |k: &str| format!("gemma3.{k}");
+    let gelu = json!("gelu_pytorch_tanh");
+    c.insert("hidden_act".into(), gelu.clone());
+    c.insert("hidden_activation".into(), gelu);
+    match g.opt(&key("attention.sliding_window"), GgufFile::get_u32)? {
+        Some(w) if w > 0 => {
+            c.insert("sliding_window".into(), json!(w));
+            c.insert("sliding_window_pattern".into(), json!(6));
+        }
+        _ => {
+            let layers = g.get_u32(&key("block_count"))? as usize;
+            c.insert("layer_types".into(), json!(vec!["full_attention"; layers]));
+        }
+    }
+    c.insert("rope_local_base_freq".into(), json!(10000.0));
+    let head_dim = c.get("head_dim").and_then(Value::as_u64).unwrap_or(0);
+    let scalar = if g.get_u32(&key("block_count"))? == 62 {
+        let hidden = c.get("hidden_size").and_then(Value::as_u64).unwrap_or(0);
+        let heads = c
+            .get("num_attention_heads")
+            .and_then(Value::as_u64)
+            .unwrap_or(1);
+        hidden / heads.max(1)
+    } else {
+        head_dim
+    };
+    c.insert("query_pre_attn_scalar".into(), json!(scalar));
+    Ok(())
+}
 
 fn layers(f: &ConfigFields, shared: &Rope, n_layers: usize) -> Result<Vec<LayerSpec>> {
     for key in ["attn_logit_softcapping", "final_logit_softcapping"] {

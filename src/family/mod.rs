@@ -104,6 +104,21 @@ impl Role {
         }
     }
 
+    /// Whether the role is a norm's weight (which a family's `norm_offset`
+    /// applies to).
+    pub fn is_norm(self) -> bool {
+        matches!(
+            self,
+            Role::FinalNorm
+                | Role::AttnNorm
+                | Role::MlpNorm
+                | Role::PostAttnNorm
+                | Role::PostMlpNorm
+                | Role::QNorm
+                | Role::KNorm
+        )
+    }
+
     /// Whether the role names one tensor per layer.
     pub fn per_layer(self) -> bool {
         !matches!(self, Role::Embed | Role::FinalNorm | Role::LmHead)

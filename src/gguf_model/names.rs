@@ -25,6 +25,10 @@ pub(crate) struct TensorPlan {
     pub shape: Vec<usize>,
     /// Undo llama.cpp's q/k row permutation with this many heads.
     pub qk_heads: Option<usize>,
+    /// Added to every value to give the Hugging Face weight: a norm of a
+    /// family whose norms multiply by (offset + w) holds offset + w in a
+    /// GGUF (llama.cpp's converter folds it in), w in a Hugging Face file.
+    pub hf_shift: f32,
 }
 
 /// What a GGUF tensor of the architecture becomes.
@@ -32,6 +36,7 @@ struct Target {
     name: String,
     shape: Vec<usize>,
     qk_heads: Option<usize>,
+    hf_shift: f32,
     required: bool,
     /// The model computes with it: a tensor it would not use is refused,
     /// not silently dropped (an output bias in a Qwen2 file).
@@ -94,6 +99,11 @@ impl ModelMeta<'_> {
                         name: hf.replace("{l}", &l),
                         shape: role.shape(&dims),
                         qk_heads: permuted(role),
+                        hf_shift: if role.is_norm() {
+                            -family.norm_offset
+                        } else {
+                            0.0
+                        },
                         required: required(role),
                         used: used(role),
                     },
@@ -149,6 +159,7 @@ impl ModelMeta<'_> {
                 name: target.name,
                 shape,
                 qk_heads: target.qk_heads,
+                hf_shift: target.hf_shift,
             });
         }
         if let Some((name, _)) = expected.iter().find(|(_, t)| t.required) {

@@ -214,3 +214,80 @@ pub fn tiny_text_model() -> PathBuf {
     std::fs::rename(tmp, dir.join("model.safetensors")).unwrap();
     dir
 }
+
+/// Teacher forcing: prefills the prompt `ids` and `greedy` but its last id
+/// in chunks that end at each of `positions` before the prompt's last
+/// token, then one last chunk with logits for every greedy step. Returns
+/// (logits at the stored positions, the prompt's last included; logits at
+/// each greedy step).
+pub fn teacher_forced(
+    m: &std::sync::Arc<sieve::model::Model>,
+    ids: &[u32],
+    greedy: &[u32],
+    positions: &[u32],
+) -> (Vec<Vec<f32>>, Vec<Vec<f32>>) {
+    use sieve::engine::{Engine, EngineOptions, StepOutput};
+    let l = ids.len();
+    let steps = greedy.len();
+    let all: Vec<u32> = ids.iter().chain(&greedy[..steps - 1]).copied().collect();
+    let vocab = m.config.vocab_size;
+    let mut e = Engine::new(
+        m.clone(),
+        EngineOptions {
+            max_slots: all.len(),
+            max_tokens: all.len(),
+            max_logit_rows: steps,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let mut stored = vec![];
+    let mut done = 0;
+    for &p in positions.iter().filter(|&&p| (p as usize) < l - 1) {
+        let end = p as usize + 1;
+        let pos: Vec<u32> = (done as u32..end as u32).collect();
+        e.step(&all[done..end], &pos, StepOutput::last(end - done))
+            .unwrap();
+        stored.push(e.read_logits(1).unwrap());
+        done = end;
+    }
+    let pos: Vec<u32> = (done as u32..all.len() as u32).collect();
+    e.step(
+        &all[done..],
+        &pos,
+        StepOutput {
+            logit_row0: l - 1 - done,
+            n_logits: steps,
+            sample: None,
+        },
+    )
+    .unwrap();
+    let step_logits: Vec<Vec<f32>> = e
+        .read_logits(steps)
+        .unwrap()
+        .chunks(vocab)
+        .map(|c| c.to_vec())
+        .collect();
+    stored.push(step_logits[0].clone());
+    (stored, step_logits)
+}
+
+/// A real model's file: `$env_var`, else `default` under the repository.
+/// Missing, it is a note and `None` (the caller's tests pass), except under
+/// CI (CI=true), where it is a failure: CI must run `setup` first.
+pub fn real_model_file(env_var: &str, default: &str, setup: &str) -> Option<PathBuf> {
+    let p = std::env::var(env_var)
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(default));
+    if p.exists() {
+        return Some(p);
+    }
+    if std::env::var("CI").is_ok() {
+        panic!("{} is missing: CI must run {setup} first", p.display());
+    }
+    eprintln!(
+        "note: {} not found; run {setup} to enable its golden tests",
+        p.display()
+    );
+    None
+}

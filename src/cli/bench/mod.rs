@@ -61,7 +61,8 @@ pub struct BenchArgs {
     pub generate: usize,
     /// Benchmark a model of this shape with random weights made on the GPU
     /// instead of loading one: smollm2-135m, llama-3.2-1b, qwen2.5-1.5b,
-    /// llama-3.1-8b, qwen2.5-7b, or a path to a config.json.
+    /// llama-3.1-8b, qwen2.5-7b, qwen3-8b, gemma-3-4b, or a path to a
+    /// config.json.
     #[arg(long)]
     pub synthetic: Option<String>,
     /// Seed of the synthetic weights.

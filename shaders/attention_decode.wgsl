@@ -19,6 +19,10 @@
 // a given depth, each with a quarter of the work; its partials and merge
 // count chunks of 64).
 //
+// A sliding window (AttnParams.window) hides the keys whose original
+// positions (kpos) are not within it of the query's (key_seen,
+// attention_decode_io.wgsl), as in attention.wgsl.
+//
 // Bindings (group 0): as attention_io.wgsl.
 // Dispatch: (n_chunks of the page, n_kv, 1), as decode_partial, with
 // n_chunks counted in chunks of CHUNK.
@@ -38,7 +42,7 @@ fn decode_partial(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocati
     for (var g = 0u; g < GMAX; g++) {
         s_own[g] = NEG;
     }
-    if (slot < ch.n_keys) {
+    if (key_seen(ch, slot)) {
         for (var g = 0u; g < GROUP; g++) {
             s_own[g] = 0.0;
         }

@@ -26,15 +26,27 @@ var<workgroup> sc: array<f32, 2048>;       // GMAX * CHUNK scores, then weights
 var<workgroup> red: array<vec4<f32>, 256>; // reduction scratch
 
 // What a decode workgroup works on: key chunk c of the cache, KV head kvh,
-// for a query that attends slots 0 .. n_keys - 1.
+// for a query that attends slots 0 .. n_keys - 1 (with a window, those
+// whose original positions are within it of query_pos, the query's).
 struct DecodeChunk {
     c: u32,
     kvh: u32,
     n_keys: u32,
+    query_pos: u32,
 }
 
 fn decode_chunk(wid: vec3<u32>) -> DecodeChunk {
-    return DecodeChunk(page.first / CHUNK + wid.x, wid.y, step.start_slot + 1u);
+    var query_pos = 0u;
+    if (p.window > 0u) {
+        query_pos = kpos[step.start_slot];
+    }
+    return DecodeChunk(page.first / CHUNK + wid.x, wid.y, step.start_slot + 1u, query_pos);
+}
+
+// Whether the query sees the key in `slot`: a slot it attends (`&&` reads
+// kpos only for those), within its window.
+fn key_seen(ch: DecodeChunk, slot: u32) -> bool {
+    return slot < ch.n_keys && in_window(ch.query_pos, slot);
 }
 
 // Index in kc and vc of word d (four values) of KV head kvh in the row of
@@ -52,8 +64,8 @@ fn load_group_queries(kvh: u32, lid: u32) {
     workgroupBarrier();
 }
 
-// From the scores in sc (head g's key j at g * CHUNK + j; NEG for keys past
-// the last) to the chunk's partials of its KV head's query heads: the
+// From the scores in sc (head g's key j at g * CHUNK + j; NEG for keys the
+// query does not see: past the last, outside its window) to the chunk's partials of its KV head's query heads: the
 // softmax statistics, the weighted value sums, and (max, sum) per head.
 fn finish_chunk(ch: DecodeChunk, lid: u32) {
     let g_n = GROUP; // p.n_heads / p.n_kv
@@ -86,9 +98,11 @@ fn finish_chunk(ch: DecodeChunk, lid: u32) {
     var l_part = 0.0;
     if (in_group) {
         for (var j = seg * 8u; j < seg * 8u + 8u; j++) {
-            // Keys past n_keys score NEG: their weight is exp(NEG - m) = 0
-            // (all-NEG chunks do not occur: a dispatched chunk holds a key).
-            let e = exp(sc[g * CHUNK + j] - m);
+            // Unseen keys weigh 0, also in a chunk with none seen (m NEG:
+            // a chunk wholly outside the window leaves (NEG, 0), which the
+            // merge weighs 0).
+            let s = sc[g * CHUNK + j];
+            let e = select(0.0, exp(s - m), s > NEG);
             sc[g * CHUNK + j] = e;
             l_part += e;
         }

@@ -13,6 +13,8 @@
 // words of the row; their partial dot products are summed with three
 // subgroup shuffles. Eight rounds cover the chunk's 256 keys.
 //
+// A sliding window hides keys as in attention_decode.wgsl (key_seen).
+//
 // Bindings (group 0): as attention_io.wgsl.
 // Dispatch: (n_chunks of the page, n_kv, 1), as decode_partial.
 // Workgroup memory: 16,384 bytes (attention_decode_io.wgsl).
@@ -54,7 +56,8 @@ fn decode_partial(
         for (var g = 0u; g < GMAX; g++) {
             s[g] = 0.0;
         }
-        if (slot < ch.n_keys) {
+        let seen = key_seen(ch, slot);
+        if (seen) {
             for (var i = 0u; i < cols_per_lane; i++) {
                 let d = col0 + i * KEY_LANES;
                 if (d < HD4) {
@@ -72,7 +75,7 @@ fn decode_partial(
             v += subgroupShuffleXor(v, 2u);
             v += subgroupShuffleXor(v, 4u);
             if (col0 == 0u) {
-                sc[g * CHUNK + j] = select(NEG, v, slot < ch.n_keys);
+                sc[g * CHUNK + j] = select(NEG, v, seen);
             }
         }
     }

@@ -20,6 +20,8 @@
 //                       0 ..= start_slot + t (causal);
 //   anticausal_partial  query t is the entry in slot qslot[t] and attends the
 //                       slots after it among the start_slot + n_tokens present.
+// A sliding window (AttnParams.window) hides the keys whose original
+// positions (kpos) are not within it of the query's, as in attention.wgsl.
 // Bindings (group 0): as attention_io.wgsl.
 // Workgroup memory: 16,384 bytes.
 
@@ -31,8 +33,9 @@ var<workgroup> v_tile: array<vec4<f32>, 256>;
 var<workgroup> dots: array<f32, 2048>;          // 64 queries x 4 lanes x TK
 
 // Query lane of 64 x 4, for keys [k_lo, k_hi) of the chunk the workgroup
-// loops over; this lane's query attends [own_lo, own_hi).
-fn tiled_partial(t0: u32, lid: u32, h: u32, c: u32, k_lo: u32, k_hi: u32, own_lo: u32, own_hi: u32) {
+// loops over; this lane's query attends [own_lo, own_hi), within the window
+// of `query_slot`'s original position.
+fn tiled_partial(t0: u32, lid: u32, h: u32, c: u32, k_lo: u32, k_hi: u32, own_lo: u32, own_hi: u32, query_slot: u32) {
     let qi = lid / 4u;
     let r = lid % 4u;
     let t = t0 + qi;
@@ -50,6 +53,10 @@ fn tiled_partial(t0: u32, lid: u32, h: u32, c: u32, k_lo: u32, k_hi: u32, own_lo
             qv[i] = q[(row(t) * p.n_heads + h) * hd4 + d] * p.scale;
         }
         acc[i] = vec4<f32>(0.0);
+    }
+    var query_pos = 0u;
+    if (p.window > 0u) {
+        query_pos = kpos[query_slot];
     }
     var m = NEG;
     var l = 0.0;
@@ -82,7 +89,7 @@ fn tiled_partial(t0: u32, lid: u32, h: u32, c: u32, k_lo: u32, k_hi: u32, own_lo
         for (var j = 0u; j < TK; j++) {
             let b = qi * 4u * TK + j;
             let key = k0 + j;
-            let valid = key >= own_lo && key < own_hi;
+            let valid = key >= own_lo && key < own_hi && in_window(query_pos, key);
             sj[j] = select(NEG, dots[b] + dots[b + TK] + dots[b + 2u * TK] + dots[b + 3u * TK], valid);
             tile_max = max(tile_max, sj[j]);
         }
@@ -129,7 +136,9 @@ fn prefill_partial(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocat
     let t_last = min(t0 + 63u, step.n_tokens - 1u);
     let k_hi = min(chunk_begin + CHUNK, step.start_slot + t_last + 1u);
     let t = t0 + lid / 4u;
-    tiled_partial(t0, lid, wid.y, c, chunk_begin, k_hi, chunk_begin, step.start_slot + t + 1u);
+    // Lanes past the last query (t_last) compute nothing they keep.
+    let query_slot = step.start_slot + min(t, t_last);
+    tiled_partial(t0, lid, wid.y, c, chunk_begin, k_hi, chunk_begin, step.start_slot + t + 1u, query_slot);
 }
 
 @compute @workgroup_size(256)
@@ -140,5 +149,5 @@ fn anticausal_partial(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invo
     let n_present = step.start_slot + step.n_tokens;
     let k_hi = min(chunk_begin + CHUNK, n_present);
     let t = min(t0 + lid / 4u, step.n_tokens - 1u);
-    tiled_partial(t0, lid, wid.y, c, chunk_begin, k_hi, qslot[t] + 1u, n_present);
+    tiled_partial(t0, lid, wid.y, c, chunk_begin, k_hi, qslot[t] + 1u, n_present, qslot[t]);
 }

@@ -530,7 +530,7 @@ fn tuned_decode(gpu: &Runtime, shape: KernelShape, b: &Bindings) -> Vec<(u32, At
         .kernels
         .attn_decode_candidates()
         .into_iter()
-        .filter(|v| v.takes(heads.head_dim, shape.window))
+        .filter(|v| v.takes(heads.head_dim))
         .collect();
     if cands.is_empty() {
         cands.push(AttnDecodeVariant::Serial);
@@ -1671,12 +1671,18 @@ pub(crate) mod tests {
 
     /// Sliding windows, a scale of the layer's own and heads of 256 (the
     /// wide build): prefill, decode and the counter-causal entry against the
-    /// masked reference. Slot positions have gaps (as after evictions), so
-    /// the window is by position, not by slot; the decode step's first
-    /// chunk lies wholly outside its window (a chunk with no key seen).
+    /// masked reference, on a device with each decode variant (and the
+    /// `gpu` set's `Tiled` prefill; heads of 256 take `Serial` and
+    /// `RowPerLane` on every one). Slot positions have gaps (as after
+    /// evictions), so the window is by position, not by slot; the decode
+    /// step's first chunk lies wholly outside its window (a chunk with no
+    /// key seen).
     #[cfg_attr(test, test)]
     fn windows_scales_and_wide_heads_match_reference() {
-        let gpu = gpu();
+        let mut devices = decode_devices();
+        devices.push(gpu_with_variants(KernelSet::Gpu, |v| {
+            v.attn_decode = AttnDecodeVariant::ParallelShort;
+        }));
         // (query heads, KV heads, head_dim, window, queries, first slot, format)
         let cases = [
             (2, 1, 256, 16, 40, 0, KvFormat::F32),
@@ -1685,7 +1691,8 @@ pub(crate) mod tests {
             (4, 2, 64, 7, 30, 5, KvFormat::F32),
             (4, 2, 64, 100, 1, 400, KvFormat::F16),
         ];
-        for (nh, nkv, hd, window, n, start, format) in cases {
+        let runs = devices.iter().flat_map(|gpu| cases.map(|case| (gpu, case)));
+        for (gpu, (nh, nkv, hd, window, n, start, format)) in runs {
             let h = Heads::new(nh, nkv, hd, format);
             let slots = start + n;
             let slot_pos: Vec<u32> = (0..slots as u32).map(|s| 2 * s + 5).collect();
@@ -1694,15 +1701,15 @@ pub(crate) mod tests {
             let k = rand_vec(slots * nkv * hd, 12, 2.0);
             let v = rand_vec(slots * nkv * hd, 13, 1.0);
             let step = step_buffer(
-                &gpu,
+                gpu,
                 Step {
                     n_tokens: n as u32,
                     start_slot: start as u32,
                     ..Default::default()
                 },
             );
-            let (kb, k) = kv_pages(&gpu, &k, nkv * hd, slots, format);
-            let (vb, v) = kv_pages(&gpu, &v, nkv * hd, slots, format);
+            let (kb, k) = kv_pages(gpu, &k, nkv * hd, slots, format);
+            let (vb, v) = kv_pages(gpu, &v, nkv * hd, slots, format);
             let (qb, kpos) = (
                 gpu.storage_from("q", &q),
                 gpu.storage_from("kpos", &slot_pos),
@@ -1721,7 +1728,7 @@ pub(crate) mod tests {
                 }),
             };
             let a = Attention::new(
-                &gpu, &step, h, slots, &qb, &kb, &vb, &part, &ob, &lb, &qs, layer,
+                gpu, &step, h, slots, &qb, &kb, &vb, &part, &ob, &lb, &qs, layer,
             )
             .unwrap();
             let mask = ReferenceMask {
@@ -1730,8 +1737,11 @@ pub(crate) mod tests {
                 query_pos,
                 slot_pos: &slot_pos,
             };
-            let what = format!("{nh}/{nkv} heads of {hd}, window {window}, {n} from {start}");
-            run_pass(&gpu, |pass| a.encode(pass, n as u32, start as u32));
+            let what = format!(
+                "{:?} decode, {:?} prefill: {nh}/{nkv} heads of {hd}, window {window}, {n} from {start}",
+                gpu.kernels.attn_decode, gpu.kernels.attn_prefill
+            );
+            run_pass(gpu, |pass| a.encode(pass, n as u32, start as u32));
             let got: Vec<f32> = gpu.read(&ob, 0, n * nh * hd).unwrap();
             let (want, _) = reference_masked(&q, &k, &v, h, start, &mask);
             let err = max_abs_diff(&got, &want);
@@ -1739,7 +1749,7 @@ pub(crate) mod tests {
             // The counter-causal entry: each query is the entry of its slot
             // and sees the later ones within the window (rows past the
             // last slot see none).
-            run_pass(&gpu, |pass| {
+            run_pass(gpu, |pass| {
                 a.encode_anticausal(pass, n as u32, slots as u32)
             });
             let got: Vec<f32> = gpu.read(&ob, 0, n * nh * hd).unwrap();

@@ -412,13 +412,12 @@ pub enum AttnDecodeVariant {
 }
 
 impl AttnDecodeVariant {
-    /// Whether the variant runs heads of `head_dim` values, and a sliding
-    /// window: only `Serial` (attention.wgsl) has the wide build for heads
-    /// over 128 values and the window's mask; a layer that needs either
-    /// takes it whatever the kernel set.
-    pub fn takes(self, head_dim: usize, window: bool) -> bool {
-        self == AttnDecodeVariant::Serial
-            || (head_dim <= super::attention::NARROW_HEAD_DIM && !window)
+    /// Whether the variant runs heads of `head_dim` values: only `Serial`
+    /// (attention.wgsl) has the wide build for heads over 128 values, so a
+    /// layer with such heads takes it whatever the kernel set. Every
+    /// variant masks a sliding window.
+    pub fn takes(self, head_dim: usize) -> bool {
+        self == AttnDecodeVariant::Serial || head_dim <= super::attention::NARROW_HEAD_DIM
     }
 
     /// Cache slots per key chunk: the partials' layout, the workgroups a
@@ -448,11 +447,16 @@ pub enum AttnPrefillVariant {
 }
 
 impl AttnPrefillVariant {
-    /// As [`AttnDecodeVariant::takes`]: only `RowPerLane` (attention.wgsl)
-    /// has the wide build and the window's mask.
+    /// Whether the variant runs heads of `head_dim` values, and a sliding
+    /// window: only `RowPerLane` (attention.wgsl) has the wide build, and
+    /// `Coop` has no window mask; a layer that needs either takes another
+    /// whatever the kernel set.
     pub fn takes(self, head_dim: usize, window: bool) -> bool {
-        self == AttnPrefillVariant::RowPerLane
-            || (head_dim <= super::attention::NARROW_HEAD_DIM && !window)
+        match self {
+            AttnPrefillVariant::RowPerLane => true,
+            AttnPrefillVariant::Tiled => head_dim <= super::attention::NARROW_HEAD_DIM,
+            AttnPrefillVariant::Coop => head_dim <= super::attention::NARROW_HEAD_DIM && !window,
+        }
     }
 }
 

@@ -5,12 +5,16 @@
 // chunk's keys. One workgroup of CHUNK lanes (256, or 64 for the
 // short-chunk kernel; attention_io.wgsl) per (key chunk, KV head), as the
 // merge in attention.wgsl expects:
-//   softmax  lane = (head g, segment of 8 keys): per-head max and sum by
-//            tree reductions over the CHUNK / 8 segments in workgroup memory;
-//   values   lane = (4-value column d, key slice s of CHUNK / 32): each lane
-//            sums 32 keys for all heads (the 32 columns of a value row are
-//            read by adjacent lanes), VALUE_BATCH rows loaded at a time,
-//            then the slices are added per head.
+//   softmax  lane = (head g, segment of GMAX keys): per-head max and sum by
+//            tree reductions over the CHUNK / GMAX segments in workgroup
+//            memory (GMAX x segments = CHUNK lanes);
+//   values   lane = (4-value column d, key slice s of CHUNK / HD4_MAX): each
+//            lane sums CHUNK / SLICES keys for all heads (the columns of a
+//            value row are read by adjacent lanes), VALUE_BATCH rows loaded
+//            at a time, then the slices are added per head.
+// Both kernels have a wide build (attention_heads_wide.wgsl in place of
+// attention_heads.wgsl: heads of 256, up to 4 query heads per KV head;
+// src/shaders.rs), whose arrays are no larger.
 // Workgroup memory: 16,384 bytes (16 KiB: what WebGPU and Vulkan promise).
 
 // Value rows each lane loads at once in the value phase (1 to
@@ -74,20 +78,20 @@ fn finish_chunk(ch: DecodeChunk, lid: u32) {
     let kvh = ch.kvh;
     let k0 = c * CHUNK;
 
-    // Softmax statistics: lane = head g (lid % 8) x segment (lid / 8) of 8
-    // keys, CHUNK / 8 segments.
+    // Softmax statistics: lane = head g (lid % GMAX) x segment (lid / GMAX)
+    // of GMAX keys, CHUNK / GMAX segments.
     let g = lid % GMAX;
     let seg = lid / GMAX;
     let in_group = g < g_n;
     var m_part = NEG;
     if (in_group) {
-        for (var j = seg * 8u; j < seg * 8u + 8u; j++) {
+        for (var j = seg * GMAX; j < seg * GMAX + GMAX; j++) {
             m_part = max(m_part, sc[g * CHUNK + j]);
         }
     }
     red[lid].x = m_part;
     workgroupBarrier();
-    for (var span = CHUNK / 16u; span > 0u; span /= 2u) {
+    for (var span = CHUNK / (2u * GMAX); span > 0u; span /= 2u) {
         if (seg < span) {
             red[lid].x = max(red[lid].x, red[lid + span * GMAX].x);
         }
@@ -97,7 +101,7 @@ fn finish_chunk(ch: DecodeChunk, lid: u32) {
     workgroupBarrier();
     var l_part = 0.0;
     if (in_group) {
-        for (var j = seg * 8u; j < seg * 8u + 8u; j++) {
+        for (var j = seg * GMAX; j < seg * GMAX + GMAX; j++) {
             // Unseen keys weigh 0, also in a chunk with none seen (m NEG:
             // a chunk wholly outside the window leaves (NEG, 0), which the
             // merge weighs 0).
@@ -109,13 +113,13 @@ fn finish_chunk(ch: DecodeChunk, lid: u32) {
     }
     red[lid].x = l_part;
     workgroupBarrier();
-    for (var span = CHUNK / 16u; span > 0u; span /= 2u) {
+    for (var span = CHUNK / (2u * GMAX); span > 0u; span /= 2u) {
         if (seg < span) {
             red[lid].x += red[lid + span * GMAX].x;
         }
         workgroupBarrier();
     }
-    // Each head's (max, sum) goes straight to its partial (lane g < 8 holds
+    // Each head's (max, sum) goes straight to its partial (lane g < GMAX holds
     // head g's max in m and, after the reduction, its sum in red[g]), so no
     // workgroup array keeps them: 16 KiB in all, what Vulkan and WebGPU promise.
     if (lid < g_n) {
@@ -123,8 +127,9 @@ fn finish_chunk(ch: DecodeChunk, lid: u32) {
     }
     workgroupBarrier();
 
-    // Values: lane = column d (lid % 32) x key slice s (lid / 32) of the
-    // CHUNK / 32 slices (SLICES); slice s takes keys s, s + SLICES, ...
+    // Values: lane = column d (lid % HD4_MAX) x key slice s (lid / HD4_MAX)
+    // of the CHUNK / HD4_MAX slices (SLICES); slice s takes keys s,
+    // s + SLICES, ...
     let d = lid % HD4_MAX;
     let s = lid / HD4_MAX;
     let n_valid = min(CHUNK, ch.n_keys - k0);

@@ -113,6 +113,12 @@ const ATTENTION_DECODE_IO: &str = concat!(
     include_str!("../shaders/attention_io.wgsl"),
     include_str!("../shaders/attention_decode_io.wgsl")
 );
+/// The same for their wide builds (heads of up to 256).
+const ATTENTION_DECODE_WIDE_IO: &str = concat!(
+    include_str!("../shaders/attention_heads_wide.wgsl"),
+    include_str!("../shaders/attention_io.wgsl"),
+    include_str!("../shaders/attention_decode_io.wgsl")
+);
 
 macro_rules! shader {
     ($ident:ident, $name:literal, $prelude:ident) => {
@@ -161,6 +167,18 @@ shader!(
     Kv,
     ATTENTION_DECODE_IO
 );
+/// The `gpu` decode kernels built for heads of up to 256 values (and up to
+/// 4 query heads per KV head; attention_heads_wide.wgsl).
+pub const ATTENTION_DECODE_WIDE: Shader = Shader {
+    name: "attention_decode_wide",
+    include: ATTENTION_DECODE_WIDE_IO,
+    ..ATTENTION_DECODE
+};
+pub const ATTENTION_DECODE_LANES_WIDE: Shader = Shader {
+    name: "attention_decode_lanes_wide",
+    include: ATTENTION_DECODE_WIDE_IO,
+    ..ATTENTION_DECODE_LANES
+};
 shader!(ATTENTION_PREFILL, "attention_prefill", Kv, ATTENTION_IO);
 shader!(
     ATTENTION_PREFILL_COOP,
@@ -198,6 +216,8 @@ pub fn all() -> Vec<&'static Shader> {
         &ATTENTION_WIDE,
         &ATTENTION_DECODE,
         &ATTENTION_DECODE_LANES,
+        &ATTENTION_DECODE_WIDE,
+        &ATTENTION_DECODE_LANES_WIDE,
         &ATTENTION_PREFILL,
         &ATTENTION_PREFILL_COOP,
         &SILU_MUL,
@@ -509,6 +529,13 @@ mod tests {
         for shader in [&ATTENTION_DECODE, &ATTENTION_DECODE_LANES] {
             assert_eq!(
                 bytes(shader, kv16, "decode_partial", &[("GROUP", 4.0)]),
+                16384
+            );
+        }
+        // Their wide builds: the same arrays (GMAX x HD4_MAX queries).
+        for shader in [&ATTENTION_DECODE_WIDE, &ATTENTION_DECODE_LANES_WIDE] {
+            assert_eq!(
+                bytes(shader, kv16, "decode_partial", &[("GROUP", 2.0)]),
                 16384
             );
         }

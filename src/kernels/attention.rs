@@ -54,7 +54,7 @@ impl Params {
 
 /// How `Params` mirrors `AttnParams` (checked against naga in tests/shaders.rs).
 pub(crate) fn uniform_layout() -> super::UniformLayout {
-    super::uniform_layout!(Params as "AttnParams" in [shaders::ATTENTION, shaders::ATTENTION_WIDE, shaders::ATTENTION_DECODE, shaders::ATTENTION_DECODE_LANES, shaders::ATTENTION_PREFILL, shaders::ATTENTION_PREFILL_COOP] {
+    super::uniform_layout!(Params as "AttnParams" in [shaders::ATTENTION, shaders::ATTENTION_WIDE, shaders::ATTENTION_DECODE, shaders::ATTENTION_DECODE_LANES, shaders::ATTENTION_DECODE_WIDE, shaders::ATTENTION_DECODE_LANES_WIDE, shaders::ATTENTION_PREFILL, shaders::ATTENTION_PREFILL_COOP] {
         n_heads, n_kv, hd4, scale, window, _p
     })
 }
@@ -124,12 +124,13 @@ pub struct Attention {
 /// configs are checked against the same limits when loaded (src/config.rs).
 pub const MAX_HEADS_PER_KV: usize = 8;
 pub const NARROW_HEAD_DIM: usize = 128;
-/// The wide build of attention.wgsl (attention_heads_wide.wgsl) takes heads
-/// up to this size, with up to [`WIDE_HEADS_PER_KV`] query heads per KV head.
+/// The wide builds (attention_heads_wide.wgsl: attention.wgsl and the `gpu`
+/// decode kernels) take heads up to this size, with up to
+/// [`WIDE_HEADS_PER_KV`] query heads per KV head.
 pub const MAX_HEAD_DIM: usize = 256;
 pub const WIDE_HEADS_PER_KV: usize = 4;
 
-/// Whether `heads` need the wide build of attention.wgsl.
+/// Whether `heads` need the wide builds.
 fn wide(heads: Heads) -> bool {
     heads.head_dim > NARROW_HEAD_DIM
 }
@@ -140,6 +141,15 @@ fn attention_shader(heads: Heads) -> &'static shaders::Shader {
         &shaders::ATTENTION_WIDE
     } else {
         &shaders::ATTENTION
+    }
+}
+
+/// attention_decode.wgsl built for `heads`.
+fn decode_shader(heads: Heads) -> &'static shaders::Shader {
+    if wide(heads) {
+        &shaders::ATTENTION_DECODE_WIDE
+    } else {
+        &shaders::ATTENTION_DECODE
     }
 }
 
@@ -424,11 +434,18 @@ fn decode_pipeline(
     let [hd4] = head_dim_constant(heads);
     let (shader, value_batch) = match variant {
         AttnDecodeVariant::Serial => (attention_shader(heads), None),
-        AttnDecodeVariant::Parallel => (&shaders::ATTENTION_DECODE, None),
+        AttnDecodeVariant::Parallel => (decode_shader(heads), None),
         AttnDecodeVariant::ParallelBatched | AttnDecodeVariant::ParallelShort => {
-            (&shaders::ATTENTION_DECODE, Some(8.0))
+            (decode_shader(heads), Some(8.0))
         }
-        AttnDecodeVariant::LanesPerKey => (&shaders::ATTENTION_DECODE_LANES, None),
+        AttnDecodeVariant::LanesPerKey => (
+            if wide(heads) {
+                &shaders::ATTENTION_DECODE_LANES_WIDE
+            } else {
+                &shaders::ATTENTION_DECODE_LANES
+            },
+            None,
+        ),
     };
     let mut constants = vec![group, hd4];
     constants.extend(value_batch.map(|b| ("VALUE_BATCH", b)));
@@ -526,15 +543,7 @@ struct KernelShape {
 /// with the same choice merged.
 fn tuned_decode(gpu: &Runtime, shape: KernelShape, b: &Bindings) -> Vec<(u32, AttnDecodeVariant)> {
     let heads = shape.heads;
-    let mut cands: Vec<_> = gpu
-        .kernels
-        .attn_decode_candidates()
-        .into_iter()
-        .filter(|v| v.takes(heads.head_dim))
-        .collect();
-    if cands.is_empty() {
-        cands.push(AttnDecodeVariant::Serial);
-    }
+    let cands = gpu.kernels.attn_decode_candidates();
     if cands.len() == 1 {
         return vec![(u32::MAX, cands[0])];
     }
@@ -1671,9 +1680,9 @@ pub(crate) mod tests {
 
     /// Sliding windows, a scale of the layer's own and heads of 256 (the
     /// wide build): prefill, decode and the counter-causal entry against the
-    /// masked reference, on a device with each decode variant (and the
-    /// `gpu` set's `Tiled` prefill; heads of 256 take `Serial` and
-    /// `RowPerLane` on every one). Slot positions have gaps (as after
+    /// masked reference, on a device with each decode variant (their wide
+    /// builds for heads of 256) and the `gpu` set's `Tiled` prefill (heads
+    /// of 256 take `RowPerLane` on every one). Slot positions have gaps (as after
     /// evictions), so the window is by position, not by slot; the decode
     /// step's first chunk lies wholly outside its window (a chunk with no
     /// key seen).
@@ -1690,6 +1699,9 @@ pub(crate) mod tests {
             (4, 1, 256, 40, 9, 270, KvFormat::F32),
             (4, 2, 64, 7, 30, 5, KvFormat::F32),
             (4, 2, 64, 100, 1, 400, KvFormat::F16),
+            // Four query heads of 256 (the wide build's GMAX) over three
+            // chunks, the window wider than the cache.
+            (4, 1, 256, 5000, 1, 600, KvFormat::F32),
         ];
         let runs = devices.iter().flat_map(|gpu| cases.map(|case| (gpu, case)));
         for (gpu, (nh, nkv, hd, window, n, start, format)) in runs {

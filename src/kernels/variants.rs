@@ -412,14 +412,6 @@ pub enum AttnDecodeVariant {
 }
 
 impl AttnDecodeVariant {
-    /// Whether the variant runs heads of `head_dim` values: only `Serial`
-    /// (attention.wgsl) has the wide build for heads over 128 values, so a
-    /// layer with such heads takes it whatever the kernel set. Every
-    /// variant masks a sliding window.
-    pub fn takes(self, head_dim: usize) -> bool {
-        self == AttnDecodeVariant::Serial || head_dim <= super::attention::NARROW_HEAD_DIM
-    }
-
     /// Cache slots per key chunk: the partials' layout, the workgroups a
     /// step dispatches and the merge's chunk count.
     pub fn key_chunk(self) -> u32 {

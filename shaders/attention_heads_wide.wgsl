@@ -1,5 +1,5 @@
-// attention_heads_wide.wgsl: the wide build of attention.wgsl and of the
-// `gpu` decode kernels (included
+// attention_heads_wide.wgsl: the wide build of attention.wgsl, the `gpu`
+// decode kernels and the tiled prefill (included
 // before attention_io.wgsl in its place of attention_heads.wgsl; see
 // src/shaders.rs): heads of up to 4 x HD4_MAX = 256 values (Gemma 3), up to
 // GMAX = 4 query heads per KV head, so that the workgroup arrays of

@@ -20,8 +20,8 @@
 //  10 kpos  storage read  [slots] u32  each cache slot's original position (read only with a window;
 //                         query t's is its own slot's, start_slot + t, written before the step runs)
 // Limits: head_dim <= 4 x HD4_MAX (a multiple of 4), n_heads / n_kv <= GMAX:
-// 128 and 8, or in the wide builds of attention.wgsl and the decode kernels
-// 256 and 4 (attention_heads.wgsl, attention_heads_wide.wgsl).
+// 128 and 8, or in the wide builds (attention.wgsl, the decode kernels, the
+// tiled prefill) 256 and 4 (attention_heads.wgsl, attention_heads_wide.wgsl).
 struct AttnParams {
     n_heads: u32,
     n_kv: u32,

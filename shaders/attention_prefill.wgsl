@@ -23,14 +23,16 @@
 // A sliding window (AttnParams.window) hides the keys whose original
 // positions (kpos) are not within it of the query's, as in attention.wgsl.
 // Bindings (group 0): as attention_io.wgsl.
-// Workgroup memory: 16,384 bytes.
+// Workgroup memory: 16,384 bytes. A wide build (attention_heads_wide.wgsl in
+// place of attention_heads.wgsl, src/shaders.rs) takes heads of 256 with
+// tiles of 4 keys, in the same arrays.
 
-const TK: u32 = 8u;            // keys per tile
-const COLS: u32 = 8u;          // HD4_MAX / 4: 4-value columns per lane
+const TK: u32 = 256u / HD4_MAX; // keys per tile: 8, or 4 in the wide build
+const COLS: u32 = HD4_MAX / 4u; // 4-value columns per lane: 8, or 16
 
 var<workgroup> k_tile: array<vec4<f32>, 256>;   // TK x HD4_MAX
 var<workgroup> v_tile: array<vec4<f32>, 256>;
-var<workgroup> dots: array<f32, 2048>;          // 64 queries x 4 lanes x TK
+var<workgroup> dots: array<f32, 2048>;          // 64 queries x 4 lanes x TK (8)
 
 // Query lane of 64 x 4, for keys [k_lo, k_hi) of the chunk the workgroup
 // loops over; this lane's query attends [own_lo, own_hi), within the window

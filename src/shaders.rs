@@ -180,6 +180,13 @@ pub const ATTENTION_DECODE_LANES_WIDE: Shader = Shader {
     ..ATTENTION_DECODE_LANES
 };
 shader!(ATTENTION_PREFILL, "attention_prefill", Kv, ATTENTION_IO);
+/// attention_prefill.wgsl built for heads of up to 256 values (tiles of 4
+/// keys; attention_heads_wide.wgsl).
+pub const ATTENTION_PREFILL_WIDE: Shader = Shader {
+    name: "attention_prefill_wide",
+    include: ATTENTION_WIDE_IO,
+    ..ATTENTION_PREFILL
+};
 shader!(
     ATTENTION_PREFILL_COOP,
     "attention_prefill_coop",
@@ -218,6 +225,7 @@ pub fn all() -> Vec<&'static Shader> {
         &ATTENTION_DECODE_LANES,
         &ATTENTION_DECODE_WIDE,
         &ATTENTION_DECODE_LANES_WIDE,
+        &ATTENTION_PREFILL_WIDE,
         &ATTENTION_PREFILL,
         &ATTENTION_PREFILL_COOP,
         &SILU_MUL,
@@ -532,7 +540,11 @@ mod tests {
                 16384
             );
         }
-        // Their wide builds: the same arrays (GMAX x HD4_MAX queries).
+        // Their wide builds, and the tiled prefill's: the same arrays.
+        assert_eq!(
+            bytes(&ATTENTION_PREFILL_WIDE, kv16, "prefill_partial", &[]),
+            16384
+        );
         for shader in [&ATTENTION_DECODE_WIDE, &ATTENTION_DECODE_LANES_WIDE] {
             assert_eq!(
                 bytes(shader, kv16, "decode_partial", &[("GROUP", 2.0)]),

@@ -54,7 +54,7 @@ impl Params {
 
 /// How `Params` mirrors `AttnParams` (checked against naga in tests/shaders.rs).
 pub(crate) fn uniform_layout() -> super::UniformLayout {
-    super::uniform_layout!(Params as "AttnParams" in [shaders::ATTENTION, shaders::ATTENTION_WIDE, shaders::ATTENTION_DECODE, shaders::ATTENTION_DECODE_LANES, shaders::ATTENTION_DECODE_WIDE, shaders::ATTENTION_DECODE_LANES_WIDE, shaders::ATTENTION_PREFILL, shaders::ATTENTION_PREFILL_COOP] {
+    super::uniform_layout!(Params as "AttnParams" in [shaders::ATTENTION, shaders::ATTENTION_WIDE, shaders::ATTENTION_DECODE, shaders::ATTENTION_DECODE_LANES, shaders::ATTENTION_DECODE_WIDE, shaders::ATTENTION_DECODE_LANES_WIDE, shaders::ATTENTION_PREFILL, shaders::ATTENTION_PREFILL_WIDE, shaders::ATTENTION_PREFILL_COOP] {
         n_heads, n_kv, hd4, scale, window, _p
     })
 }
@@ -480,6 +480,7 @@ fn prefill_pipeline(
 ) -> Result<Arc<wgpu::ComputePipeline>> {
     let shader = match variant {
         AttnPrefillVariant::RowPerLane => attention_shader(heads),
+        AttnPrefillVariant::Tiled if wide(heads) => &shaders::ATTENTION_PREFILL_WIDE,
         AttnPrefillVariant::Tiled => &shaders::ATTENTION_PREFILL,
         AttnPrefillVariant::Coop => {
             anyhow::ensure!(
@@ -1380,7 +1381,13 @@ pub(crate) mod tests {
     /// step, with every decode variant and both prefill variants.
     #[cfg_attr(test, test)]
     fn sequences_sharing_a_step_stay_apart() {
-        let mut devices = decode_devices();
+        // ParallelBatched is left out: ParallelShort runs its value loop
+        // (eight rows at a time) too, and each device's pipelines cost the
+        // browser's run seconds.
+        let mut devices: Vec<_> = decode_devices()
+            .into_iter()
+            .filter(|gpu| gpu.kernels.attn_decode != AttnDecodeVariant::ParallelBatched)
+            .collect();
         devices.push(gpu_with_variants(KernelSet::Gpu, |v| {
             v.attn_decode = AttnDecodeVariant::ParallelShort;
         }));
@@ -1680,9 +1687,10 @@ pub(crate) mod tests {
 
     /// Sliding windows, a scale of the layer's own and heads of 256 (the
     /// wide build): prefill, decode and the counter-causal entry against the
-    /// masked reference, on a device with each decode variant (their wide
-    /// builds for heads of 256) and the `gpu` set's `Tiled` prefill (heads
-    /// of 256 take `RowPerLane` on every one). Slot positions have gaps (as after
+    /// masked reference, on a device with each decode variant but
+    /// ParallelBatched and the `gpu` set's `Tiled` prefill (their wide
+    /// builds for heads of 256; the variants beyond the `cpu` and `gpu`
+    /// sets' on the decode cases). Slot positions have gaps (as after
     /// evictions), so the window is by position, not by slot; the decode
     /// step's first chunk lies wholly outside its window (a chunk with no
     /// key seen).
@@ -1703,7 +1711,16 @@ pub(crate) mod tests {
             // chunks, the window wider than the cache.
             (4, 1, 256, 5000, 1, 600, KvFormat::F32),
         ];
-        let runs = devices.iter().flat_map(|gpu| cases.map(|case| (gpu, case)));
+        // Every case on the `cpu` and `gpu` sets (Serial and RowPerLane,
+        // Parallel and Tiled); on the devices with the other decode
+        // variants, the decode cases (the others repeat what those two
+        // checked: each test in the browser pays for its devices' pipelines).
+        let runs = devices.iter().enumerate().flat_map(|(i, gpu)| {
+            cases
+                .into_iter()
+                .filter(move |&(.., n, _, _)| i < 2 || n == 1)
+                .map(move |case| (gpu, case))
+        });
         for (gpu, (nh, nkv, hd, window, n, start, format)) in runs {
             let h = Heads::new(nh, nkv, hd, format);
             let slots = start + n;

@@ -440,15 +440,11 @@ pub enum AttnPrefillVariant {
 
 impl AttnPrefillVariant {
     /// Whether the variant runs heads of `head_dim` values, and a sliding
-    /// window: only `RowPerLane` (attention.wgsl) has the wide build, and
-    /// `Coop` has no window mask; a layer that needs either takes another
-    /// whatever the kernel set.
+    /// window: `Coop` has neither a wide build nor a window mask; a layer
+    /// that needs either takes another whatever the kernel set.
     pub fn takes(self, head_dim: usize, window: bool) -> bool {
-        match self {
-            AttnPrefillVariant::RowPerLane => true,
-            AttnPrefillVariant::Tiled => head_dim <= super::attention::NARROW_HEAD_DIM,
-            AttnPrefillVariant::Coop => head_dim <= super::attention::NARROW_HEAD_DIM && !window,
-        }
+        self != AttnPrefillVariant::Coop
+            || (head_dim <= super::attention::NARROW_HEAD_DIM && !window)
     }
 }
 

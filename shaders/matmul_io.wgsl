@@ -14,9 +14,11 @@
 //   2 w     storage read  [rows, k] weights (declared by the format prelude)
 //   3 bias  storage read  [out_stride] f32   (a dummy when flags bit 1 is clear)
 //   4 x     storage read  [n, k/4] vec4<f32> ([n, 2k/4] with flags bit 3)
+//                         (declared by matmul_x.wgsl; matvec_q8.wgsl reads
+//                         x's q8 blocks here)
 //   5 y     storage rw    [n, out_stride] f32
 //   6 norm  storage read  [k/4] vec4<f32>  RMSNorm weights (a dummy when flags
-//                         bit 2 is clear)
+//                         bit 2 is clear; matmul_x.wgsl)
 // n = step_rows(step, p.count_sel).
 // flags: bit 0 adds into y (residual connection fused), bit 1 adds the bias,
 // bit 2 (mat-vec variants of the `gpu` set only): x is the residual stream and
@@ -45,36 +47,7 @@ const FLAG_FUSED_SWIGLU: u32 = 8u;
 @group(0) @binding(0) var<uniform> step: Step;
 @group(0) @binding(1) var<uniform> p: MatmulParams;
 @group(0) @binding(3) var<storage, read> bias: array<f32>;
-@group(0) @binding(4) var<storage, read> x: array<vec4<f32>>;
 @group(0) @binding(5) var<storage, read_write> y: array<f32>;
-@group(0) @binding(6) var<storage, read> norm: array<vec4<f32>>;
-
-fn fused_norm() -> bool {
-    return (p.flags & FLAG_FUSED_NORM) != 0u;
-}
-
-fn fused_swiglu() -> bool {
-    return (p.flags & FLAG_FUSED_SWIGLU) != 0u;
-}
-
-// x[k] of token 0 as the product sees it: scaled by `inv` (the token's
-// 1 / rms) and the norm weights when the norm is fused; silu(gate) * up when
-// the SwiGLU is fused.
-fn x_normed(k: u32, inv: f32) -> vec4<f32> {
-    if (fused_swiglu()) {
-        let g = x[k];
-        return g / (1.0 + exp(-g)) * x[p.k4 + k];
-    }
-    if (fused_norm()) {
-        return x[k] * inv * norm[k];
-    }
-    return x[k];
-}
-
-// 1 / sqrt(mean(x^2) + eps) from a row's sum of squares.
-fn inv_rms(sum_sq: f32) -> f32 {
-    return inverseSqrt(sum_sq / f32(p.k4 * 4u) + p.eps);
-}
 
 // Stores the product of row r (within the part) for token t.
 fn store(t: u32, r: u32, v: f32) {

@@ -6,7 +6,8 @@
 // The same work split as matvec_workgroup.wgsl (a workgroup of LANES lanes
 // per ROWS rows, coalesced loads along K, two loads per row in flight), but each
 // subgroup sums its lanes with subgroupAdd and only one value per row and
-// subgroup goes through workgroup memory: one barrier instead of eight.
+// subgroup goes through workgroup memory: one barrier instead of eight
+// (matvec_sums.wgsl).
 //
 // Bindings (group 0): as matmul_io.wgsl, with
 //   2 w     storage read  [rows, k] weights (declared by the format prelude)
@@ -64,18 +65,5 @@ fn matvec(
     }
     let inv = row_inv_rms(lane, sg, n_sg, sg_lane);
     let acc = lane_sums(r0, lane, inv);
-    for (var i = 0u; i < ROWS; i++) {
-        let s = subgroupAdd(acc[i]);
-        if (sg_lane == 0u) {
-            partial[sg * ROWS + i] = s;
-        }
-    }
-    workgroupBarrier();
-    if (lane < ROWS && r0 + lane < p.rows) {
-        var total = 0.0;
-        for (var i = 0u; i < n_sg; i++) {
-            total += partial[i * ROWS + lane];
-        }
-        store(0u, r0 + lane, total);
-    }
+    store_row_sums(acc, r0, lane, sg, n_sg, sg_lane);
 }

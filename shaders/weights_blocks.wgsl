@@ -60,3 +60,54 @@ fn nibble_block_dot(first: u32, high: u32, xs: array<vec4<f32>, 8>) -> f32 {
     }
     return s;
 }
+
+// The integer-dot mat-vec (matvec_q8.wgsl) multiplies each prelude's
+// `dot32_q8(g, xa, xb, ds)`: the block of 32 values at packed group g
+// times x's q8 block (quantize_q8.wgsl): quants in xa (values 0..15, value
+// 4i + n in byte n of component i) and xb (values 16..31), and ds = (d, s0,
+// s1, 0), x ~ d * q, s0 and s1 = d * (sum of q) over values 0..15 and
+// 16..31. The weights' small integers are moved into the bytes of words in
+// x's order and multiplied 4 x 8-bit at a time (`dot4I8Packed`); a block's
+// scales and offsets apply once, to the integer sums.
+
+// The four 4-bit fields of h's low 16 bits (the rest zero) as the four
+// bytes of a word (field n in byte n).
+fn nibbles_to_bytes(h: u32) -> u32 {
+    let t = (h | (h << 8u)) & 0x00ff00ffu;
+    return (t | (t << 4u)) & 0x0f0f0f0fu;
+}
+
+// Bits 0..3 of b as bit 4 of bytes 0..3: the fifth bits of four 5-bit
+// quants (the four shifted copies of b the product adds do not overlap).
+fn bits_to_bytes(b: u32) -> u32 {
+    return (((b & 15u) * 0x00204081u) & 0x01010101u) << 4u;
+}
+
+// The four 2-bit fields of f's low 8 bits as bits 4..5 of bytes 0..3: the
+// high bits of four 6-bit quants (Q6_K).
+fn pairs_to_bytes(f: u32) -> u32 {
+    let b = f & 255u;
+    return ((b | (b << 6u) | (b << 12u) | (b << 18u)) & 0x03030303u) << 4u;
+}
+
+// Sum over the eight 4-bit fields of q (value n in nibble n), with fifth
+// bits from `high` (bit n for field n; 0 for formats without one), of field
+// times the q8 x values in x0 (fields 0..3) and x1 (fields 4..7).
+fn nibbles_dot_q8(q: u32, high: u32, x0: u32, x1: u32) -> i32 {
+    let lo = nibbles_to_bytes(q & 0xffffu) | bits_to_bytes(high);
+    let hi = nibbles_to_bytes(q >> 16u) | bits_to_bytes(high >> 4u);
+    return dot4I8Packed(lo, x0) + dot4I8Packed(hi, x1);
+}
+
+// Sum over the 32 values of one block of 4-bit quants in the words q
+// (value 8i + n in nibble n of component i), with the fifth bits in `high`
+// (bit v for value v; 0 for formats without one), of quant times q8 x.
+fn nibble_block_dot_q8(q: vec4<u32>, high: u32, xa: vec4<u32>, xb: vec4<u32>) -> i32 {
+    return nibbles_dot_q8(q.x, high, xa.x, xa.y) + nibbles_dot_q8(q.y, high >> 8u, xa.z, xa.w)
+        + nibbles_dot_q8(q.z, high >> 16u, xb.x, xb.y) + nibbles_dot_q8(q.w, high >> 24u, xb.z, xb.w);
+}
+
+// The words w_u32(first) .. w_u32(first + 3) as a vec4.
+fn w_words4(first: u32) -> vec4<u32> {
+    return vec4<u32>(w_u32(first), w_u32(first + 1u), w_u32(first + 2u), w_u32(first + 3u));
+}

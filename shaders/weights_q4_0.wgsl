@@ -39,3 +39,9 @@ fn dot32(g: u32, xs: array<vec4<f32>, 8>, sx: vec2<f32>) -> f32 {
         + nibbles_dot(q.z, 0u, xs[4], xs[5]) + nibbles_dot(q.w, 0u, xs[6], xs[7]);
     return block_scale(b) * (s - 8.0 * (sx.x + sx.y));
 }
+
+fn dot32_q8(g: u32, xa: vec4<u32>, xb: vec4<u32>, ds: vec4<f32>) -> f32 {
+    let b = g >> 3u;
+    let s = nibble_block_dot_q8(block_quants(b), 0u, xa, xb);
+    return block_scale(b) * (ds.x * f32(s) - 8.0 * (ds.y + ds.z));
+}

@@ -18,3 +18,10 @@ fn dot32(g: u32, xs: array<vec4<f32>, 8>, sx: vec2<f32>) -> f32 {
     let dm = unpack2x16float(w_at(base));
     return dm.x * s + dm.y * (sx.x + sx.y);
 }
+
+fn dot32_q8(g: u32, xa: vec4<u32>, xb: vec4<u32>, ds: vec4<f32>) -> f32 {
+    let base = (g >> 3u) * 5u;
+    let s = nibble_block_dot_q8(w_words4(base + 1u), 0u, xa, xb);
+    let dm = unpack2x16float(w_at(base));
+    return dm.x * ds.x * f32(s) + dm.y * (ds.y + ds.z);
+}

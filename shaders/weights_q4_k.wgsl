@@ -23,3 +23,11 @@ fn dot32(g: u32, xs: array<vec4<f32>, 8>, sx: vec2<f32>) -> f32 {
     let sm = k_scale_min(base, j);
     return sm.x * s - sm.y * (sx.x + sx.y);
 }
+
+fn dot32_q8(g: u32, xa: vec4<u32>, xb: vec4<u32>, ds: vec4<f32>) -> f32 {
+    let base = (g >> 6u) * 36u;
+    let j = (g >> 3u) & 7u;
+    let s = nibble_block_dot_q8(w_words4(base + 4u + 4u * j), 0u, xa, xb);
+    let sm = k_scale_min(base, j);
+    return sm.x * ds.x * f32(s) - sm.y * (ds.y + ds.z);
+}

@@ -21,3 +21,9 @@ fn dot32(g: u32, xs: array<vec4<f32>, 8>, sx: vec2<f32>) -> f32 {
     let s = nibble_block_dot(base + 2u, high, xs);
     return unpack2x16float(w_at(base)).x * (s - 16.0 * (sx.x + sx.y));
 }
+
+fn dot32_q8(g: u32, xa: vec4<u32>, xb: vec4<u32>, ds: vec4<f32>) -> f32 {
+    let base = (g >> 3u) * 6u;
+    let s = nibble_block_dot_q8(w_words4(base + 2u), w_at(base + 1u), xa, xb);
+    return unpack2x16float(w_at(base)).x * (ds.x * f32(s) - 16.0 * (ds.y + ds.z));
+}

@@ -36,3 +36,21 @@ fn dot32(g: u32, xs: array<vec4<f32>, 8>, sx: vec2<f32>) -> f32 {
     let sc = select(scales.xy, scales.zw, (j & 1u) == 1u);
     return unpack2x16float(w_at(base)).x * dot(sc, s - 32.0 * sx);
 }
+
+fn dot32_q8(g: u32, xa: vec4<u32>, xb: vec4<u32>, ds: vec4<f32>) -> f32 {
+    let base = (g >> 6u) * 53u;
+    let j = (g >> 3u) & 7u;
+    let scales = signed_bytes(w_at(base + 1u + (j >> 1u)));
+    let sc = select(scales.xy, scales.zw, (j & 1u) == 1u);
+    let xw = array<u32, 8>(xa.x, xa.y, xa.z, xa.w, xb.x, xb.y, xb.z, xb.w);
+    // Values 16h .. 16h + 15 (group 2j + h, one scale each) in words 4h ..
+    // 4h + 3 of x: their integer sums apart.
+    var s = vec2<i32>(0);
+    for (var m = 0u; m < 8u; m++) {
+        let lo = w_at(base + 5u + 4u * j + (m >> 1u)) >> ((m & 1u) * 16u);
+        let hi = w_at(base + 37u + 2u * j + (m >> 2u)) >> ((m & 3u) * 8u);
+        let q = nibbles_to_bytes(lo & 0xffffu) | pairs_to_bytes(hi);
+        s[m >> 2u] += dot4I8Packed(q, xw[m]);
+    }
+    return unpack2x16float(w_at(base)).x * dot(sc, ds.x * vec2<f32>(s) - 32.0 * ds.yz);
+}

@@ -20,3 +20,12 @@ fn dot32(g: u32, xs: array<vec4<f32>, 8>, sx: vec2<f32>) -> f32 {
     }
     return unpack2x16float(w_at(base)).x * s;
 }
+
+fn dot32_q8(g: u32, xa: vec4<u32>, xb: vec4<u32>, ds: vec4<f32>) -> f32 {
+    let base = (g >> 3u) * 9u;
+    let s = dot4I8Packed(w_at(base + 1u), xa.x) + dot4I8Packed(w_at(base + 2u), xa.y)
+        + dot4I8Packed(w_at(base + 3u), xa.z) + dot4I8Packed(w_at(base + 4u), xa.w)
+        + dot4I8Packed(w_at(base + 5u), xb.x) + dot4I8Packed(w_at(base + 6u), xb.y)
+        + dot4I8Packed(w_at(base + 7u), xb.z) + dot4I8Packed(w_at(base + 8u), xb.w);
+    return unpack2x16float(w_at(base)).x * ds.x * f32(s);
+}

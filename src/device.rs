@@ -250,9 +250,51 @@ pub struct Settings {
     /// None where there is none or it is off; in a browser, the page's
     /// localStorage (items `sieve/tuning-....json`).
     pub tune_cache: Option<std::path::PathBuf>,
+    /// `SIEVE_TUNE_FORCE`: `op=label` pairs, comma-separated (`mat-vec=q8
+    /// 64x2,mat-mul=Tiled`): `--kernels tuned` takes the candidate of that
+    /// label for every shape of that op instead of timing them (the
+    /// fixed rule's where a shape has no such candidate), to run a
+    /// candidate the timings might pick, or to compare two side by side.
+    /// Ops: `mat-vec`, `mat-mul`, `attention decode`, `attention prefill`;
+    /// labels as `sieve bench` prints them.
+    pub tune_force: Vec<(String, String)>,
+}
+
+/// The ops `SIEVE_TUNE_FORCE` names (`TuneKey::op`).
+pub const TUNED_OPS: [&str; 4] = [
+    "mat-vec",
+    "mat-mul",
+    "attention decode",
+    "attention prefill",
+];
+
+/// `SIEVE_TUNE_FORCE`'s pairs ([`Settings::tune_force`]).
+fn parse_tune_force(value: &str) -> Result<Vec<(String, String)>> {
+    value
+        .split(',')
+        .map(|pair| {
+            let (op, label) = pair.split_once('=').unwrap_or((pair, ""));
+            let (op, label) = (op.trim(), label.trim());
+            if !TUNED_OPS.contains(&op) || label.is_empty() {
+                bail!(
+                    "SIEVE_TUNE_FORCE={value:?}: expected op=label pairs separated by commas, ops {}",
+                    TUNED_OPS.join(", ")
+                );
+            }
+            Ok((op.to_string(), label.to_string()))
+        })
+        .collect()
 }
 
 impl Settings {
+    /// The label `SIEVE_TUNE_FORCE` names for `op`, if any.
+    pub fn forced_label(&self, op: &str) -> Option<&str> {
+        self.tune_force
+            .iter()
+            .find(|(o, _)| o == op)
+            .map(|(_, l)| l.as_str())
+    }
+
     /// The variables as the process has them; an error names a variable
     /// whose value is not one it takes.
     pub fn from_env() -> Result<Self> {
@@ -288,6 +330,10 @@ impl Settings {
                     .or_else(|| set("HOME").map(|h| std::path::Path::new(&h).join(".cache")))
                     .map(|d| d.join("sieve")),
             },
+            tune_force: set("SIEVE_TUNE_FORCE")
+                .map(|v| parse_tune_force(&v))
+                .transpose()?
+                .unwrap_or_default(),
         })
     }
 }
@@ -340,6 +386,10 @@ mod tests {
             ("SIEVE_LOOP_BOUNDING", "1"),
             ("SIEVE_MATRIX_UNITS", "0"),
             ("SIEVE_TUNE_CACHE", "off"),
+            (
+                "SIEVE_TUNE_FORCE",
+                "mat-vec=q8 64x2, attention decode=Parallel",
+            ),
             ("HOME", "/home/u"),
         ]))
         .unwrap();
@@ -354,8 +404,14 @@ mod tests {
                 loop_bounding: true,
                 no_matrix_units: true,
                 tune_cache: None,
+                tune_force: vec![
+                    ("mat-vec".into(), "q8 64x2".into()),
+                    ("attention decode".into(), "Parallel".into())
+                ],
             }
         );
+        assert_eq!(s.forced_label("mat-vec"), Some("q8 64x2"));
+        assert_eq!(s.forced_label("mat-mul"), None);
         // The tuning cache: a folder given, else the user's cache folder.
         let cache = |pairs| Settings::parse(env(pairs)).unwrap().tune_cache;
         assert_eq!(
@@ -371,6 +427,8 @@ mod tests {
             ("SIEVE_KERNELS", "tpu", "expected auto, cpu, gpu or tuned"),
             ("SIEVE_WEIGHTS", "disk", "expected buffer or texture"),
             ("SIEVE_SPIRV", "glsl", "expected wgpu, coop or all"),
+            ("SIEVE_TUNE_FORCE", "matvec=q8", "expected op=label pairs"),
+            ("SIEVE_TUNE_FORCE", "mat-vec", "ops mat-vec, mat-mul"),
         ] {
             let e = Settings::parse(|n: &str| (n == name).then(|| value.to_string()))
                 .unwrap_err()

@@ -34,6 +34,9 @@ pub enum Prelude {
     None,
     /// Weight matrices (`WPacked`).
     Weights,
+    /// Weight matrices in a block format only (the integer-dot mat-vec:
+    /// the preludes' `dot32_q8`).
+    BlockWeights,
     /// KV-cache rows (`KvPacked`).
     Kv,
 }
@@ -89,11 +92,28 @@ impl WeightStore {
     }
 }
 
-const MATMUL_IO: &str = include_str!("../shaders/matmul_io.wgsl");
+/// What the products share, then x as the f32 ones read it.
+const MATMUL_IO: &str = concat!(
+    include_str!("../shaders/matmul_io.wgsl"),
+    include_str!("../shaders/matmul_x.wgsl")
+);
 /// The `gpu` mat-vecs also share their lane loop.
 const MATVEC_IO: &str = concat!(
     include_str!("../shaders/matmul_io.wgsl"),
+    include_str!("../shaders/matmul_x.wgsl"),
     include_str!("../shaders/matvec_rows.wgsl")
+);
+/// The subgroup mat-vec adds their sums' last step.
+const MATVEC_SUBGROUP_IO: &str = concat!(
+    include_str!("../shaders/matmul_io.wgsl"),
+    include_str!("../shaders/matmul_x.wgsl"),
+    include_str!("../shaders/matvec_rows.wgsl"),
+    include_str!("../shaders/matvec_sums.wgsl")
+);
+/// The integer-dot mat-vec reads x's q8 blocks, not x.
+const MATVEC_Q8_IO: &str = concat!(
+    include_str!("../shaders/matmul_io.wgsl"),
+    include_str!("../shaders/matvec_sums.wgsl")
 );
 /// The attention kernels' head sizes, then what they share.
 const ATTENTION_IO: &str = concat!(
@@ -140,7 +160,14 @@ shader!(RMSNORM, "rmsnorm", None);
 shader!(HEAD_NORM, "head_norm", None);
 shader!(MATMUL, "matmul", Weights, MATMUL_IO);
 shader!(MATVEC_WORKGROUP, "matvec_workgroup", Weights, MATVEC_IO);
-shader!(MATVEC_SUBGROUP, "matvec_subgroup", Weights, MATVEC_IO);
+shader!(
+    MATVEC_SUBGROUP,
+    "matvec_subgroup",
+    Weights,
+    MATVEC_SUBGROUP_IO
+);
+shader!(MATVEC_Q8, "matvec_q8", BlockWeights, MATVEC_Q8_IO);
+shader!(QUANTIZE_Q8, "quantize_q8", None);
 shader!(MATMUL_TILED, "matmul_tiled", Weights, MATMUL_IO);
 shader!(MATMUL_COOP, "matmul_coop", None, MATMUL_IO);
 shader!(MATMUL_COOP_STAGED, "matmul_coop_staged", Weights, MATMUL_IO);
@@ -215,6 +242,8 @@ pub fn all() -> Vec<&'static Shader> {
         &MATMUL,
         &MATVEC_WORKGROUP,
         &MATVEC_SUBGROUP,
+        &MATVEC_Q8,
+        &QUANTIZE_Q8,
         &MATMUL_TILED,
         &MATMUL_COOP,
         &MATMUL_COOP_STAGED,
@@ -289,6 +318,9 @@ pub fn source(shader: &Shader, packed: Option<Packed>, store: WeightStore) -> St
     let prelude = match (shader.prelude, packed) {
         (Prelude::None, _) => String::new(),
         (Prelude::Weights, Some(Packed::Weights(f))) => {
+            format!("{}\n{}", f.prelude(), store.binding(f))
+        }
+        (Prelude::BlockWeights, Some(Packed::Weights(f))) if f.block().is_some() => {
             format!("{}\n{}", f.prelude(), store.binding(f))
         }
         (Prelude::Kv, Some(Packed::Kv(f))) => f.prelude().to_string(),
@@ -405,6 +437,11 @@ pub fn formats(shader: &Shader) -> Vec<Option<Packed>> {
     match shader.prelude {
         Prelude::None => vec![None],
         Prelude::Weights => WeightFormat::ALL.map(|f| Some(f.into())).to_vec(),
+        Prelude::BlockWeights => WeightFormat::ALL
+            .into_iter()
+            .filter(|f| f.block().is_some())
+            .map(|f| Some(f.into()))
+            .collect(),
         Prelude::Kv => KvFormat::ALL.map(|f| Some(f.into())).to_vec(),
     }
 }
@@ -413,7 +450,7 @@ pub fn formats(shader: &Shader) -> Vec<Option<Packed>> {
 /// kernel that reads weights, one (which [`source`] ignores) for the rest.
 pub fn stores(shader: &Shader) -> Vec<WeightStore> {
     match shader.prelude {
-        Prelude::Weights => WeightStore::ALL.to_vec(),
+        Prelude::Weights | Prelude::BlockWeights => WeightStore::ALL.to_vec(),
         _ => vec![WeightStore::Buffer],
     }
 }

@@ -8,10 +8,12 @@ use anyhow::{bail, Result};
 use bytemuck::{Pod, Zeroable};
 use std::sync::Arc;
 
+use super::quantize_q8::QuantizeQ8;
 use super::runtime::Runtime;
 use super::tune::{Candidate, Dispatch, TuneKey};
 use super::variants::{
-    MatmulKernel, MatmulVariant, MatvecVariant, MATVEC_LANES, MATVEC_ROWS_MAX, MATVEC_STEPS,
+    MatmulKernel, MatmulVariant, MatvecVariant, MATVEC_LANES, MATVEC_Q8_LANES, MATVEC_Q8_ROWS_MAX,
+    MATVEC_ROWS_MAX, MATVEC_STEPS,
 };
 use super::{ceil_div, dispatch, Rows};
 use crate::formats::WeightFormat;
@@ -33,7 +35,7 @@ struct Params {
 
 /// How `Params` mirrors `MatmulParams` (checked against naga in tests/shaders.rs).
 pub(crate) fn uniform_layout() -> super::UniformLayout {
-    super::uniform_layout!(Params as "MatmulParams" in [shaders::MATMUL, shaders::MATVEC_WORKGROUP, shaders::MATVEC_SUBGROUP, shaders::MATMUL_TILED, shaders::MATMUL_COOP, shaders::MATMUL_COOP_STAGED] {
+    super::uniform_layout!(Params as "MatmulParams" in [shaders::MATMUL, shaders::MATVEC_WORKGROUP, shaders::MATVEC_SUBGROUP, shaders::MATVEC_Q8, shaders::MATMUL_TILED, shaders::MATMUL_COOP, shaders::MATMUL_COOP_STAGED] {
         rows, k4, col0, out_stride, flags, count_sel, eps, _p
     })
 }
@@ -102,6 +104,9 @@ pub struct Matmul {
     x_copy: Option<XCopy>,
     /// The copy of x into f16 that `CoopX16` reads, where a part runs it.
     x16_copy: Option<XCopy>,
+    /// x's q8 blocks for one token, which `IntegerDot` reads, where a part
+    /// runs it.
+    q8: Option<QuantizeQ8>,
 }
 
 /// x_texture.wgsl or x_f16.wgsl bound to one product's x.
@@ -181,6 +186,19 @@ fn matvec_pipeline(
     let (shader, entry) = v.kernel();
     match v {
         MatvecVariant::Rows8 => gpu.pipeline(shader, Some(format.into()), entry, &[]),
+        MatvecVariant::IntegerDot { lanes, rows } => {
+            if !(1..=MATVEC_Q8_ROWS_MAX).contains(&rows) || !MATVEC_Q8_LANES.contains(&lanes) {
+                bail!("{v:?}: lanes must be one of {MATVEC_Q8_LANES:?}, rows 1 to {MATVEC_Q8_ROWS_MAX}");
+            }
+            if format.block().is_none() {
+                bail!(
+                    "{v:?} takes weights in block formats, not {}",
+                    format.name()
+                );
+            }
+            let constants = [("LANES", lanes as f64), ("ROWS", rows as f64)];
+            gpu.pipeline(shader, Some(format.into()), entry, &constants)
+        }
         _ => {
             let (lanes, rows) = v.shape();
             let steps = v.steps();
@@ -352,11 +370,20 @@ impl Matmul {
                 None
             })
         };
+        // x's q8 blocks for one token, where a part may run the integer-dot
+        // mat-vec (asked for, or a timed candidate); block formats have
+        // rows of whole 32-value blocks.
+        let may_read_q8 = matvec_variant.reads_q8() || (tune && gpu.kernels.matvec_q8);
+        let xq = match may_read_q8 && w.cols.is_multiple_of(super::quantize_q8::BLOCK_VALUES) {
+            true => Some(gpu.q8_buffer(w.cols)?),
+            false => None,
+        };
         let shared = PartBindings {
             step,
             bias: bias_buf,
             x,
             y,
+            xq: xq.as_ref(),
             no_norm: &no_norm,
             x_view,
             x16_for: &x16_for,
@@ -387,12 +414,28 @@ impl Matmul {
         } else {
             None
         };
+        // The integer-dot parts' input: quantized from the folded kernel's
+        // input where there is one (such parts always fold it in), else
+        // from x.
+        let q8 = match (&xq, parts.iter().any(|p| p.matvec_variant.reads_q8())) {
+            (Some(xq), true) => Some(QuantizeQ8::new(
+                gpu,
+                step,
+                w.cols,
+                x,
+                fused.as_ref(),
+                xq,
+                opts.rows,
+            )?),
+            _ => None,
+        };
         Ok(Matmul {
             matvec_variant,
             fuses_input: fused.is_some() && parts.iter().all(|p| p.matvec_fused),
             parts,
             x_copy: x_copy.map(|(_, copy)| copy),
             x16_copy,
+            q8,
         })
     }
 
@@ -425,6 +468,11 @@ impl Matmul {
                 copy.encode(pass, n);
             }
         }
+        if let Some(q8) = &self.q8 {
+            if n == 1 {
+                q8.encode(pass, n);
+            }
+        }
         for part in &self.parts {
             if n == 1 {
                 let groups = part.matvec_variant.groups(part.rows);
@@ -443,6 +491,8 @@ struct PartBindings<'a> {
     bias: &'a wgpu::Buffer,
     x: &'a wgpu::Buffer,
     y: &'a wgpu::Buffer,
+    /// x's q8 blocks, where a part may run the integer-dot mat-vec.
+    xq: Option<&'a wgpu::Buffer>,
     no_norm: &'a wgpu::Buffer,
     /// x as a texture, where `matmul.wgsl` reads it.
     x_view: Option<&'a wgpu::TextureView>,
@@ -499,6 +549,7 @@ impl PartBindings<'_> {
                 part,
                 cols: w.cols,
                 flags,
+                q8: self.xq.is_some(),
             };
             (
                 shape.matvec(gpu, fused_flag, input),
@@ -512,7 +563,7 @@ impl PartBindings<'_> {
                 part.rows,
                 w.cols,
             );
-            ((matvec_variant, fused.is_some()), m)
+            ((matvec_variant.for_format(part.format), fused.is_some()), m)
         };
         let matvec = matvec_pipeline(gpu, matvec_v, part.format)?;
         let matmul = matmul_pipeline(gpu, matmul_v, part.format)?;
@@ -530,6 +581,15 @@ impl PartBindings<'_> {
             None => None,
         };
         let matvec_group = match fused_bindings {
+            // The integer-dot mat-vec reads x's q8 blocks, which fold in
+            // the kernel that writes x (`Matmul::build`).
+            _ if matvec_v.reads_q8() => {
+                let xq = self.xq.ok_or_else(|| {
+                    anyhow::anyhow!("{matvec_v:?}: no q8 blocks of x for K = {}", w.cols)
+                })?;
+                let rest = [bias_buf, xq, y];
+                gpu.bind_group_with_weights(&matvec, [step, &plain], part.binding(gpu), &rest, None)
+            }
             Some((input, norm, eps)) => {
                 let fused = gpu.uniform("matvec-params", &params(flags | fused_flag, eps));
                 let rest = [bias_buf, input, y, norm];
@@ -571,6 +631,9 @@ struct TunedPart<'a> {
     cols: usize,
     /// Accumulate and bias flags as the engine's product has them.
     flags: u32,
+    /// Whether the integer-dot mat-vecs are candidates (the product has a
+    /// buffer for x's q8 blocks).
+    q8: bool,
 }
 
 /// Scratch bindings standing in for the engine's while a part's candidates
@@ -597,6 +660,45 @@ impl Scratch {
             .filter(|v| v.kernel().binds_x16())
             .map(|_| self.x16.as_entire_binding());
         gpu.bind_group_with_weights(pipeline, [step, params], weights.binding(gpu), &rest, x16)
+    }
+
+    /// The quantization of these inputs' x into q8 blocks (folding in the
+    /// input kernel `fused_flag` says, reading its input from x and the
+    /// norm's weights from the norm binding, as the fused candidates'
+    /// scratch holds them) and the buffer it writes.
+    fn quantize_q8(
+        &self,
+        gpu: &Runtime,
+        fused_flag: u32,
+        cols: usize,
+    ) -> Result<(QuantizeQ8, wgpu::Buffer)> {
+        let [step, _, _, x, _, norm] = &self.buffers;
+        let fused = match fused_flag {
+            FUSED_NORM => Some(FusedInput::RmsNorm {
+                residual: x,
+                weights: norm,
+                eps: 1e-5,
+            }),
+            FUSED_SWIGLU => Some(FusedInput::SwiGlu { gate_up: x }),
+            _ => None,
+        };
+        let blocks = cols.div_ceil(super::quantize_q8::BLOCK_VALUES) as u64;
+        let xq = gpu.storage("tune-xq", blocks * super::quantize_q8::BLOCK_BYTES);
+        let q8 = QuantizeQ8::new(gpu, step, cols, x, fused.as_ref(), &xq, Rows::Tokens)?;
+        Ok((q8, xq))
+    }
+
+    /// The bind group of an integer-dot mat-vec reading the q8 blocks `xq`.
+    fn bind_q8(
+        &self,
+        gpu: &Runtime,
+        pipeline: &wgpu::ComputePipeline,
+        weights: &MatrixPart,
+        xq: &wgpu::Buffer,
+    ) -> wgpu::BindGroup {
+        let [step, params, bias, _, y, _] = &self.buffers;
+        let rest = [bias, xq, y];
+        gpu.bind_group_with_weights(pipeline, [step, params], weights.binding(gpu), &rest, None)
     }
 
     /// The dispatches of mat-mul `v` on these inputs: the copy of x into
@@ -653,6 +755,36 @@ impl Scratch {
             .dispatch_for(1)
         })
     }
+}
+
+/// The mat-vecs a part in `format` times, each with whether it folds in
+/// the input kernel `fused_flag` names (0: none): the device's candidates
+/// that take the format (the integer-dot ones only where the product has
+/// x's q8 blocks, `q8`), each folded in, then each after that kernel; the
+/// integer-dot mat-vec always folds it in (its quantization does:
+/// `Matmul::build`).
+fn matvec_choices(
+    gpu: &Runtime,
+    format: WeightFormat,
+    q8: bool,
+    fused_flag: u32,
+) -> Vec<(MatvecVariant, bool)> {
+    let cands: Vec<MatvecVariant> = gpu
+        .kernels
+        .matvec_candidates()
+        .into_iter()
+        .filter(|v| v.for_format(format) == *v && (q8 || !v.reads_q8()))
+        .collect();
+    let fused_first: &[bool] = if fused_flag != 0 {
+        &[true, false]
+    } else {
+        &[false]
+    };
+    fused_first
+        .iter()
+        .flat_map(|&fused| cands.iter().map(move |&v| (v, fused && v.fuses_input())))
+        .filter(|&(v, fold)| !(v.reads_q8() && fused_flag != 0 && !fold))
+        .collect()
 }
 
 impl TunedPart<'_> {
@@ -731,16 +863,7 @@ impl TunedPart<'_> {
     /// computed again in each workgroup, which can cost more than the
     /// dispatch it saves.
     fn matvec(&self, gpu: &Runtime, fused_flag: u32, input: &'static str) -> (MatvecVariant, bool) {
-        let cands = gpu.kernels.matvec_candidates();
-        let fused_first: &[bool] = if fused_flag != 0 {
-            &[true, false]
-        } else {
-            &[false]
-        };
-        let choices: Vec<(MatvecVariant, bool)> = fused_first
-            .iter()
-            .flat_map(|&fused| cands.iter().map(move |&v| (v, fused && v.fuses_input())))
-            .collect();
+        let choices = matvec_choices(gpu, self.part.format, self.q8, fused_flag);
         if choices.len() == 1 {
             return choices[0];
         }
@@ -780,11 +903,19 @@ impl TunedPart<'_> {
                             }
                             _ => Ok(vec![]),
                         };
+                        let fold_flag = if fold { fused_flag } else { 0 };
                         Candidate {
                             dispatches: scratch_or_error(scratch).and_then(|scratch| {
                                 let mut run = before?;
                                 let p = matvec_pipeline(gpu, v, self.part.format)?;
-                                let group = scratch.bind(gpu, &p, self.part, None);
+                                let group = match v.reads_q8() {
+                                    true => {
+                                        let q8 = scratch.quantize_q8(gpu, fold_flag, self.cols)?;
+                                        run.push(q8.0.dispatch_for(1));
+                                        scratch.bind_q8(gpu, &p, self.part, &q8.1)
+                                    }
+                                    false => scratch.bind(gpu, &p, self.part, None),
+                                };
                                 run.push((p, group, v.groups(rows)));
                                 Ok(run)
                             }),
@@ -986,7 +1117,44 @@ pub(crate) mod tests {
                 out.push(MatvecVariant::SubgroupReduce { lanes, rows, steps });
             }
         }
+        // The integer-dot mat-vec (block formats; float parts fall back to
+        // the subgroup one) with each lane count, 1, 3 and 8 rows.
+        if gpu.profile.subgroups {
+            for (lanes, rows) in [(32, 1), (64, 3), (128, 8), (32, 8)] {
+                out.push(MatvecVariant::IntegerDot { lanes, rows });
+            }
+        }
         out
+    }
+
+    /// The product's expected rows where the parts that ran the integer-dot
+    /// mat-vec (`ran`) take theirs from `want_q8` (the reference on x's q8
+    /// values) and the others from `want`, for one token.
+    fn expected_rows(
+        m: &GpuMatrix,
+        ran: &[MatvecVariant],
+        want: &[f32],
+        want_q8: &[f32],
+    ) -> Vec<f32> {
+        let mut out = want.to_vec();
+        for (part, v) in m.parts.iter().zip(ran) {
+            if v.reads_q8() {
+                let rows = part.row0..part.row0 + part.rows;
+                out[rows.clone()].copy_from_slice(&want_q8[rows]);
+            }
+        }
+        out
+    }
+
+    /// x as the integer-dot mat-vec multiplies it: the values of its q8
+    /// blocks (x itself where K is not whole blocks: no block format).
+    fn q8_values(x: &[f32], cols: usize) -> Vec<f32> {
+        match cols.is_multiple_of(32) {
+            true => crate::kernels::quantize_q8::dequantize(
+                &crate::kernels::quantize_q8::reference(x, cols),
+            ),
+            false => x.to_vec(),
+        }
     }
 
     /// The variant pairs this device can run for `n` tokens: every mat-vec
@@ -1109,6 +1277,12 @@ pub(crate) mod tests {
             &mut want,
             accumulate,
         );
+        let mut want_q8 = y0.clone();
+        if n == 1 {
+            let x = q8_values(&x, cols);
+            let bias = bias.then_some(&b[..]);
+            reference(&w, rows, cols, bias, &x, &mut want_q8, accumulate);
+        }
         let mut ran = vec![];
         for pair in variants(gpu, &m, n) {
             let yb = gpu.storage_from("y", &y0);
@@ -1129,7 +1303,13 @@ pub(crate) mod tests {
             .unwrap();
             run_pass(gpu, |pass| mm.encode(pass, n as u32));
             let got: Vec<f32> = gpu.read(&yb, 0, n * rows).unwrap();
-            let err = max_abs_diff(&got, &want);
+            let err = match n {
+                1 => max_abs_diff(
+                    &got,
+                    &expected_rows(&m, &mm.matvec_variants(), &want, &want_q8),
+                ),
+                _ => max_abs_diff(&got, &want),
+            };
             // The cooperative GEMMs round x to f16 (relative error 2^-11 per
             // value, values up to 1 here); f16 weights are exact in f16, but
             // dequantized ones (an f16 scale times a small integer) round too.
@@ -1408,18 +1588,20 @@ pub(crate) mod tests {
             "{:?}",
             matvec.key
         );
-        // Each variant with the norm folded in, then each after the norm.
-        let cands = gpu.kernels.matvec_candidates();
-        assert_eq!(matvec.labels.len(), 2 * cands.len());
+        // Each variant with the norm folded in, then each after the norm
+        // (f16 weights: no integer-dot candidates).
+        let choices = matvec_choices(&gpu, WeightFormat::F16, true, FUSED_NORM);
+        let half = choices.len() / 2;
+        assert!(choices.iter().all(|(v, _)| !v.reads_q8()));
+        assert_eq!(matvec.labels.len(), choices.len());
         assert_eq!(matvec.labels[0], "128x2");
-        assert_eq!(matvec.labels[cands.len()], "128x2 unfused");
+        assert_eq!(matvec.labels[half], "128x2 unfused");
         assert!(
             matvec.seconds.iter().all(|s| s.is_some_and(|s| s > 0.0)),
             "{matvec:?}"
         );
         let chosen = mm.matvec_variants()[0];
-        assert_eq!(chosen, cands[matvec.choice % cands.len()]);
-        assert_eq!(mm.fuses_input, matvec.choice < cands.len());
+        assert_eq!((chosen, mm.fuses_input), choices[matvec.choice]);
         // The mat-mul (the tiled kernel's two tile sizes at least) once, at
         // the tokens y holds.
         let mm_timed: Vec<_> = results.iter().filter(|t| t.key.op() == "mat-mul").collect();
@@ -1490,15 +1672,17 @@ pub(crate) mod tests {
     #[cfg_attr(test, test)]
     fn tuned_product_mixes_fused_and_unfused_parts() {
         let gpu = gpu_with(KernelSet::Tuned);
-        let cands = gpu.kernels.matvec_candidates();
+        let rule = gpu.kernels.matvec;
         let (cols, eps) = (160, 1e-5);
         let blocks = [(24, WeightFormat::F16), (32, WeightFormat::Q8_0)];
         let m = GpuMatrix::stacked(&gpu, "w", cols, &blocks).unwrap();
         let rows = m.rows;
         let w = fill_test_weights(&gpu, &m, 31);
-        let labels: Vec<String> = (0..2 * cands.len()).map(|i| i.to_string()).collect();
         // The F16 part unfused (the rule's variant), the Q8_0 part fused.
-        for (&(part_rows, format), choice) in blocks.iter().zip([cands.len(), 0]) {
+        for (&(part_rows, format), want) in blocks.iter().zip([(rule, false), (rule, true)]) {
+            let choices = matvec_choices(&gpu, format, true, FUSED_NORM);
+            let choice = choices.iter().position(|c| *c == want).unwrap();
+            let labels: Vec<String> = (0..choices.len()).map(|i| i.to_string()).collect();
             let key = TuneKey::Matrix {
                 op: "mat-vec",
                 input: "rmsnorm",
@@ -1523,7 +1707,7 @@ pub(crate) mod tests {
         );
         let mm = normed_product(&gpu, &one, &m, (&rb, &gb, eps), &xb, &yb);
         assert!(!mm.fuses_input, "one part runs unfused");
-        assert_eq!(mm.matvec_variants(), [cands[0], cands[0]]);
+        assert_eq!(mm.matvec_variants(), [rule, rule]);
         let x = crate::kernels::rmsnorm::reference(&residual, &g, eps as f32);
         let mut want = vec![0f32; rows];
         reference(&w, rows, cols, None, &x, &mut want, false);
@@ -1563,6 +1747,16 @@ pub(crate) mod tests {
         let y0 = rand_vec(rows, 10, 1.0);
         let mut want = y0.clone();
         reference(&w, rows, cols, Some(&b), x, &mut want, true);
+        let mut want_q8 = y0.clone();
+        reference(
+            &w,
+            rows,
+            cols,
+            Some(&b),
+            &q8_values(x, cols),
+            &mut want_q8,
+            true,
+        );
         let step = step_buffer(
             gpu,
             Step {
@@ -1598,11 +1792,22 @@ pub(crate) mod tests {
             }
             run_pass(gpu, |pass| mm.encode(pass, 1));
             let got: Vec<f32> = gpu.read(&yb, 0, rows).unwrap();
-            let err = max_abs_diff(&got, &want);
-            assert!(
-                err < 1e-4 * w_max * (cols as f32).sqrt(),
-                "{v:?} {format:?} {rows}x{cols}: {err}"
-            );
+            let mut tol = 1e-4 * w_max * (cols as f32).sqrt();
+            let err = if mm.matvec_variants().iter().any(|v| v.reads_q8()) {
+                // The device quantizes its own f32 norm or SwiGLU, which may
+                // sit across a rounding boundary from the CPU's: a value
+                // then lands one step (its block's d) off. Allow three.
+                let blocks = crate::kernels::quantize_q8::reference(x, cols);
+                let d_max = blocks.iter().fold(0f32, |m, b| m.max(b.d));
+                tol += 3.0 * d_max * w_max;
+                max_abs_diff(
+                    &got,
+                    &expected_rows(&m, &mm.matvec_variants(), &want, &want_q8),
+                )
+            } else {
+                max_abs_diff(&got, &want)
+            };
+            assert!(err < tol, "{v:?} {format:?} {rows}x{cols}: {err}");
         }
     }
 

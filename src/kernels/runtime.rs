@@ -31,6 +31,9 @@ pub struct Runtime {
     /// The f16 copies of x that `CoopX16` products read, by (k/4, tokens)
     /// (`x16_buffer`).
     x16_buffers: Mutex<HashMap<(u32, u32), wgpu::Buffer>>,
+    /// The q8 blocks of one token's x that `IntegerDot` mat-vecs read, by K
+    /// (`q8_buffer`).
+    q8_buffers: Mutex<HashMap<usize, wgpu::Buffer>>,
 }
 
 impl std::ops::Deref for Runtime {
@@ -55,6 +58,7 @@ impl Runtime {
             tuner,
             x_textures: Mutex::new(HashMap::new()),
             x16_buffers: Mutex::new(HashMap::new()),
+            q8_buffers: Mutex::new(HashMap::new()),
         }
     }
 
@@ -88,6 +92,24 @@ impl Runtime {
         let buffer = cache
             .entry((k4, tokens.next_multiple_of(32)))
             .or_insert_with(|| self.gpu.storage("x-f16", bytes));
+        Ok(buffer.clone())
+    }
+
+    /// The buffer `IntegerDot` mat-vecs read one token's x from as q8
+    /// blocks (quantize_q8.wgsl writes it right before each such product):
+    /// one per K and device, shared by every product of that K, as
+    /// [`Runtime::x_texture`] is.
+    pub fn q8_buffer(&self, cols: usize) -> Result<wgpu::Buffer> {
+        use super::quantize_q8::{BLOCK_BYTES, BLOCK_VALUES};
+        let bytes = cols.div_ceil(BLOCK_VALUES) as u64 * BLOCK_BYTES;
+        let limit = self.gpu.limits.max_storage_buffer_binding_size;
+        if bytes > limit {
+            bail!("the q8 blocks of a product's input ({cols} values) need {bytes} bytes; this device binds at most {limit}");
+        }
+        let mut cache = self.q8_buffers.lock().unwrap();
+        let buffer = cache
+            .entry(cols)
+            .or_insert_with(|| self.gpu.storage("x-q8", bytes));
         Ok(buffer.clone())
     }
 

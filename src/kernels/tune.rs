@@ -289,6 +289,20 @@ impl Tuner {
         if let Some(t) = self.done.lock().unwrap().iter().find(|t| t.key == key) {
             return t.choice;
         }
+        // SIEVE_TUNE_FORCE: that label's candidate untimed, or the rule's
+        // (the first) where this shape has none of that label.
+        if let Some(label) = gpu.settings.forced_label(key.op()) {
+            let found = labels.iter().position(|l| l == label);
+            let why = match found {
+                Some(_) => format!("forced by SIEVE_TUNE_FORCE ({label})"),
+                None => {
+                    format!("SIEVE_TUNE_FORCE names {label}, which this shape lacks: the rule's")
+                }
+            };
+            let choice = found.unwrap_or(0);
+            self.record_untimed(key, labels, choice, why);
+            return choice;
+        }
         if let Some(kept) = self.disk.as_ref().and_then(|d| d.get(&key, &labels)) {
             let n = labels.len();
             self.done.lock().unwrap().push(Tuned {
@@ -368,6 +382,11 @@ impl Tuner {
     /// take a given candidate).
     #[cfg(any(test, feature = "kernel-checks"))]
     pub fn force(&self, key: TuneKey, labels: Vec<String>, choice: usize) {
+        self.record_untimed(key, labels, choice, "forced by a test".into());
+    }
+
+    /// Records `choice` for `key` without timing, and why.
+    fn record_untimed(&self, key: TuneKey, labels: Vec<String>, choice: usize, why: String) {
         let n = labels.len();
         self.done.lock().unwrap().push(Tuned {
             key,
@@ -375,7 +394,7 @@ impl Tuner {
             seconds: vec![None; n],
             errors: vec![None; n],
             choice,
-            untimed: Some("forced by a test".into()),
+            untimed: Some(why),
             wall_seconds: 0.0,
         });
     }

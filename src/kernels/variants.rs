@@ -30,6 +30,15 @@ pub enum MatvecVariant {
     WorkgroupReduce { lanes: u32, rows: u32, steps: u32 },
     /// `matvec_subgroup.wgsl`: the same, reduced with subgroup sums.
     SubgroupReduce { lanes: u32, rows: u32, steps: u32 },
+    /// `matvec_q8.wgsl`: weights in a block format times x quantized once
+    /// per token into q8 blocks (`quantize_q8.wgsl`, which folds in the
+    /// norm or SwiGLU), 4 x 8-bit packed dot products, a workgroup of
+    /// `lanes` lanes (32, 64 or 128) per `rows` rows (1 to 8), reduced with
+    /// subgroup sums (needs subgroup operations). Float weights take the
+    /// `SubgroupReduce` default instead ([`MatvecVariant::for_format`]).
+    /// x's 8-bit rounding changes the product (llama.cpp's trade):
+    /// a `tuned` candidate, never a fixed rule's choice.
+    IntegerDot { lanes: u32, rows: u32 },
 }
 
 /// Lanes and rows per workgroup of the `gpu` mat-vecs: the fixed rule's
@@ -41,6 +50,10 @@ pub const MATVEC_ROWS_MAX: u32 = 16;
 /// Loads per row in flight per lane: the fixed rule's, and the others timed.
 pub const MATVEC_STEPS_DEFAULT: u32 = 2;
 pub const MATVEC_STEPS: [u32; 2] = [2, 4];
+/// Lanes per workgroup and the most rows of the integer-dot mat-vec
+/// (matvec_q8.wgsl's accumulators).
+pub const MATVEC_Q8_LANES: [u32; 3] = [32, 64, 128];
+pub const MATVEC_Q8_ROWS_MAX: u32 = 8;
 
 impl MatvecVariant {
     /// Whether the variant can fold the kernel that writes its input (RMSNorm,
@@ -54,24 +67,50 @@ impl MatvecVariant {
         match self {
             MatvecVariant::Rows8 => (8, 64),
             MatvecVariant::WorkgroupReduce { lanes, rows, .. }
-            | MatvecVariant::SubgroupReduce { lanes, rows, .. } => (lanes, rows),
+            | MatvecVariant::SubgroupReduce { lanes, rows, .. }
+            | MatvecVariant::IntegerDot { lanes, rows } => (lanes, rows),
         }
     }
 
-    /// Loads per row in flight per lane (the `cpu` variant: 1).
+    /// Loads per row in flight per lane (the `cpu` and integer-dot
+    /// variants: 1, a block at a time).
     pub fn steps(self) -> u32 {
         match self {
-            MatvecVariant::Rows8 => 1,
+            MatvecVariant::Rows8 | MatvecVariant::IntegerDot { .. } => 1,
             MatvecVariant::WorkgroupReduce { steps, .. }
             | MatvecVariant::SubgroupReduce { steps, .. } => steps,
         }
     }
 
+    /// Whether it reads x's q8 blocks (`quantize_q8.wgsl`) instead of x.
+    pub fn reads_q8(self) -> bool {
+        matches!(self, MatvecVariant::IntegerDot { .. })
+    }
+
+    /// What a part in `format` runs when this variant is asked for: the
+    /// integer-dot kernel takes block formats only; float weights take the
+    /// subgroup mat-vec of the fixed rule (a device that runs the one has
+    /// the other's subgroups).
+    pub fn for_format(self, format: WeightFormat) -> Self {
+        match self {
+            MatvecVariant::IntegerDot { .. } if format.block().is_none() => {
+                MatvecVariant::SubgroupReduce {
+                    lanes: MATVEC_LANES_DEFAULT,
+                    rows: MATVEC_ROWS_DEFAULT,
+                    steps: MATVEC_STEPS_DEFAULT,
+                }
+            }
+            v => v,
+        }
+    }
+
     /// The same kernel with `lanes` lanes per `rows` rows and `steps` loads
-    /// per row in flight (the `cpu` variant has one shape).
+    /// per row in flight (the `cpu` variant has one shape; the integer-dot
+    /// one no steps).
     pub fn with_shape(self, lanes: u32, rows: u32, steps: u32) -> Self {
         match self {
             MatvecVariant::Rows8 => self,
+            MatvecVariant::IntegerDot { .. } => MatvecVariant::IntegerDot { lanes, rows },
             MatvecVariant::WorkgroupReduce { .. } => {
                 MatvecVariant::WorkgroupReduce { lanes, rows, steps }
             }
@@ -87,6 +126,7 @@ impl MatvecVariant {
             MatvecVariant::Rows8 => (&shaders::MATMUL, "matvec"),
             MatvecVariant::WorkgroupReduce { .. } => (&shaders::MATVEC_WORKGROUP, "matvec"),
             MatvecVariant::SubgroupReduce { .. } => (&shaders::MATVEC_SUBGROUP, "matvec"),
+            MatvecVariant::IntegerDot { .. } => (&shaders::MATVEC_Q8, "matvec"),
         }
     }
 
@@ -102,12 +142,14 @@ impl MatvecVariant {
         }
     }
 
-    /// How the timings name it: lanes x rows, and x steps where not 2.
+    /// How the timings name it: lanes x rows, and x steps where not 2;
+    /// `q8` before the integer-dot kernel's.
     pub fn label(self) -> String {
         let (lanes, rows) = self.shape();
-        match self.steps() {
-            MATVEC_STEPS_DEFAULT => format!("{lanes}x{rows}"),
-            steps => format!("{lanes}x{rows}x{steps}"),
+        match (self, self.steps()) {
+            (MatvecVariant::IntegerDot { .. }, _) => format!("q8 {lanes}x{rows}"),
+            (_, MATVEC_STEPS_DEFAULT) => format!("{lanes}x{rows}"),
+            (_, steps) => format!("{lanes}x{rows}x{steps}"),
         }
     }
 }
@@ -456,6 +498,9 @@ pub struct KernelVariants {
     /// The set asked for (`auto` resolved: `cpu`, `gpu` or `tuned`).
     pub set: KernelSet,
     pub matvec: MatvecVariant,
+    /// Whether the integer-dot mat-vec (`IntegerDot`) is a timed candidate
+    /// for block-format parts (`tuned` on devices with subgroup operations).
+    pub matvec_q8: bool,
     pub matmul: MatmulVariant,
     /// Whether block-format parts may take `CoopStaged` when `matmul` is
     /// `Coop` (cleared when that kernel fails its start-up check, which
@@ -511,6 +556,7 @@ impl KernelVariants {
             KernelSet::Cpu | KernelSet::Auto => KernelVariants {
                 set: KernelSet::Cpu,
                 matvec: MatvecVariant::Rows8,
+                matvec_q8: false,
                 matmul: MatmulVariant::Blocked4x4,
                 coop_staged: false,
                 coop_staged_f16: false,
@@ -549,6 +595,7 @@ impl KernelVariants {
                             steps: MATVEC_STEPS_DEFAULT,
                         }
                     },
+                    matvec_q8: profile.subgroups && set == KernelSet::Tuned,
                     matmul,
                     coop_staged: matmul == MatmulVariant::Coop,
                     coop_staged_f16: matmul == MatmulVariant::Coop && set == KernelSet::Tuned,
@@ -614,7 +661,10 @@ impl KernelVariants {
     /// H200 the Q4_0 mat-vec timed faster with every larger shape up to 8);
     /// and four in flight with
     /// 128 or 256 lanes per 1, 2 or 4 rows (eight rows of four loads each
-    /// would hold more registers than a lane keeps fast).
+    /// would hold more registers than a lane keeps fast); with
+    /// `matvec_q8`, the integer-dot mat-vec with 32, 64 or 128 lanes per 1,
+    /// 2, 4 or 8 rows, for the block formats only (a part in another
+    /// format drops them: [`MatvecVariant::for_format`]).
     pub fn matvec_candidates(&self) -> Vec<MatvecVariant> {
         let v = self.matvec;
         if v == MatvecVariant::Rows8 {
@@ -634,6 +684,13 @@ impl KernelVariants {
         for lanes in [128, 256] {
             for rows in [1, 2, 4] {
                 push(v.with_shape(lanes, rows, 4));
+            }
+        }
+        if self.matvec_q8 {
+            for lanes in MATVEC_Q8_LANES {
+                for rows in [1, 2, 4, MATVEC_Q8_ROWS_MAX] {
+                    push(MatvecVariant::IntegerDot { lanes, rows });
+                }
             }
         }
         out
@@ -742,6 +799,10 @@ impl KernelVariants {
         let matvec = match self.matvec {
             MatvecVariant::WorkgroupReduce { .. } if self.tuned() => {
                 "WorkgroupReduce, lanes and rows timed per matrix".to_string()
+            }
+            MatvecVariant::SubgroupReduce { .. } if self.tuned() && self.matvec_q8 => {
+                "SubgroupReduce or IntegerDot (block formats), lanes and rows timed per matrix"
+                    .to_string()
             }
             MatvecVariant::SubgroupReduce { .. } if self.tuned() => {
                 "SubgroupReduce, lanes and rows timed per matrix".to_string()
@@ -1015,10 +1076,14 @@ pub(crate) mod tests {
         let mut v = select(&coop, KernelSet::Tuned);
         let mv = v.matvec_candidates();
         assert_eq!(mv[0], v.matvec);
-        assert_eq!(mv.len(), 21);
+        // 21 subgroup mat-vecs, then 12 integer-dot ones (block formats only).
+        assert_eq!(mv.len(), 21 + 12);
         for (i, c) in mv.iter().enumerate() {
             assert!(!mv[..i].contains(c), "{c:?} twice");
-            assert!(matches!(c, MatvecVariant::SubgroupReduce { .. }));
+            match i < 21 {
+                true => assert!(matches!(c, MatvecVariant::SubgroupReduce { .. })),
+                false => assert!(c.reads_q8() && c.for_format(WeightFormat::F16) == mv[0]),
+            }
         }
         use MatmulVariant::*;
         let f16 = v.matmul_candidates(WeightStore::Buffer, WeightFormat::F16, 128, 576);

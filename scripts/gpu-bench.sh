@@ -304,6 +304,16 @@ for dtype in q4_0 q8_0; do
     bench speed-$big-$dtype 60 30 -- "$big" "${speed[@]}" --dtype "$dtype" \
         --depths "$depths_short" --decode-steps 8
 done
+# Decode without the mat-vecs that read x prepared once per token (issue
+# #53), beside the rows above (every candidate timed; each report lists the
+# timings' choices): f16 without the f16-x ones (`!x16`), Q4_0 without the
+# integer-dot ones (`!q8`) and with them alone (`q8`).
+bench speed-$big-no-x16 40 20 "SIEVE_TUNE_FORCE=mat-vec=!x16" -- "$big" "${speed[@]}" \
+    --depths 0 --decode-steps 8 --prefill-runs 1
+bench speed-$big-q4_0-no-q8 40 20 "SIEVE_TUNE_FORCE=mat-vec=!q8" -- "$big" "${speed[@]}" \
+    --dtype q4_0 --depths 0 --decode-steps 8 --prefill-runs 1
+bench speed-$big-q4_0-q8-only 40 20 "SIEVE_TUNE_FORCE=mat-vec=q8" -- "$big" "${speed[@]}" \
+    --dtype q4_0 --depths 0 --decode-steps 8 --prefill-runs 1
 # The CCS refresh at cache size 4096 + 64 (target: within 2x of the paper's
 # 52.6 ms for ccs and 496 ms for ccs-full on an 8B model).
 bench ccs-$big 60 30 -- "$big" --prefill 1 --depths 0 --decode-steps 2 \

@@ -14,6 +14,11 @@ fn fused_swiglu() -> bool {
     return (p.flags & FLAG_FUSED_SWIGLU) != 0u;
 }
 
+// Values 4k .. 4k + 3 of token 0's x as the binding holds them.
+fn x_raw(k: u32) -> vec4<f32> {
+    return x[k];
+}
+
 // x[k] of token 0 as the product sees it: scaled by `inv` (the token's
 // 1 / rms) and the norm weights when the norm is fused; silu(gate) * up when
 // the SwiGLU is fused.

@@ -16,6 +16,9 @@
 // Dispatch: (min(groups, 32768), ceil(groups / 32768), 1), groups =
 // ceil(rows / ROWS); workgroup g = id.x + id.y * 32768 takes rows ROWS * g ..
 // ROWS * g + ROWS - 1 (LANES and ROWS: override constants, matvec_rows.wgsl).
+// Built with matmul_x16.wgsl in place of matmul_x.wgsl (`HalfX`,
+// src/shaders.rs MATVEC_SUBGROUP_X16) it reads x in f16 at binding 4, which
+// x_half.wgsl wrote with the norm or SwiGLU applied, and has no binding 6.
 // Extensions: `subgroups` (wgpu's SUBGROUP feature; the device refuses the
 // module without it). naga does not parse that `enable`: the assembler
 // blanks it for naga (`shaders::naga_source`) and keeps it for Tint.
@@ -35,7 +38,7 @@ fn row_inv_rms(lane: u32, sg: u32, n_sg: u32, sg_lane: u32) -> f32 {
     }
     var ss = 0.0;
     for (var k = lane; k < bounded(p.k4); k += LANES) {
-        let v = x[k];
+        let v = x_raw(k);
         ss += dot(v, v);
     }
     let s = subgroupAdd(ss);

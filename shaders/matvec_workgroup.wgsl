@@ -32,7 +32,7 @@ fn row_inv_rms(lane: u32) -> f32 {
     }
     var ss = 0.0;
     for (var k = lane; k < bounded(p.k4); k += LANES) {
-        let v = x[k];
+        let v = x_raw(k);
         ss += dot(v, v);
     }
     partial[lane] = ss;

@@ -250,13 +250,16 @@ pub struct Settings {
     /// None where there is none or it is off; in a browser, the page's
     /// localStorage (items `sieve/tuning-....json`).
     pub tune_cache: Option<std::path::PathBuf>,
-    /// `SIEVE_TUNE_FORCE`: `op=label` pairs, comma-separated (`mat-vec=q8
-    /// 64x2,mat-mul=Tiled`): `--kernels tuned` takes the candidate of that
-    /// label for every shape of that op instead of timing them (the
-    /// fixed rule's where a shape has no such candidate), to run a
-    /// candidate the timings might pick, or to compare two side by side.
-    /// Ops: `mat-vec`, `mat-mul`, `attention decode`, `attention prefill`;
-    /// labels as `sieve bench` prints them.
+    /// `SIEVE_TUNE_FORCE`: `op=pattern` pairs, comma-separated
+    /// (`mat-vec=q8 64x2,mat-mul=Tiled`): for every shape of that op,
+    /// `--kernels tuned` keeps the candidates the pattern names (the label
+    /// equal to it, else the labels it begins, or with `!` first those it
+    /// does not begin: `mat-vec=!q8`) and takes the one kept untimed, or
+    /// times those kept among themselves (the fixed rule's where it keeps
+    /// none). To run a candidate the timings might pick, or to compare
+    /// kernels side by side. Ops: `mat-vec`, `mat-mul`, `attention decode`,
+    /// `attention prefill`; labels as `sieve bench` prints them
+    /// ([`forced`](crate::kernels::tune::forced)).
     pub tune_force: Vec<(String, String)>,
 }
 
@@ -277,7 +280,7 @@ fn parse_tune_force(value: &str) -> Result<Vec<(String, String)>> {
             let (op, label) = (op.trim(), label.trim());
             if !TUNED_OPS.contains(&op) || label.is_empty() {
                 bail!(
-                    "SIEVE_TUNE_FORCE={value:?}: expected op=label pairs separated by commas, ops {}",
+                    "SIEVE_TUNE_FORCE={value:?}: expected op=pattern pairs separated by commas, ops {}",
                     TUNED_OPS.join(", ")
                 );
             }
@@ -427,7 +430,7 @@ mod tests {
             ("SIEVE_KERNELS", "tpu", "expected auto, cpu, gpu or tuned"),
             ("SIEVE_WEIGHTS", "disk", "expected buffer or texture"),
             ("SIEVE_SPIRV", "glsl", "expected wgpu, coop or all"),
-            ("SIEVE_TUNE_FORCE", "matvec=q8", "expected op=label pairs"),
+            ("SIEVE_TUNE_FORCE", "matvec=q8", "expected op=pattern pairs"),
             ("SIEVE_TUNE_FORCE", "mat-vec", "ops mat-vec, mat-mul"),
         ] {
             let e = Settings::parse(|n: &str| (n == name).then(|| value.to_string()))

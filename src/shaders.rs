@@ -110,6 +110,15 @@ const MATVEC_SUBGROUP_IO: &str = concat!(
     include_str!("../shaders/matvec_rows.wgsl"),
     include_str!("../shaders/matvec_sums.wgsl")
 );
+/// Its `HalfX` build reads x in f16, with nothing to fold in.
+const MATVEC_SUBGROUP_X16_IO: &str = concat!(
+    include_str!("../shaders/matmul_io.wgsl"),
+    include_str!("../shaders/matmul_x16.wgsl"),
+    include_str!("../shaders/matvec_rows.wgsl"),
+    include_str!("../shaders/matvec_sums.wgsl")
+);
+/// The kernels that prepare a mat-vec's x once per token share their input.
+const X_INPUT: &str = include_str!("../shaders/x_input.wgsl");
 /// The integer-dot mat-vec reads x's q8 blocks, not x.
 const MATVEC_Q8_IO: &str = concat!(
     include_str!("../shaders/matmul_io.wgsl"),
@@ -167,7 +176,16 @@ shader!(
     MATVEC_SUBGROUP_IO
 );
 shader!(MATVEC_Q8, "matvec_q8", BlockWeights, MATVEC_Q8_IO);
-shader!(QUANTIZE_Q8, "quantize_q8", None);
+/// matvec_subgroup.wgsl reading x in f16 (x_half.wgsl's; `HalfX`).
+pub const MATVEC_SUBGROUP_X16: Shader = Shader {
+    name: "matvec_subgroup_x16",
+    file: "shaders/matvec_subgroup.wgsl",
+    body: include_str!("../shaders/matvec_subgroup.wgsl"),
+    prelude: Prelude::Weights,
+    include: MATVEC_SUBGROUP_X16_IO,
+};
+shader!(QUANTIZE_Q8, "quantize_q8", None, X_INPUT);
+shader!(X_HALF, "x_half", None, X_INPUT);
 shader!(MATMUL_TILED, "matmul_tiled", Weights, MATMUL_IO);
 shader!(MATMUL_COOP, "matmul_coop", None, MATMUL_IO);
 shader!(MATMUL_COOP_STAGED, "matmul_coop_staged", Weights, MATMUL_IO);
@@ -242,8 +260,10 @@ pub fn all() -> Vec<&'static Shader> {
         &MATMUL,
         &MATVEC_WORKGROUP,
         &MATVEC_SUBGROUP,
+        &MATVEC_SUBGROUP_X16,
         &MATVEC_Q8,
         &QUANTIZE_Q8,
+        &X_HALF,
         &MATMUL_TILED,
         &MATMUL_COOP,
         &MATMUL_COOP_STAGED,

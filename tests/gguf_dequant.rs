@@ -202,40 +202,23 @@ fn every_format_loaded_directly_matches_its_reference_logits() {
     }
 }
 
-/// Max |logit - reference| over the golden file `tag`'s last 8 positions,
-/// each decoded as one token (the mat-vec's step), after a prefill of the
-/// rest.
+/// Max |logit - reference| over the golden file `tag`'s last 8 positions:
+/// the first from a prefill up to it, the other seven each decoded as one
+/// token (the mat-vec's step).
 fn decode_logits_gap(model: std::sync::Arc<sieve::model::Model>, tag: &str) -> f32 {
-    use sieve::engine::{Engine, EngineOptions, StepOutput};
-    let reference = Npz::open(
-        &golden_dir()
-            .join("quant")
-            .join(format!("tiny-llama-{tag}.logits.npz")),
-    );
+    let file = golden_dir()
+        .join("quant")
+        .join(format!("tiny-llama-{tag}.logits.npz"));
+    let reference = Npz::open(&file);
     let ids = reference.ids("input_ids");
     let first = reference.ids("positions")[0] as usize;
-    let vocab = model.config.vocab_size;
-    let mut engine = Engine::new(
-        model,
-        EngineOptions {
-            max_slots: ids.len(),
-            max_tokens: ids.len(),
-            max_logit_rows: 1,
-            ..Default::default()
-        },
-    )
-    .unwrap();
-    let positions: Vec<u32> = (0..ids.len() as u32).collect();
-    engine
-        .step(&ids[..first], &positions[..first], StepOutput::last(first))
-        .unwrap();
+    let steps = ids.len() - first;
+    let (got, _) =
+        common::decode_one_at_a_time(model, &ids[..first + 1], Some(&ids[first + 1..]), steps);
     let (_, want) = reference.f32("logits_last8");
+    let vocab = want.len() / steps;
     let mut gap = 0f32;
-    for (i, want) in (first..ids.len()).zip(want.chunks(vocab)) {
-        engine
-            .step(&ids[i..i + 1], &positions[i..i + 1], StepOutput::last(1))
-            .unwrap();
-        let got = engine.read_logits(1).unwrap();
+    for (got, want) in got.iter().zip(want.chunks(vocab)) {
         for (a, b) in got.iter().zip(want) {
             let d = (a - b).abs();
             gap = gap.max(if d.is_nan() { f32::INFINITY } else { d });
@@ -249,40 +232,20 @@ fn decode_logits_gap(model: std::sync::Arc<sieve::model::Model>, tag: &str) -> f
 /// block-format file, beside the f32 mat-vec forced the same way
 /// (`SIEVE_TUNE_FORCE`'s setting, so nothing is timed): both against the
 /// file's reference logits (up to 17 to 21 in size). The f32 one keeps the
-/// README's 1e-3; x's 8-bit rounding costs the q8 one more: 0.54 to 1.02
+/// README's 1e-3; x's 8-bit rounding costs the q8 one more: 0.43 to 1.19
 /// measured (BENCHMARKS.md, "Integer-dot mat-vecs"), bounded by 2. A block
 /// read wrong or a product without its input kernel is off by far more
 /// (and the kernel tests check each product to f32 rounding).
 #[test]
 fn integer_dot_decode_matches_reference_logits() {
-    use sieve::device::KernelSet;
-    use sieve::gpu::{Gpu, GpuOptions};
     use sieve::model::{LoadOptions, Model};
     let dir = golden_dir().join("quant");
-    let device = |matvec: &str| {
-        let mut gpu = Gpu::new(&GpuOptions {
-            kernels: Some(KernelSet::Tuned),
-            ..Default::default()
-        })
-        .unwrap();
-        let settings = &mut std::sync::Arc::get_mut(&mut gpu).unwrap().settings;
-        settings.tune_cache = None;
-        settings.tune_force = [
-            ("mat-vec", matvec),
-            ("mat-mul", "Tiled"),
-            ("attention decode", "Parallel"),
-            ("attention prefill", "Tiled"),
-        ]
-        .map(|(op, label)| (op.to_string(), label.to_string()))
-        .to_vec();
-        gpu
-    };
     for tag in TAGS.into_iter().filter(|&t| t != "f32") {
         let file = dir.join(format!("tiny-llama-{tag}.gguf"));
         let opts = LoadOptions::default();
         let mut gaps = vec![];
         for matvec in ["128x2", "q8 64x2"] {
-            let model = Model::load_on(device(matvec), &file, &opts).unwrap();
+            let model = Model::load_on(common::forced_matvec_device(matvec), &file, &opts).unwrap();
             let ran: Vec<String> = model
                 .gpu
                 .tuner

@@ -127,6 +127,8 @@ fn shader_list_covers_the_folder() {
         "shaders/kv_f32.wgsl",
         "shaders/matmul_io.wgsl",
         "shaders/matmul_x.wgsl",
+        "shaders/matmul_x16.wgsl",
+        "shaders/x_input.wgsl",
         "shaders/matvec_rows.wgsl",
         "shaders/matvec_sums.wgsl",
         "shaders/attention_heads.wgsl",

@@ -80,7 +80,7 @@ pub fn all() -> Vec<&'static Check> {
         head_norm::tests::CHECKS,
         matmul::tests::CHECKS,
         paging::tests::CHECKS,
-        quantize_q8::tests::CHECKS,
+        prepared_x::tests::CHECKS,
         random_fill::tests::CHECKS,
         read_bandwidth::tests::CHECKS,
         rmsnorm::tests::CHECKS,

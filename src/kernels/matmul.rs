@@ -8,7 +8,7 @@ use anyhow::{bail, Result};
 use bytemuck::{Pod, Zeroable};
 use std::sync::Arc;
 
-use super::quantize_q8::QuantizeQ8;
+use super::prepared_x::{PreparedX, XForm};
 use super::runtime::Runtime;
 use super::tune::{Candidate, Dispatch, TuneKey};
 use super::variants::{
@@ -35,7 +35,7 @@ struct Params {
 
 /// How `Params` mirrors `MatmulParams` (checked against naga in tests/shaders.rs).
 pub(crate) fn uniform_layout() -> super::UniformLayout {
-    super::uniform_layout!(Params as "MatmulParams" in [shaders::MATMUL, shaders::MATVEC_WORKGROUP, shaders::MATVEC_SUBGROUP, shaders::MATVEC_Q8, shaders::MATMUL_TILED, shaders::MATMUL_COOP, shaders::MATMUL_COOP_STAGED] {
+    super::uniform_layout!(Params as "MatmulParams" in [shaders::MATMUL, shaders::MATVEC_WORKGROUP, shaders::MATVEC_SUBGROUP, shaders::MATVEC_SUBGROUP_X16, shaders::MATVEC_Q8, shaders::MATMUL_TILED, shaders::MATMUL_COOP, shaders::MATMUL_COOP_STAGED] {
         rows, k4, col0, out_stride, flags, count_sel, eps, _p
     })
 }
@@ -104,9 +104,9 @@ pub struct Matmul {
     x_copy: Option<XCopy>,
     /// The copy of x into f16 that `CoopX16` reads, where a part runs it.
     x16_copy: Option<XCopy>,
-    /// x's q8 blocks for one token, which `IntegerDot` reads, where a part
-    /// runs it.
-    q8: Option<QuantizeQ8>,
+    /// x prepared once per token in each form a part's mat-vec reads it in
+    /// (`IntegerDot`, `HalfX`).
+    prepared: Vec<PreparedX>,
 }
 
 /// x_texture.wgsl or x_f16.wgsl bound to one product's x.
@@ -370,20 +370,27 @@ impl Matmul {
                 None
             })
         };
-        // x's q8 blocks for one token, where a part may run the integer-dot
-        // mat-vec (asked for, or a timed candidate); block formats have
-        // rows of whole 32-value blocks.
-        let may_read_q8 = matvec_variant.reads_q8() || (tune && gpu.kernels.matvec_q8);
-        let xq = match may_read_q8 && w.cols.is_multiple_of(super::quantize_q8::BLOCK_VALUES) {
-            true => Some(gpu.q8_buffer(w.cols)?),
-            false => None,
+        // One token's x prepared in each form a part's mat-vec may read it
+        // in (asked for, or the timed candidates'), where the rows take it.
+        let forms: Vec<XForm> = match (
+            matvec_variant.prepared_x(),
+            tune && gpu.kernels.matvec_prepared,
+        ) {
+            (_, true) => vec![XForm::Q8, XForm::F16],
+            (Some(form), false) => vec![form],
+            (None, false) => vec![],
         };
+        let prepared_x: Vec<(XForm, wgpu::Buffer)> = forms
+            .into_iter()
+            .filter(|f| f.takes(w.cols))
+            .map(|f| Ok((f, gpu.prepared_x_buffer(f, w.cols)?)))
+            .collect::<Result<_>>()?;
         let shared = PartBindings {
             step,
             bias: bias_buf,
             x,
             y,
-            xq: xq.as_ref(),
+            prepared_x: &prepared_x,
             no_norm: &no_norm,
             x_view,
             x16_for: &x16_for,
@@ -414,28 +421,27 @@ impl Matmul {
         } else {
             None
         };
-        // The integer-dot parts' input: quantized from the folded kernel's
-        // input where there is one (such parts always fold it in), else
-        // from x.
-        let q8 = match (&xq, parts.iter().any(|p| p.matvec_variant.reads_q8())) {
-            (Some(xq), true) => Some(QuantizeQ8::new(
-                gpu,
-                step,
-                w.cols,
-                x,
-                fused.as_ref(),
-                xq,
-                opts.rows,
-            )?),
-            _ => None,
-        };
+        // The input of the parts that read x prepared: from the folded
+        // kernel's input where there is one (such parts always fold it in),
+        // else from x; once per form.
+        let prepared = prepared_x
+            .iter()
+            .filter(|(f, _)| {
+                parts
+                    .iter()
+                    .any(|p| p.matvec_variant.prepared_x() == Some(*f))
+            })
+            .map(|(f, out)| {
+                PreparedX::new(gpu, *f, step, w.cols, x, fused.as_ref(), out, opts.rows)
+            })
+            .collect::<Result<_>>()?;
         Ok(Matmul {
             matvec_variant,
             fuses_input: fused.is_some() && parts.iter().all(|p| p.matvec_fused),
             parts,
             x_copy: x_copy.map(|(_, copy)| copy),
             x16_copy,
-            q8,
+            prepared,
         })
     }
 
@@ -468,9 +474,9 @@ impl Matmul {
                 copy.encode(pass, n);
             }
         }
-        if let Some(q8) = &self.q8 {
-            if n == 1 {
-                q8.encode(pass, n);
+        if n == 1 {
+            for prepared in &self.prepared {
+                prepared.encode(pass, n);
             }
         }
         for part in &self.parts {
@@ -491,8 +497,8 @@ struct PartBindings<'a> {
     bias: &'a wgpu::Buffer,
     x: &'a wgpu::Buffer,
     y: &'a wgpu::Buffer,
-    /// x's q8 blocks, where a part may run the integer-dot mat-vec.
-    xq: Option<&'a wgpu::Buffer>,
+    /// x prepared in each form a part's mat-vec may read it in.
+    prepared_x: &'a [(XForm, wgpu::Buffer)],
     no_norm: &'a wgpu::Buffer,
     /// x as a texture, where `matmul.wgsl` reads it.
     x_view: Option<&'a wgpu::TextureView>,
@@ -549,7 +555,7 @@ impl PartBindings<'_> {
                 part,
                 cols: w.cols,
                 flags,
-                q8: self.xq.is_some(),
+                prepared: self.prepared_x.iter().map(|(f, _)| *f).collect(),
             };
             (
                 shape.matvec(gpu, fused_flag, input),
@@ -581,13 +587,21 @@ impl PartBindings<'_> {
             None => None,
         };
         let matvec_group = match fused_bindings {
-            // The integer-dot mat-vec reads x's q8 blocks, which fold in
-            // the kernel that writes x (`Matmul::build`).
-            _ if matvec_v.reads_q8() => {
-                let xq = self.xq.ok_or_else(|| {
-                    anyhow::anyhow!("{matvec_v:?}: no q8 blocks of x for K = {}", w.cols)
-                })?;
-                let rest = [bias_buf, xq, y];
+            // The mat-vecs that read x prepared (which folds in the kernel
+            // that writes x: `Matmul::build`).
+            _ if matvec_v.prepared_x().is_some() => {
+                let form = matvec_v.prepared_x();
+                let (_, xp) = self
+                    .prepared_x
+                    .iter()
+                    .find(|(f, _)| Some(*f) == form)
+                    .ok_or_else(|| {
+                        anyhow::anyhow!(
+                            "{matvec_v:?}: x cannot be prepared for it in rows of {} values",
+                            w.cols
+                        )
+                    })?;
+                let rest = [bias_buf, xp, y];
                 gpu.bind_group_with_weights(&matvec, [step, &plain], part.binding(gpu), &rest, None)
             }
             Some((input, norm, eps)) => {
@@ -631,9 +645,9 @@ struct TunedPart<'a> {
     cols: usize,
     /// Accumulate and bias flags as the engine's product has them.
     flags: u32,
-    /// Whether the integer-dot mat-vecs are candidates (the product has a
-    /// buffer for x's q8 blocks).
-    q8: bool,
+    /// The forms of prepared x whose mat-vecs are candidates (the product
+    /// has a buffer for each).
+    prepared: Vec<XForm>,
 }
 
 /// Scratch bindings standing in for the engine's while a part's candidates
@@ -662,16 +676,17 @@ impl Scratch {
         gpu.bind_group_with_weights(pipeline, [step, params], weights.binding(gpu), &rest, x16)
     }
 
-    /// The quantization of these inputs' x into q8 blocks (folding in the
-    /// input kernel `fused_flag` says, reading its input from x and the
-    /// norm's weights from the norm binding, as the fused candidates'
-    /// scratch holds them) and the buffer it writes.
-    fn quantize_q8(
+    /// These inputs' x prepared in `form` (folding in the input kernel
+    /// `fused_flag` says, reading its input from x and the norm's weights
+    /// from the norm binding, as the fused candidates' scratch holds them)
+    /// and the buffer it writes.
+    fn prepare_x(
         &self,
         gpu: &Runtime,
+        form: XForm,
         fused_flag: u32,
         cols: usize,
-    ) -> Result<(QuantizeQ8, wgpu::Buffer)> {
+    ) -> Result<(PreparedX, wgpu::Buffer)> {
         let [step, _, _, x, _, norm] = &self.buffers;
         let fused = match fused_flag {
             FUSED_NORM => Some(FusedInput::RmsNorm {
@@ -682,22 +697,21 @@ impl Scratch {
             FUSED_SWIGLU => Some(FusedInput::SwiGlu { gate_up: x }),
             _ => None,
         };
-        let blocks = cols.div_ceil(super::quantize_q8::BLOCK_VALUES) as u64;
-        let xq = gpu.storage("tune-xq", blocks * super::quantize_q8::BLOCK_BYTES);
-        let q8 = QuantizeQ8::new(gpu, step, cols, x, fused.as_ref(), &xq, Rows::Tokens)?;
-        Ok((q8, xq))
+        let out = gpu.storage("tune-x-prepared", form.bytes(cols));
+        let kernel = PreparedX::new(gpu, form, step, cols, x, fused.as_ref(), &out, Rows::Tokens)?;
+        Ok((kernel, out))
     }
 
-    /// The bind group of an integer-dot mat-vec reading the q8 blocks `xq`.
-    fn bind_q8(
+    /// The bind group of a mat-vec reading x prepared into `xp`.
+    fn bind_prepared(
         &self,
         gpu: &Runtime,
         pipeline: &wgpu::ComputePipeline,
         weights: &MatrixPart,
-        xq: &wgpu::Buffer,
+        xp: &wgpu::Buffer,
     ) -> wgpu::BindGroup {
         let [step, params, bias, _, y, _] = &self.buffers;
-        let rest = [bias, xq, y];
+        let rest = [bias, xp, y];
         gpu.bind_group_with_weights(pipeline, [step, params], weights.binding(gpu), &rest, None)
     }
 
@@ -760,20 +774,22 @@ impl Scratch {
 /// The mat-vecs a part in `format` times, each with whether it folds in
 /// the input kernel `fused_flag` names (0: none): the device's candidates
 /// that take the format (the integer-dot ones only where the product has
-/// x's q8 blocks, `q8`), each folded in, then each after that kernel; the
-/// integer-dot mat-vec always folds it in (its quantization does:
-/// `Matmul::build`).
+/// x prepared in their form, `prepared`), each folded in, then each after
+/// that kernel; those that read x prepared always fold it in (the kernel
+/// that prepares it does: `Matmul::build`).
 fn matvec_choices(
     gpu: &Runtime,
     format: WeightFormat,
-    q8: bool,
+    prepared: &[XForm],
     fused_flag: u32,
 ) -> Vec<(MatvecVariant, bool)> {
     let cands: Vec<MatvecVariant> = gpu
         .kernels
         .matvec_candidates()
         .into_iter()
-        .filter(|v| v.for_format(format) == *v && (q8 || !v.reads_q8()))
+        .filter(|v| {
+            v.for_format(format) == *v && v.prepared_x().is_none_or(|f| prepared.contains(&f))
+        })
         .collect();
     let fused_first: &[bool] = if fused_flag != 0 {
         &[true, false]
@@ -783,7 +799,7 @@ fn matvec_choices(
     fused_first
         .iter()
         .flat_map(|&fused| cands.iter().map(move |&v| (v, fused && v.fuses_input())))
-        .filter(|&(v, fold)| !(v.reads_q8() && fused_flag != 0 && !fold))
+        .filter(|&(v, fold)| !(v.prepared_x().is_some() && fused_flag != 0 && !fold))
         .collect()
 }
 
@@ -863,7 +879,7 @@ impl TunedPart<'_> {
     /// computed again in each workgroup, which can cost more than the
     /// dispatch it saves.
     fn matvec(&self, gpu: &Runtime, fused_flag: u32, input: &'static str) -> (MatvecVariant, bool) {
-        let choices = matvec_choices(gpu, self.part.format, self.q8, fused_flag);
+        let choices = matvec_choices(gpu, self.part.format, &self.prepared, fused_flag);
         if choices.len() == 1 {
             return choices[0];
         }
@@ -908,13 +924,14 @@ impl TunedPart<'_> {
                             dispatches: scratch_or_error(scratch).and_then(|scratch| {
                                 let mut run = before?;
                                 let p = matvec_pipeline(gpu, v, self.part.format)?;
-                                let group = match v.reads_q8() {
-                                    true => {
-                                        let q8 = scratch.quantize_q8(gpu, fold_flag, self.cols)?;
-                                        run.push(q8.0.dispatch_for(1));
-                                        scratch.bind_q8(gpu, &p, self.part, &q8.1)
+                                let group = match v.prepared_x() {
+                                    Some(form) => {
+                                        let (kernel, xp) =
+                                            scratch.prepare_x(gpu, form, fold_flag, self.cols)?;
+                                        run.push(kernel.dispatch_for(1));
+                                        scratch.bind_prepared(gpu, &p, self.part, &xp)
                                     }
-                                    false => scratch.bind(gpu, &p, self.part, None),
+                                    None => scratch.bind(gpu, &p, self.part, None),
                                 };
                                 run.push((p, group, v.groups(rows)));
                                 Ok(run)
@@ -1117,43 +1134,72 @@ pub(crate) mod tests {
                 out.push(MatvecVariant::SubgroupReduce { lanes, rows, steps });
             }
         }
-        // The integer-dot mat-vec (block formats; float parts fall back to
-        // the subgroup one) with each lane count, 1, 3 and 8 rows.
+        // The mat-vecs reading x prepared: the integer-dot one (block
+        // formats) with each lane count, 1, 3 and 8 rows, and the f16-x one
+        // (f16 weights) with a few shapes; parts in other formats fall back
+        // to the subgroup one.
         if gpu.profile.subgroups {
             for (lanes, rows) in [(32, 1), (64, 3), (128, 8), (32, 8)] {
                 out.push(MatvecVariant::IntegerDot { lanes, rows });
             }
-        }
-        out
-    }
-
-    /// The product's expected rows where the parts that ran the integer-dot
-    /// mat-vec (`ran`) take theirs from `want_q8` (the reference on x's q8
-    /// values) and the others from `want`, for one token.
-    fn expected_rows(
-        m: &GpuMatrix,
-        ran: &[MatvecVariant],
-        want: &[f32],
-        want_q8: &[f32],
-    ) -> Vec<f32> {
-        let mut out = want.to_vec();
-        for (part, v) in m.parts.iter().zip(ran) {
-            if v.reads_q8() {
-                let rows = part.row0..part.row0 + part.rows;
-                out[rows.clone()].copy_from_slice(&want_q8[rows]);
+            for (lanes, rows, steps) in [(128, 2, 2), (64, 13, 2), (256, 4, 4)] {
+                out.push(MatvecVariant::HalfX { lanes, rows, steps });
             }
         }
         out
     }
 
-    /// x as the integer-dot mat-vec multiplies it: the values of its q8
-    /// blocks (x itself where K is not whole blocks: no block format).
-    fn q8_values(x: &[f32], cols: usize) -> Vec<f32> {
-        match cols.is_multiple_of(32) {
-            true => crate::kernels::quantize_q8::dequantize(
-                &crate::kernels::quantize_q8::reference(x, cols),
+    /// The product's expected rows for one token where the parts that ran
+    /// a mat-vec reading x prepared (`ran`) take theirs from `prepared`
+    /// (the reference on x as that form holds it: [`prepared_values`]) and
+    /// the others from `want`.
+    fn expected_rows(
+        m: &GpuMatrix,
+        ran: &[MatvecVariant],
+        want: &[f32],
+        prepared: &[(XForm, Vec<f32>)],
+    ) -> Vec<f32> {
+        let mut out = want.to_vec();
+        for (part, v) in m.parts.iter().zip(ran) {
+            if let Some((_, w)) = prepared.iter().find(|(f, _)| Some(*f) == v.prepared_x()) {
+                let rows = part.row0..part.row0 + part.rows;
+                out[rows.clone()].copy_from_slice(&w[rows]);
+            }
+        }
+        out
+    }
+
+    /// The reference product (as [`reference`] with these arguments) on x
+    /// as each form holds it, for one token.
+    fn prepared_references(
+        w: &[f32],
+        (rows, cols): (usize, usize),
+        bias: Option<&[f32]>,
+        x: &[f32],
+        y0: &[f32],
+        accumulate: bool,
+    ) -> Vec<(XForm, Vec<f32>)> {
+        [XForm::Q8, XForm::F16]
+            .into_iter()
+            .map(|form| {
+                let mut want = y0.to_vec();
+                let x = prepared_values(form, x, cols);
+                reference(w, rows, cols, bias, &x, &mut want, accumulate);
+                (form, want)
+            })
+            .collect()
+    }
+
+    /// x as the mat-vec reading it prepared in `form` multiplies it: the
+    /// values of its q8 blocks (x itself where K is not whole blocks: no
+    /// block format), or x rounded to f16.
+    fn prepared_values(form: XForm, x: &[f32], cols: usize) -> Vec<f32> {
+        match form {
+            XForm::Q8 if cols.is_multiple_of(32) => crate::kernels::prepared_x::dequantize(
+                &crate::kernels::prepared_x::reference(x, cols),
             ),
-            false => x.to_vec(),
+            XForm::Q8 => x.to_vec(),
+            XForm::F16 => x.iter().map(|&v| half::f16::from_f32(v).to_f32()).collect(),
         }
     }
 
@@ -1277,12 +1323,17 @@ pub(crate) mod tests {
             &mut want,
             accumulate,
         );
-        let mut want_q8 = y0.clone();
-        if n == 1 {
-            let x = q8_values(&x, cols);
-            let bias = bias.then_some(&b[..]);
-            reference(&w, rows, cols, bias, &x, &mut want_q8, accumulate);
-        }
+        let prepared = match n {
+            1 => prepared_references(
+                &w,
+                (rows, cols),
+                bias.then_some(&b[..]),
+                &x,
+                &y0,
+                accumulate,
+            ),
+            _ => vec![],
+        };
         let mut ran = vec![];
         for pair in variants(gpu, &m, n) {
             let yb = gpu.storage_from("y", &y0);
@@ -1306,7 +1357,7 @@ pub(crate) mod tests {
             let err = match n {
                 1 => max_abs_diff(
                     &got,
-                    &expected_rows(&m, &mm.matvec_variants(), &want, &want_q8),
+                    &expected_rows(&m, &mm.matvec_variants(), &want, &prepared),
                 ),
                 _ => max_abs_diff(&got, &want),
             };
@@ -1589,13 +1640,23 @@ pub(crate) mod tests {
             matvec.key
         );
         // Each variant with the norm folded in, then each after the norm
-        // (f16 weights: no integer-dot candidates).
-        let choices = matvec_choices(&gpu, WeightFormat::F16, true, FUSED_NORM);
-        let half = choices.len() / 2;
-        assert!(choices.iter().all(|(v, _)| !v.reads_q8()));
+        // but those reading x prepared (f16 weights: the f16-x ones, no
+        // integer-dot ones).
+        let prepared = [XForm::Q8, XForm::F16];
+        let choices = matvec_choices(&gpu, WeightFormat::F16, &prepared, FUSED_NORM);
+        assert!(choices
+            .iter()
+            .all(|(v, _)| v.prepared_x() != Some(XForm::Q8)));
+        let unfused = choices.iter().position(|c| !c.1).unwrap();
+        assert!(choices[..unfused]
+            .iter()
+            .any(|(v, _)| v.prepared_x() == Some(XForm::F16)));
+        assert!(choices[unfused..]
+            .iter()
+            .all(|(v, _)| v.prepared_x().is_none()));
         assert_eq!(matvec.labels.len(), choices.len());
         assert_eq!(matvec.labels[0], "128x2");
-        assert_eq!(matvec.labels[half], "128x2 unfused");
+        assert_eq!(matvec.labels[unfused], "128x2 unfused");
         assert!(
             matvec.seconds.iter().all(|s| s.is_some_and(|s| s > 0.0)),
             "{matvec:?}"
@@ -1680,7 +1741,7 @@ pub(crate) mod tests {
         let w = fill_test_weights(&gpu, &m, 31);
         // The F16 part unfused (the rule's variant), the Q8_0 part fused.
         for (&(part_rows, format), want) in blocks.iter().zip([(rule, false), (rule, true)]) {
-            let choices = matvec_choices(&gpu, format, true, FUSED_NORM);
+            let choices = matvec_choices(&gpu, format, &[XForm::Q8, XForm::F16], FUSED_NORM);
             let choice = choices.iter().position(|c| *c == want).unwrap();
             let labels: Vec<String> = (0..choices.len()).map(|i| i.to_string()).collect();
             let key = TuneKey::Matrix {
@@ -1747,16 +1808,7 @@ pub(crate) mod tests {
         let y0 = rand_vec(rows, 10, 1.0);
         let mut want = y0.clone();
         reference(&w, rows, cols, Some(&b), x, &mut want, true);
-        let mut want_q8 = y0.clone();
-        reference(
-            &w,
-            rows,
-            cols,
-            Some(&b),
-            &q8_values(x, cols),
-            &mut want_q8,
-            true,
-        );
+        let prepared = prepared_references(&w, (rows, cols), Some(&b), x, &y0, true);
         let step = step_buffer(
             gpu,
             Step {
@@ -1793,20 +1845,22 @@ pub(crate) mod tests {
             run_pass(gpu, |pass| mm.encode(pass, 1));
             let got: Vec<f32> = gpu.read(&yb, 0, rows).unwrap();
             let mut tol = 1e-4 * w_max * (cols as f32).sqrt();
-            let err = if mm.matvec_variants().iter().any(|v| v.reads_q8()) {
+            if mm
+                .matvec_variants()
+                .iter()
+                .any(|v| v.prepared_x() == Some(XForm::Q8))
+            {
                 // The device quantizes its own f32 norm or SwiGLU, which may
                 // sit across a rounding boundary from the CPU's: a value
                 // then lands one step (its block's d) off. Allow three.
-                let blocks = crate::kernels::quantize_q8::reference(x, cols);
+                let blocks = crate::kernels::prepared_x::reference(x, cols);
                 let d_max = blocks.iter().fold(0f32, |m, b| m.max(b.d));
                 tol += 3.0 * d_max * w_max;
-                max_abs_diff(
-                    &got,
-                    &expected_rows(&m, &mm.matvec_variants(), &want, &want_q8),
-                )
-            } else {
-                max_abs_diff(&got, &want)
-            };
+            }
+            let err = max_abs_diff(
+                &got,
+                &expected_rows(&m, &mm.matvec_variants(), &want, &prepared),
+            );
             assert!(err < tol, "{v:?} {format:?} {rows}x{cols}: {err}");
         }
     }

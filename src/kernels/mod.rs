@@ -12,7 +12,7 @@ pub mod epikv_delta;
 pub mod head_norm;
 pub mod matmul;
 pub mod paging;
-pub mod quantize_q8;
+pub mod prepared_x;
 pub mod random_fill;
 pub mod read_bandwidth;
 pub mod rmsnorm;
@@ -132,7 +132,7 @@ pub fn uniform_layouts() -> Vec<UniformLayout> {
         head_norm::uniform_layout(),
         matmul::uniform_layout(),
         matmul::x_copy_layout(),
-        quantize_q8::uniform_layout(),
+        prepared_x::uniform_layout(),
         random_fill::uniform_layout(),
         rmsnorm::uniform_layout(),
         rope_kv::uniform_layout(),

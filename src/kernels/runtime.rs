@@ -13,6 +13,7 @@ use anyhow::{bail, Result};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
+use super::prepared_x::XForm;
 use super::tune::{DiskCache, Tuner};
 use super::variants::KernelVariants;
 use crate::gpu::Gpu;
@@ -31,9 +32,9 @@ pub struct Runtime {
     /// The f16 copies of x that `CoopX16` products read, by (k/4, tokens)
     /// (`x16_buffer`).
     x16_buffers: Mutex<HashMap<(u32, u32), wgpu::Buffer>>,
-    /// The q8 blocks of one token's x that `IntegerDot` mat-vecs read, by K
-    /// (`q8_buffer`).
-    q8_buffers: Mutex<HashMap<usize, wgpu::Buffer>>,
+    /// One token's x prepared for the mat-vecs that read it so
+    /// (`IntegerDot`, `HalfX`), by form and K (`prepared_x_buffer`).
+    prepared_x: Mutex<HashMap<(XForm, usize), wgpu::Buffer>>,
 }
 
 impl std::ops::Deref for Runtime {
@@ -58,7 +59,7 @@ impl Runtime {
             tuner,
             x_textures: Mutex::new(HashMap::new()),
             x16_buffers: Mutex::new(HashMap::new()),
-            q8_buffers: Mutex::new(HashMap::new()),
+            prepared_x: Mutex::new(HashMap::new()),
         }
     }
 
@@ -95,21 +96,21 @@ impl Runtime {
         Ok(buffer.clone())
     }
 
-    /// The buffer `IntegerDot` mat-vecs read one token's x from as q8
-    /// blocks (quantize_q8.wgsl writes it right before each such product):
-    /// one per K and device, shared by every product of that K, as
+    /// The buffer the mat-vecs that read x prepared in `form` (`IntegerDot`,
+    /// `HalfX`) read one token's x of `cols` values from (a kernel of
+    /// `prepared_x` writes it right before each such product): one per form,
+    /// K and device, shared by every product of that K, as
     /// [`Runtime::x_texture`] is.
-    pub fn q8_buffer(&self, cols: usize) -> Result<wgpu::Buffer> {
-        use super::quantize_q8::{BLOCK_BYTES, BLOCK_VALUES};
-        let bytes = cols.div_ceil(BLOCK_VALUES) as u64 * BLOCK_BYTES;
+    pub fn prepared_x_buffer(&self, form: XForm, cols: usize) -> Result<wgpu::Buffer> {
+        let bytes = form.bytes(cols);
         let limit = self.gpu.limits.max_storage_buffer_binding_size;
         if bytes > limit {
-            bail!("the q8 blocks of a product's input ({cols} values) need {bytes} bytes; this device binds at most {limit}");
+            bail!("x prepared as {form:?} ({cols} values) needs {bytes} bytes; this device binds at most {limit}");
         }
-        let mut cache = self.q8_buffers.lock().unwrap();
+        let mut cache = self.prepared_x.lock().unwrap();
         let buffer = cache
-            .entry(cols)
-            .or_insert_with(|| self.gpu.storage("x-q8", bytes));
+            .entry((form, cols))
+            .or_insert_with(|| self.gpu.storage("x-prepared", bytes));
         Ok(buffer.clone())
     }
 
@@ -193,6 +194,37 @@ pub(crate) mod tests {
         assert_eq!(gpu.x_textures.lock().unwrap().len(), 1);
     }
 
+    /// A mat-vec-sized product of `rows` x `cols` weights in `format` built
+    /// on `rt` (timed, where its kernel set is `tuned`).
+    fn one_product(
+        rt: &super::Runtime,
+        format: crate::formats::WeightFormat,
+        rows: usize,
+        cols: usize,
+    ) -> crate::kernels::matmul::Matmul {
+        use crate::kernels::matmul::{Matmul, MatmulOptions};
+        use crate::kernels::testutil::{fill_test_weights, step_buffer};
+        use crate::kernels::{Rows, Step};
+        let m = crate::weights::GpuMatrix::new(rt, "w", rows, cols, format).unwrap();
+        fill_test_weights(rt, &m, 7);
+        let step = step_buffer(
+            rt,
+            Step {
+                n_tokens: 1,
+                ..Default::default()
+            },
+        );
+        let (x, y) = (
+            rt.storage("x", cols as u64 * 4),
+            rt.storage("y", rows as u64 * 4),
+        );
+        let opts = MatmulOptions {
+            accumulate: false,
+            rows: Rows::Tokens,
+        };
+        Matmul::new(rt, &step, &m, None, &x, &y, opts).unwrap()
+    }
+
     /// With a tuning cache folder, `tuned` keeps its timings in a file: a
     /// second runtime on the same device takes them from there without
     /// timing (and with the same choice and times), and one whose file is
@@ -203,10 +235,6 @@ pub(crate) mod tests {
         use crate::device::KernelSet;
         use crate::formats::WeightFormat;
         use crate::gpu::{Gpu, GpuOptions};
-        use crate::kernels::matmul::{Matmul, MatmulOptions};
-        use crate::kernels::testutil::{fill_test_weights, step_buffer};
-        use crate::kernels::{Rows, Step};
-        use crate::weights::GpuMatrix;
         use std::sync::Arc;
         // A folder of its own (one name a run: the time).
         let now = web_time::SystemTime::now().duration_since(web_time::UNIX_EPOCH);
@@ -225,25 +253,7 @@ pub(crate) mod tests {
             super::Runtime::new(gpu)
         };
         let product = |rt: &super::Runtime| {
-            let (rows, cols) = (24, 64);
-            let m = GpuMatrix::new(rt, "w", rows, cols, WeightFormat::F16).unwrap();
-            fill_test_weights(rt, &m, 7);
-            let step = step_buffer(
-                rt,
-                Step {
-                    n_tokens: 1,
-                    ..Default::default()
-                },
-            );
-            let (x, y) = (
-                rt.storage("x", cols as u64 * 4),
-                rt.storage("y", rows as u64 * 4),
-            );
-            let opts = MatmulOptions {
-                accumulate: false,
-                rows: Rows::Tokens,
-            };
-            Matmul::new(rt, &step, &m, None, &x, &y, opts).unwrap();
+            one_product(rt, WeightFormat::F16, 24, 64);
             rt.tuner.results()
         };
         let first = runtime();
@@ -282,8 +292,77 @@ pub(crate) mod tests {
         std::fs::remove_dir(&dir).unwrap();
     }
 
+    /// `SIEVE_TUNE_FORCE`'s patterns: an exact label keeps that candidate
+    /// alone, a prefix every label it begins, `!` those it does not. On a
+    /// device, a pattern that keeps one candidate takes it untimed, one
+    /// that keeps several times only those (the rest have no time), and
+    /// one that keeps none leaves the rule's.
+    #[cfg_attr(test, test)]
+    fn forced_candidates_are_the_ones_the_pattern_keeps() {
+        use crate::device::KernelSet;
+        use crate::formats::WeightFormat;
+        use crate::gpu::{Gpu, GpuOptions};
+        use crate::kernels::tune::forced;
+        use std::sync::Arc;
+        let labels: Vec<String> = ["128x2", "128x2 unfused", "q8 32x1", "q8 64x2"]
+            .map(String::from)
+            .to_vec();
+        assert_eq!(forced("128x2", &labels), [true, false, false, false]);
+        assert_eq!(forced("128x2 u", &labels), [false, true, false, false]);
+        assert_eq!(forced("q8", &labels), [false, false, true, true]);
+        assert_eq!(forced("!q8", &labels), [true, true, false, false]);
+        assert_eq!(forced("256", &labels), [false; 4]);
+        // A Q4_0 product's mat-vec on a `tuned` device with `pattern`.
+        let run = |pattern: &str| {
+            let mut gpu = Gpu::new(&GpuOptions {
+                kernels: Some(KernelSet::Tuned),
+                ..Default::default()
+            })
+            .unwrap();
+            let settings = &mut Arc::get_mut(&mut gpu).unwrap().settings;
+            settings.tune_cache = None;
+            settings.tune_force = vec![("mat-vec".into(), pattern.into())];
+            let rt = super::Runtime::new(gpu);
+            let mm = one_product(&rt, WeightFormat::Q4_0, 24, 256);
+            let t = rt.tuner.results().remove(0);
+            (t, mm.matvec_variants()[0], rt.kernels.matvec)
+        };
+        let (t, ran, rule) = run("512x2");
+        assert!(
+            t.untimed.as_deref().unwrap().contains("keeps no candidate"),
+            "{t:?}"
+        );
+        assert_eq!(ran, rule);
+        if !crate::kernels::testutil::gpu().profile.subgroups {
+            crate::kernels::testutil::note(
+                "this device has no subgroups: no integer-dot candidates to force",
+            );
+            return;
+        }
+        let (t, ran, _) = run("q8 64x2");
+        assert!(
+            t.untimed
+                .as_deref()
+                .unwrap()
+                .contains("forced by SIEVE_TUNE_FORCE"),
+            "{t:?}"
+        );
+        assert_eq!(ran.label(), "q8 64x2");
+        let (t, ran, _) = run("q8 32");
+        if t.untimed.is_none() {
+            let kept = forced("q8 32", &t.labels);
+            for (i, s) in t.seconds.iter().enumerate() {
+                assert_eq!(s.is_some(), kept[i], "{}: {s:?}", t.labels[i]);
+            }
+            assert!(ran.label().starts_with("q8 32x"), "{ran:?}");
+        } else {
+            crate::kernels::testutil::note("this device has no timestamp queries: nothing timed");
+        }
+    }
+
     crate::kernels::checks::register![
         x_texture_past_the_largest_side_is_a_clear_error,
         timings_are_kept_between_processes,
+        forced_candidates_are_the_ones_the_pattern_keeps,
     ];
 }

@@ -289,21 +289,30 @@ impl Tuner {
         if let Some(t) = self.done.lock().unwrap().iter().find(|t| t.key == key) {
             return t.choice;
         }
-        // SIEVE_TUNE_FORCE: that label's candidate untimed, or the rule's
-        // (the first) where this shape has none of that label.
-        if let Some(label) = gpu.settings.forced_label(key.op()) {
-            let found = labels.iter().position(|l| l == label);
-            let why = match found {
-                Some(_) => format!("forced by SIEVE_TUNE_FORCE ({label})"),
-                None => {
-                    format!("SIEVE_TUNE_FORCE names {label}, which this shape lacks: the rule's")
-                }
+        // SIEVE_TUNE_FORCE: the candidates its pattern keeps (`forced`);
+        // one is taken untimed, several are timed among themselves.
+        let only = gpu
+            .settings
+            .forced_label(key.op())
+            .map(|p| forced(p, &labels));
+        if let Some(only) = &only {
+            let pattern = gpu.settings.forced_label(key.op()).unwrap_or_default();
+            let kept: Vec<usize> = (0..labels.len()).filter(|&i| only[i]).collect();
+            let why = match kept.len() {
+                0 => Some(format!(
+                    "SIEVE_TUNE_FORCE's {pattern} keeps no candidate of this shape: the rule's"
+                )),
+                1 => Some(format!("forced by SIEVE_TUNE_FORCE ({pattern})")),
+                _ => None,
             };
-            let choice = found.unwrap_or(0);
-            self.record_untimed(key, labels, choice, why);
-            return choice;
+            if let Some(why) = why {
+                let choice = kept.first().copied().unwrap_or(0);
+                self.record_untimed(key, labels, choice, why);
+                return choice;
+            }
         }
-        if let Some(kept) = self.disk.as_ref().and_then(|d| d.get(&key, &labels)) {
+        let disk = self.disk.as_ref().filter(|_| only.is_none());
+        if let Some(kept) = disk.and_then(|d| d.get(&key, &labels)) {
             let n = labels.len();
             self.done.lock().unwrap().push(Tuned {
                 key,
@@ -323,7 +332,13 @@ impl Tuner {
             // the engine's build (whose own error scope would catch them).
             let scope = gpu.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
             let candidates = build();
-            let tuned = time_all(gpu, key.clone(), labels.clone(), &candidates);
+            let tuned = time_all(
+                gpu,
+                key.clone(),
+                labels.clone(),
+                &candidates,
+                only.as_deref(),
+            );
             drop(candidates);
             match crate::platform::block_on(scope.pop()) {
                 None => tuned,
@@ -350,7 +365,8 @@ impl Tuner {
             }
         };
         tuned.wall_seconds = start.elapsed().as_secs_f64();
-        if let (Some(disk), None) = (&self.disk, &tuned.untimed) {
+        // (A choice among the candidates SIEVE_TUNE_FORCE kept is not kept.)
+        if let (Some(disk), None) = (disk, &tuned.untimed) {
             disk.put(&tuned);
         }
         let choice = tuned.choice;
@@ -405,8 +421,28 @@ impl Tuner {
     }
 }
 
-/// Times `candidates` (labelled `labels`, one each) for `key`.
-fn time_all(gpu: &Gpu, key: TuneKey, labels: Vec<String>, candidates: &[Candidate]) -> Tuned {
+/// Which of `labels` a `SIEVE_TUNE_FORCE` pattern keeps: the one equal to
+/// it if there is one, else those it begins (`q8` keeps every `q8 ...`),
+/// or with `!` first those it does not begin (`!q8`).
+pub fn forced(pattern: &str, labels: &[String]) -> Vec<bool> {
+    if labels.iter().any(|l| l == pattern) {
+        return labels.iter().map(|l| l == pattern).collect();
+    }
+    match pattern.strip_prefix('!') {
+        Some(p) => labels.iter().map(|l| !l.starts_with(p)).collect(),
+        None => labels.iter().map(|l| l.starts_with(pattern)).collect(),
+    }
+}
+
+/// Times `candidates` (labelled `labels`, one each) for `key`: those `only`
+/// keeps where it is given.
+fn time_all(
+    gpu: &Gpu,
+    key: TuneKey,
+    labels: Vec<String>,
+    candidates: &[Candidate],
+    only: Option<&[bool]>,
+) -> Tuned {
     let n = candidates.len();
     assert_eq!(labels.len(), n, "one label per candidate");
     let mut tuned = Tuned {
@@ -429,6 +465,7 @@ fn time_all(gpu: &Gpu, key: TuneKey, labels: Vec<String>, candidates: &[Candidat
         .iter()
         .enumerate()
         .map(|(i, c)| match &c.dispatches {
+            _ if only.is_some_and(|o| !o[i]) => None,
             Ok(d) => Some(&d[..]),
             Err(e) => {
                 tuned.errors[i] = Some(format!("{e:#}"));

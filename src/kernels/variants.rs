@@ -12,6 +12,7 @@
 //! lavapipe against the same CPU references.
 
 use super::ceil_div;
+use super::prepared_x::XForm;
 use crate::device::{CompileOptions, DeviceProfile, KernelSet, SpirvPath};
 use crate::formats::{KvFormat, WeightFormat};
 use crate::shaders::{self, Shader, WeightStore};
@@ -39,6 +40,14 @@ pub enum MatvecVariant {
     /// x's 8-bit rounding changes the product (llama.cpp's trade):
     /// a `tuned` candidate, never a fixed rule's choice.
     IntegerDot { lanes: u32, rows: u32 },
+    /// `matvec_subgroup.wgsl` built to read x in f16 (`matmul_x16.wgsl`),
+    /// which `x_half.wgsl` writes once per token with the norm or SwiGLU
+    /// folded in: the norm's sum of squares once per token, not once per
+    /// workgroup, and half the bytes of x for every workgroup. Shapes as
+    /// `SubgroupReduce`; for f16 weights (x's f16 rounding is what the
+    /// matrix units do to it too; others take the `SubgroupReduce` default,
+    /// [`MatvecVariant::for_format`]); a `tuned` candidate.
+    HalfX { lanes: u32, rows: u32, steps: u32 },
 }
 
 /// Lanes and rows per workgroup of the `gpu` mat-vecs: the fixed rule's
@@ -68,6 +77,7 @@ impl MatvecVariant {
             MatvecVariant::Rows8 => (8, 64),
             MatvecVariant::WorkgroupReduce { lanes, rows, .. }
             | MatvecVariant::SubgroupReduce { lanes, rows, .. }
+            | MatvecVariant::HalfX { lanes, rows, .. }
             | MatvecVariant::IntegerDot { lanes, rows } => (lanes, rows),
         }
     }
@@ -78,22 +88,36 @@ impl MatvecVariant {
         match self {
             MatvecVariant::Rows8 | MatvecVariant::IntegerDot { .. } => 1,
             MatvecVariant::WorkgroupReduce { steps, .. }
-            | MatvecVariant::SubgroupReduce { steps, .. } => steps,
+            | MatvecVariant::SubgroupReduce { steps, .. }
+            | MatvecVariant::HalfX { steps, .. } => steps,
         }
     }
 
-    /// Whether it reads x's q8 blocks (`quantize_q8.wgsl`) instead of x.
-    pub fn reads_q8(self) -> bool {
-        matches!(self, MatvecVariant::IntegerDot { .. })
+    /// The form it reads x in where that is not x itself: prepared once
+    /// per token by a kernel of `prepared_x` (which folds in the norm or
+    /// SwiGLU), in q8 blocks or f16.
+    pub fn prepared_x(self) -> Option<XForm> {
+        match self {
+            MatvecVariant::IntegerDot { .. } => Some(XForm::Q8),
+            MatvecVariant::HalfX { .. } => Some(XForm::F16),
+            _ => None,
+        }
     }
 
     /// What a part in `format` runs when this variant is asked for: the
-    /// integer-dot kernel takes block formats only; float weights take the
-    /// subgroup mat-vec of the fixed rule (a device that runs the one has
-    /// the other's subgroups).
+    /// integer-dot kernel takes block formats only, the f16-x one f16
+    /// weights only; the others take the subgroup mat-vec of the fixed rule
+    /// (a device that runs these has its subgroups).
     pub fn for_format(self, format: WeightFormat) -> Self {
         match self {
             MatvecVariant::IntegerDot { .. } if format.block().is_none() => {
+                MatvecVariant::SubgroupReduce {
+                    lanes: MATVEC_LANES_DEFAULT,
+                    rows: MATVEC_ROWS_DEFAULT,
+                    steps: MATVEC_STEPS_DEFAULT,
+                }
+            }
+            MatvecVariant::HalfX { .. } if format != WeightFormat::F16 => {
                 MatvecVariant::SubgroupReduce {
                     lanes: MATVEC_LANES_DEFAULT,
                     rows: MATVEC_ROWS_DEFAULT,
@@ -111,6 +135,7 @@ impl MatvecVariant {
         match self {
             MatvecVariant::Rows8 => self,
             MatvecVariant::IntegerDot { .. } => MatvecVariant::IntegerDot { lanes, rows },
+            MatvecVariant::HalfX { .. } => MatvecVariant::HalfX { lanes, rows, steps },
             MatvecVariant::WorkgroupReduce { .. } => {
                 MatvecVariant::WorkgroupReduce { lanes, rows, steps }
             }
@@ -127,6 +152,7 @@ impl MatvecVariant {
             MatvecVariant::WorkgroupReduce { .. } => (&shaders::MATVEC_WORKGROUP, "matvec"),
             MatvecVariant::SubgroupReduce { .. } => (&shaders::MATVEC_SUBGROUP, "matvec"),
             MatvecVariant::IntegerDot { .. } => (&shaders::MATVEC_Q8, "matvec"),
+            MatvecVariant::HalfX { .. } => (&shaders::MATVEC_SUBGROUP_X16, "matvec"),
         }
     }
 
@@ -143,11 +169,13 @@ impl MatvecVariant {
     }
 
     /// How the timings name it: lanes x rows, and x steps where not 2;
-    /// `q8` before the integer-dot kernel's.
+    /// `q8` before the integer-dot kernel's, `x16` before the f16-x one's.
     pub fn label(self) -> String {
         let (lanes, rows) = self.shape();
         match (self, self.steps()) {
             (MatvecVariant::IntegerDot { .. }, _) => format!("q8 {lanes}x{rows}"),
+            (MatvecVariant::HalfX { .. }, MATVEC_STEPS_DEFAULT) => format!("x16 {lanes}x{rows}"),
+            (MatvecVariant::HalfX { .. }, steps) => format!("x16 {lanes}x{rows}x{steps}"),
             (_, MATVEC_STEPS_DEFAULT) => format!("{lanes}x{rows}"),
             (_, steps) => format!("{lanes}x{rows}x{steps}"),
         }
@@ -498,9 +526,10 @@ pub struct KernelVariants {
     /// The set asked for (`auto` resolved: `cpu`, `gpu` or `tuned`).
     pub set: KernelSet,
     pub matvec: MatvecVariant,
-    /// Whether the integer-dot mat-vec (`IntegerDot`) is a timed candidate
-    /// for block-format parts (`tuned` on devices with subgroup operations).
-    pub matvec_q8: bool,
+    /// Whether the mat-vecs that read x prepared once per token are timed
+    /// candidates: `IntegerDot` for block-format parts, `HalfX` for f16
+    /// ones (`tuned` on devices with subgroup operations).
+    pub matvec_prepared: bool,
     pub matmul: MatmulVariant,
     /// Whether block-format parts may take `CoopStaged` when `matmul` is
     /// `Coop` (cleared when that kernel fails its start-up check, which
@@ -556,7 +585,7 @@ impl KernelVariants {
             KernelSet::Cpu | KernelSet::Auto => KernelVariants {
                 set: KernelSet::Cpu,
                 matvec: MatvecVariant::Rows8,
-                matvec_q8: false,
+                matvec_prepared: false,
                 matmul: MatmulVariant::Blocked4x4,
                 coop_staged: false,
                 coop_staged_f16: false,
@@ -595,7 +624,7 @@ impl KernelVariants {
                             steps: MATVEC_STEPS_DEFAULT,
                         }
                     },
-                    matvec_q8: profile.subgroups && set == KernelSet::Tuned,
+                    matvec_prepared: profile.subgroups && set == KernelSet::Tuned,
                     matmul,
                     coop_staged: matmul == MatmulVariant::Coop,
                     coop_staged_f16: matmul == MatmulVariant::Coop && set == KernelSet::Tuned,
@@ -662,9 +691,10 @@ impl KernelVariants {
     /// and four in flight with
     /// 128 or 256 lanes per 1, 2 or 4 rows (eight rows of four loads each
     /// would hold more registers than a lane keeps fast); with
-    /// `matvec_q8`, the integer-dot mat-vec with 32, 64 or 128 lanes per 1,
-    /// 2, 4 or 8 rows, for the block formats only (a part in another
-    /// format drops them: [`MatvecVariant::for_format`]).
+    /// `matvec_prepared`, the integer-dot mat-vec with 32, 64 or 128 lanes
+    /// per 1, 2, 4 or 8 rows for the block formats, and the f16-x one with
+    /// 64, 128 or 256 lanes per 1, 2, 4 or 8 rows for f16 weights (a part in
+    /// another format drops them: [`MatvecVariant::for_format`]).
     pub fn matvec_candidates(&self) -> Vec<MatvecVariant> {
         let v = self.matvec;
         if v == MatvecVariant::Rows8 {
@@ -686,10 +716,19 @@ impl KernelVariants {
                 push(v.with_shape(lanes, rows, 4));
             }
         }
-        if self.matvec_q8 {
+        if self.matvec_prepared {
             for lanes in MATVEC_Q8_LANES {
                 for rows in [1, 2, 4, MATVEC_Q8_ROWS_MAX] {
                     push(MatvecVariant::IntegerDot { lanes, rows });
+                }
+            }
+            for lanes in MATVEC_LANES {
+                for rows in [1, 2, 4, 8] {
+                    push(MatvecVariant::HalfX {
+                        lanes,
+                        rows,
+                        steps: MATVEC_STEPS_DEFAULT,
+                    });
                 }
             }
         }
@@ -800,8 +839,8 @@ impl KernelVariants {
             MatvecVariant::WorkgroupReduce { .. } if self.tuned() => {
                 "WorkgroupReduce, lanes and rows timed per matrix".to_string()
             }
-            MatvecVariant::SubgroupReduce { .. } if self.tuned() && self.matvec_q8 => {
-                "SubgroupReduce or IntegerDot (block formats), lanes and rows timed per matrix"
+            MatvecVariant::SubgroupReduce { .. } if self.tuned() && self.matvec_prepared => {
+                "SubgroupReduce, IntegerDot (block formats) or HalfX (f16), lanes and rows timed per matrix"
                     .to_string()
             }
             MatvecVariant::SubgroupReduce { .. } if self.tuned() => {
@@ -1076,13 +1115,19 @@ pub(crate) mod tests {
         let mut v = select(&coop, KernelSet::Tuned);
         let mv = v.matvec_candidates();
         assert_eq!(mv[0], v.matvec);
-        // 21 subgroup mat-vecs, then 12 integer-dot ones (block formats only).
-        assert_eq!(mv.len(), 21 + 12);
+        // 21 subgroup mat-vecs, then 12 integer-dot ones (block formats
+        // only) and 12 f16-x ones (f16 only).
+        assert_eq!(mv.len(), 21 + 12 + 12);
         for (i, c) in mv.iter().enumerate() {
             assert!(!mv[..i].contains(c), "{c:?} twice");
-            match i < 21 {
-                true => assert!(matches!(c, MatvecVariant::SubgroupReduce { .. })),
-                false => assert!(c.reads_q8() && c.for_format(WeightFormat::F16) == mv[0]),
+            let (f16, q4) = (
+                c.for_format(WeightFormat::F16),
+                c.for_format(WeightFormat::Q4_0),
+            );
+            match i {
+                0..21 => assert!(matches!(c, MatvecVariant::SubgroupReduce { .. })),
+                21..33 => assert!(c.prepared_x() == Some(XForm::Q8) && f16 == mv[0] && q4 == *c),
+                _ => assert!(c.prepared_x() == Some(XForm::F16) && f16 == *c && q4 == mv[0]),
             }
         }
         use MatmulVariant::*;

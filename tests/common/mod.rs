@@ -291,3 +291,69 @@ pub fn real_model_file(env_var: &str, default: &str, setup: &str) -> Option<Path
     );
     None
 }
+
+/// A `tuned` device that takes the mat-vec labelled `matvec` (and the
+/// fixed rules' mat-mul and attention kernels) for every shape without
+/// timing anything, as `SIEVE_TUNE_FORCE` does: to run a candidate the
+/// timings might pick ("q8 64x2": the integer-dot mat-vec; "128x2": the
+/// f32 one of the `gpu` rule).
+#[allow(dead_code)]
+pub fn forced_matvec_device(matvec: &str) -> std::sync::Arc<sieve::gpu::Gpu> {
+    use sieve::device::KernelSet;
+    use sieve::gpu::{Gpu, GpuOptions};
+    let mut gpu = Gpu::new(&GpuOptions {
+        kernels: Some(KernelSet::Tuned),
+        ..Default::default()
+    })
+    .unwrap();
+    let settings = &mut std::sync::Arc::get_mut(&mut gpu).unwrap().settings;
+    settings.tune_cache = None;
+    settings.tune_force = [
+        ("mat-vec", matvec),
+        ("mat-mul", "Tiled"),
+        ("attention decode", "Parallel"),
+        ("attention prefill", "Tiled"),
+    ]
+    .map(|(op, label)| (op.to_string(), label.to_string()))
+    .to_vec();
+    gpu
+}
+
+/// Decodes `steps` tokens one at a time (each a mat-vec step) after a
+/// prefill of `prompt`: the logits of each step (the first from the
+/// prefill's last row) and their argmax. Step s + 1 is fed `feed[s]`, or
+/// this run's own argmax without `feed` (greedy).
+#[allow(dead_code)]
+pub fn decode_one_at_a_time(
+    model: std::sync::Arc<sieve::model::Model>,
+    prompt: &[u32],
+    feed: Option<&[u32]>,
+    steps: usize,
+) -> (Vec<Vec<f32>>, Vec<u32>) {
+    use sieve::engine::{Engine, EngineOptions, StepOutput};
+    let mut e = Engine::new(
+        model,
+        EngineOptions {
+            max_slots: prompt.len() + steps,
+            max_tokens: prompt.len(),
+            max_logit_rows: 1,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let pos: Vec<u32> = (0..(prompt.len() + steps) as u32).collect();
+    e.step(prompt, &pos[..prompt.len()], StepOutput::last(prompt.len()))
+        .unwrap();
+    let (mut logits, mut tokens) = (vec![], vec![]);
+    for s in 0..steps {
+        if s > 0 {
+            let t = feed.map_or(tokens[s - 1], |f| f[s - 1]);
+            let at = prompt.len() + s - 1;
+            e.step(&[t], &pos[at..at + 1], StepOutput::last(1)).unwrap();
+        }
+        let l = e.read_logits(1).unwrap();
+        tokens.push(argmax(&l) as u32);
+        logits.push(l);
+    }
+    (logits, tokens)
+}

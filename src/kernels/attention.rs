@@ -1043,6 +1043,38 @@ pub fn anticausal_reference_masked(
     .0
 }
 
+/// The start-up checks of the attention variants that rest on what the
+/// API does not promise (`kernels::startup` runs them).
+pub(super) fn start_up_checks(rt: &mut Runtime) {
+    // The matrix-unit prefill attention rests on the same experimental
+    // feature: where `tuned` would time it, it runs once against the CPU
+    // reference first, and is dropped on a failure.
+    if rt.kernels.attn_prefill_coop {
+        use super::variants::AttnPrefillVariant::Coop;
+        if let Err(e) = check_prefill_variant(rt, Coop) {
+            eprintln!(
+                "warning: the cooperative-matrix prefill attention failed its check on {} ({e:#}); it is not timed",
+                rt.info.name
+            );
+            rt.kernels.attn_prefill_coop = false;
+        }
+    }
+    // The eight-lanes-per-key decode attention numbers its lanes by
+    // subgroup, counting on subgroups of one size in a workgroup, which
+    // Vulkan does not promise: where `tuned` would time it, it runs once
+    // against the CPU reference first, and is dropped on a failure.
+    if rt.kernels.tuned() && rt.kernels.attn_decode_lanes {
+        use super::variants::AttnDecodeVariant::LanesPerKey;
+        if let Err(e) = check_decode_variant(rt, LanesPerKey) {
+            eprintln!(
+                "warning: the eight-lanes-per-key decode attention failed its check on {} ({e:#}); it is not timed",
+                rt.info.name
+            );
+            rt.kernels.attn_decode_lanes = false;
+        }
+    }
+}
+
 #[cfg(any(test, feature = "kernel-checks"))]
 pub(crate) mod tests {
     use super::*;

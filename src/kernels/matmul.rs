@@ -979,6 +979,79 @@ fn scratch_or_error(scratch: &Result<Scratch>) -> Result<&Scratch> {
         .map_err(|e| anyhow::anyhow!("the timings' scratch inputs: {e:#}"))
 }
 
+/// The start-up checks of the cooperative GEMMs (`kernels::startup` runs
+/// them), which rest on an experimental wgpu feature: before the engine
+/// relies on them, one small product each (f16 weights, and Q4_0 for the
+/// staged kernel that block formats use) against the CPU reference. The
+/// direct kernel failing sends every format to the tiled kernel, the staged
+/// one block formats (or, with f16 weights, its f16 candidacy); a timed
+/// candidate beside them (`tuned`) that fails is refused alone
+/// (`KernelVariants::refused`), its siblings kept. Each failure is a
+/// warning.
+pub(super) fn start_up_checks(rt: &mut Runtime) {
+    use WeightFormat::{F16, Q4_0};
+    if rt.kernels.matmul != MatmulVariant::Coop {
+        return;
+    }
+    let then = "weights in block formats use the tiled kernel";
+    if !passes_check(rt, MatmulVariant::CoopStaged, Q4_0, then) {
+        rt.kernels.coop_staged = false;
+    }
+    // With timings the staged kernel is also a candidate for f16 weights,
+    // checked with them on its own.
+    let then = "it is not timed for f16 weights";
+    if rt.kernels.coop_staged_f16 && !passes_check(rt, MatmulVariant::CoopStaged, F16, then) {
+        rt.kernels.coop_staged_f16 = false;
+    }
+    if rt.kernels.coop_refined {
+        use MatmulVariant::*;
+        let staged = [
+            (rt.kernels.coop_staged, Q4_0),
+            (rt.kernels.coop_staged_f16, F16),
+        ];
+        let refined_staged = [
+            CoopStagedWide,
+            CoopStagedPadded,
+            CoopStagedPrefetch,
+            CoopStagedTokensFast,
+        ];
+        let checks = staged
+            .into_iter()
+            .filter(|&(kept, _)| kept)
+            .flat_map(|(_, format)| refined_staged.map(|v| (v, format)))
+            .chain([CoopPadded, CoopTokensFast, CoopX16].map(|v| (v, F16)));
+        for (variant, format) in checks {
+            if !rt.kernels.refused.contains(variant)
+                && !passes_check(rt, variant, format, "it is not timed")
+            {
+                rt.kernels.refused.insert(variant);
+            }
+        }
+    }
+    let then = "every weight format uses the tiled kernel";
+    if !passes_check(rt, MatmulVariant::Coop, F16, then) {
+        rt.kernels.matmul = MatmulVariant::Tiled;
+        rt.kernels.coop_staged = false;
+        rt.kernels.coop_staged_f16 = false;
+        rt.kernels.coop_refined = false;
+    }
+}
+
+/// Whether `variant` passes its start-up check ([`check_variant`]) with
+/// `format` weights; a warning saying what failed and `then` (what follows)
+/// where not.
+fn passes_check(rt: &Runtime, variant: MatmulVariant, format: WeightFormat, then: &str) -> bool {
+    let Err(e) = check_variant(rt, variant, format) else {
+        return true;
+    };
+    eprintln!(
+        "warning: the cooperative-matrix mat-mul ({variant:?}) failed its check with {} weights on {} ({e:#}); {then}",
+        format.name(),
+        rt.info.name
+    );
+    false
+}
+
 /// Runs `variant` once on a 128 x 192 weight in `format` (136 rows for a
 /// block format, so the staged kernel's second row tile is partial) and 150
 /// tokens (past one 128-token tile, so every subgroup of the wide staged

@@ -400,6 +400,25 @@ impl MatmulVariant {
     }
 }
 
+/// A set of mat-mul variants (one bit per [`MatmulVariant::ALL`] entry).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MatmulSet(u32);
+
+impl MatmulSet {
+    fn bit(v: MatmulVariant) -> u32 {
+        let i = MatmulVariant::ALL.iter().position(|&a| a == v);
+        1 << i.expect("every variant is in MatmulVariant::ALL")
+    }
+
+    pub fn insert(&mut self, v: MatmulVariant) {
+        self.0 |= Self::bit(v);
+    }
+
+    pub fn contains(&self, v: MatmulVariant) -> bool {
+        self.0 & Self::bit(v) != 0
+    }
+}
+
 /// A mat-mul variant's kernel: its shader (entry `matmul`), override
 /// constants and dispatch.
 #[derive(Clone, Copy, Debug)]
@@ -538,15 +557,15 @@ pub struct KernelVariants {
     /// Whether `CoopStaged` is a timed candidate for f16 parts (`tuned`
     /// only; cleared when it fails its start-up check with f16 weights).
     pub coop_staged_f16: bool,
-    /// Whether `CoopStagedWide` is a timed candidate wherever `CoopStaged`
-    /// is one (`tuned` only; cleared when it fails its start-up check).
-    pub coop_staged_wide: bool,
     /// Whether the refined cooperative kernels (`CoopPadded`,
     /// `CoopTokensFast`, `CoopX16`, `CoopStagedPadded`, `CoopStagedPrefetch`,
-    /// `CoopStagedTokensFast`) are timed candidates wherever `Coop` and
-    /// `CoopStaged` are (`tuned` only; cleared when one fails its start-up
-    /// check).
+    /// `CoopStagedTokensFast`, `CoopStagedWide`) are timed candidates wherever `Coop` and
+    /// `CoopStaged` are (`tuned` only; one that fails its start-up check
+    /// goes into `refused`).
     pub coop_refined: bool,
+    /// The mat-mul candidates that failed their start-up check on this
+    /// device, each dropped alone (its siblings stay candidates).
+    pub refused: MatmulSet,
     pub attn_decode: AttnDecodeVariant,
     /// Whether `AttnDecodeVariant::LanesPerKey` can run here (subgroup
     /// operations, subgroups of at least 8 lanes).
@@ -573,7 +592,6 @@ impl KernelVariants {
             v.matmul = MatmulVariant::Tiled;
             v.coop_staged = false;
             v.coop_staged_f16 = false;
-            v.coop_staged_wide = false;
             v.coop_refined = false;
         }
         v
@@ -589,8 +607,8 @@ impl KernelVariants {
                 matmul: MatmulVariant::Blocked4x4,
                 coop_staged: false,
                 coop_staged_f16: false,
-                coop_staged_wide: false,
                 coop_refined: false,
+                refused: MatmulSet::default(),
                 attn_decode: AttnDecodeVariant::Serial,
                 attn_decode_lanes: false,
                 attn_prefill: AttnPrefillVariant::RowPerLane,
@@ -628,8 +646,8 @@ impl KernelVariants {
                     matmul,
                     coop_staged: matmul == MatmulVariant::Coop,
                     coop_staged_f16: matmul == MatmulVariant::Coop && set == KernelSet::Tuned,
-                    coop_staged_wide: matmul == MatmulVariant::Coop && set == KernelSet::Tuned,
                     coop_refined: matmul == MatmulVariant::Coop && set == KernelSet::Tuned,
+                    refused: MatmulSet::default(),
                     attn_decode: AttnDecodeVariant::Parallel,
                     attn_decode_lanes: profile.subgroups && profile.subgroup_min >= 8,
                     attn_prefill: AttnPrefillVariant::Tiled,
@@ -770,13 +788,13 @@ impl KernelVariants {
             (staged && self.coop_refined).then_some(MatmulVariant::CoopStagedPadded),
             (staged && self.coop_refined).then_some(MatmulVariant::CoopStagedPrefetch),
             (staged && self.coop_refined).then_some(MatmulVariant::CoopStagedTokensFast),
-            (staged && self.coop_staged_wide).then_some(MatmulVariant::CoopStagedWide),
+            (staged && self.coop_refined).then_some(MatmulVariant::CoopStagedWide),
             Some(MatmulVariant::Tiled),
             Some(MatmulVariant::TiledWide),
         ];
         let mut out = vec![rule];
         for v in more.into_iter().flatten() {
-            if !out.contains(&v) {
+            if !out.contains(&v) && !self.refused.contains(v) {
                 out.push(v);
             }
         }
@@ -1178,11 +1196,15 @@ pub(crate) mod tests {
             q,
             [&staged[..], &[CoopStagedWide, Tiled, TiledWide]].concat()
         );
-        // The wide tiles failing their check drop them alone, and so do the
-        // refined ones.
-        v.coop_staged_wide = false;
+        // The wide tiles failing their check drop them alone, and so does
+        // each refined one.
+        v.refused.insert(CoopStagedWide);
         let q = v.matmul_candidates(WeightStore::Buffer, WeightFormat::Q4_K, 128, 512);
         assert_eq!(q, [&staged[..], &[Tiled, TiledWide]].concat());
+        v.refused.insert(CoopStagedPrefetch);
+        let q = v.matmul_candidates(WeightStore::Buffer, WeightFormat::Q4_K, 128, 512);
+        let kept = [CoopStaged, CoopStagedPadded, CoopStagedTokensFast];
+        assert_eq!(q, [&kept[..], &[Tiled, TiledWide]].concat());
         v.coop_refined = false;
         let q = v.matmul_candidates(WeightStore::Buffer, WeightFormat::Q4_K, 128, 512);
         assert_eq!(q, [CoopStaged, Tiled, TiledWide]);
@@ -1202,12 +1224,7 @@ pub(crate) mod tests {
         // The fixed-rule set times nothing, and has no f16 staged candidate
         // and no wide staged one.
         let fixed = select(&coop, KernelSet::Gpu);
-        assert!(
-            !fixed.tuned()
-                && !fixed.coop_staged_f16
-                && !fixed.coop_staged_wide
-                && !fixed.coop_refined
-        );
+        assert!(!fixed.tuned() && !fixed.coop_staged_f16 && !fixed.coop_refined);
         let plain = select(
             &DeviceProfile::for_tests(false, true, false),
             KernelSet::Tuned,

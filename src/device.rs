@@ -273,20 +273,22 @@ pub const TUNED_OPS: [&str; 4] = [
 
 /// `SIEVE_TUNE_FORCE`'s pairs ([`Settings::tune_force`]).
 fn parse_tune_force(value: &str) -> Result<Vec<(String, String)>> {
-    value
-        .split(',')
-        .map(|pair| {
-            let (op, label) = pair.split_once('=').unwrap_or((pair, ""));
-            let (op, label) = (op.trim(), label.trim());
-            if !TUNED_OPS.contains(&op) || label.is_empty() {
-                bail!(
-                    "SIEVE_TUNE_FORCE={value:?}: expected op=pattern pairs separated by commas, ops {}",
-                    TUNED_OPS.join(", ")
-                );
-            }
-            Ok((op.to_string(), label.to_string()))
-        })
-        .collect()
+    let mut pairs: Vec<(String, String)> = vec![];
+    for pair in value.split(',') {
+        let (op, label) = pair.split_once('=').unwrap_or((pair, ""));
+        let (op, label) = (op.trim(), label.trim());
+        if !TUNED_OPS.contains(&op) || label.trim_start_matches('!').is_empty() {
+            bail!(
+                "SIEVE_TUNE_FORCE={value:?}: expected op=pattern pairs separated by commas, ops {}",
+                TUNED_OPS.join(", ")
+            );
+        }
+        if pairs.iter().any(|(o, _)| o == op) {
+            bail!("SIEVE_TUNE_FORCE={value:?}: {op} is named twice");
+        }
+        pairs.push((op.to_string(), label.to_string()));
+    }
+    Ok(pairs)
 }
 
 impl Settings {
@@ -432,6 +434,12 @@ mod tests {
             ("SIEVE_SPIRV", "glsl", "expected wgpu, coop or all"),
             ("SIEVE_TUNE_FORCE", "matvec=q8", "expected op=pattern pairs"),
             ("SIEVE_TUNE_FORCE", "mat-vec", "ops mat-vec, mat-mul"),
+            ("SIEVE_TUNE_FORCE", "mat-vec=!", "expected op=pattern pairs"),
+            (
+                "SIEVE_TUNE_FORCE",
+                "mat-vec=q8,mat-vec=x16",
+                "mat-vec is named twice",
+            ),
         ] {
             let e = Settings::parse(|n: &str| (n == name).then(|| value.to_string()))
                 .unwrap_err()

@@ -240,20 +240,16 @@ fn decode_logits_gap(model: std::sync::Arc<sieve::model::Model>, tag: &str) -> f
 fn integer_dot_decode_matches_reference_logits() {
     use sieve::model::{LoadOptions, Model};
     let dir = golden_dir().join("quant");
+    if !common::runs_prepared_matvecs(&common::forced_matvec_device("128x2")) {
+        return;
+    }
     for tag in TAGS.into_iter().filter(|&t| t != "f32") {
         let file = dir.join(format!("tiny-llama-{tag}.gguf"));
         let opts = LoadOptions::default();
         let mut gaps = vec![];
         for matvec in ["128x2", "q8 64x2"] {
             let model = Model::load_on(common::forced_matvec_device(matvec), &file, &opts).unwrap();
-            let ran: Vec<String> = model
-                .gpu
-                .tuner
-                .results()
-                .iter()
-                .filter(|t| t.key.op() == "mat-vec")
-                .map(|t| t.labels[t.choice].clone())
-                .collect();
+            let ran = common::matvecs_chosen(&model);
             // Every product of the file's main format runs the forced kernel
             // (Q4_K_M's Q6_K tensors too: a block format).
             assert!(ran.iter().all(|l| l == matvec), "{tag}: {ran:?}");

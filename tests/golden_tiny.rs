@@ -488,6 +488,9 @@ fn weight_bytes_before_loading_match_the_loaded_model() {
 /// further apart than twice that.
 #[test]
 fn f16_x_decode_matches_the_f32_x_decode() {
+    if !runs_prepared_matvecs(&forced_matvec_device("128x2")) {
+        return;
+    }
     let tol = 0.1;
     for name in ["tiny-llama-gqa", "tiny-qwen3"] {
         let g = Npz::open(&golden_dir().join(name).join("golden_len064.npz"));
@@ -500,8 +503,11 @@ fn f16_x_decode_matches_the_f32_x_decode() {
         let run = |matvec: &str, feed: Option<&[u32]>| {
             let dir = golden_dir().join(name);
             let model = Model::load_on(forced_matvec_device(matvec), &dir, &opts).unwrap();
+            let ran = matvecs_chosen(&model);
+            assert!(ran.iter().all(|l| l == matvec), "{name}: {ran:?}");
             decode_one_at_a_time(model, &ids, feed, steps)
         };
+
         let (want, tokens) = run("128x2", None);
         let (got, got_tokens) = run("x16 128x2", Some(&tokens));
         let mut gap = 0f32;

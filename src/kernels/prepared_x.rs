@@ -224,9 +224,10 @@ pub(crate) mod tests {
     use crate::kernels::testutil::*;
     use crate::kernels::Step;
 
-    /// The shapes both forms run: K of one block, of three, and of 130
-    /// (three workgroups of 64 lanes for q8 blocks, the last partial; 17 of
-    /// them for f16), one token and several; x plain, normed and gated.
+    /// The shapes both forms run: K of one 32-value block, of three, and of
+    /// 130 (4,160 values: three workgroups of 64 lanes for q8 blocks, the
+    /// last partial; 17 of them for f16), one token and several; x plain,
+    /// normed and gated.
     const CASES: [(usize, usize); 3] = [(32, 1), (96, 3), (4160, 2)];
     const MODES: [&str; 3] = ["x", "rmsnorm", "swiglu"];
 

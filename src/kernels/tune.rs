@@ -450,7 +450,8 @@ fn time_all(
         labels,
         seconds: vec![None; n],
         errors: vec![None; n],
-        choice: 0,
+        // Where nothing is timed, the first candidate `only` keeps.
+        choice: only.and_then(|o| o.iter().position(|&k| k)).unwrap_or(0),
         untimed: None,
         wall_seconds: 0.0,
     };

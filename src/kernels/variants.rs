@@ -564,7 +564,9 @@ pub struct KernelVariants {
     /// goes into `refused`).
     pub coop_refined: bool,
     /// The mat-mul candidates that failed their start-up check on this
-    /// device, each dropped alone (its siblings stay candidates).
+    /// device, each dropped alone (its siblings stay candidates), for every
+    /// weight format (a staged kernel checked with Q4_0 and f16 weights and
+    /// failing with one is not timed with the other either).
     pub refused: MatmulSet,
     pub attn_decode: AttnDecodeVariant,
     /// Whether `AttnDecodeVariant::LanesPerKey` can run here (subgroup

@@ -357,3 +357,26 @@ pub fn decode_one_at_a_time(
     }
     (logits, tokens)
 }
+
+/// Whether `gpu` runs the mat-vecs that read x prepared (they reduce with
+/// subgroup operations); a note where not.
+#[allow(dead_code)]
+pub fn runs_prepared_matvecs(gpu: &sieve::gpu::Gpu) -> bool {
+    if !gpu.profile.subgroups {
+        eprintln!("note: this device has no subgroups: the q8 and f16-x mat-vecs do not run here");
+    }
+    gpu.profile.subgroups
+}
+
+/// The label of the mat-vec each timed (or forced) shape of `model` runs.
+#[allow(dead_code)]
+pub fn matvecs_chosen(model: &sieve::model::Model) -> Vec<String> {
+    model
+        .gpu
+        .tuner
+        .results()
+        .iter()
+        .filter(|t| t.key.op() == "mat-vec")
+        .map(|t| t.labels[t.choice].clone())
+        .collect()
+}

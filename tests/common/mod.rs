@@ -138,8 +138,16 @@ pub fn hidden_state_errors(e: &sieve::engine::Engine, g: &Npz, l: usize) -> Vec<
 }
 
 /// A 2-layer Llama with random weights and the SmolLM2 tokenizer (vocab
-/// 49152), so that text-level commands run in seconds.
+/// 49152), so that text-level commands run in seconds. Written once per
+/// test process: a test running beside the first caller waits for it
+/// (without the lock, one test copied the folder while another was
+/// writing it, and read a file the writer then renamed away).
 pub fn tiny_text_model() -> PathBuf {
+    static DIR: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    DIR.get_or_init(write_tiny_text_model).clone()
+}
+
+fn write_tiny_text_model() -> PathBuf {
     let dir = std::env::temp_dir().join(format!("sieve-tiny-text-{}", std::process::id()));
     if dir.join("model.safetensors").exists() {
         return dir;

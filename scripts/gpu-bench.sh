@@ -314,6 +314,14 @@ bench speed-$big-q4_0-no-q8 40 20 "SIEVE_TUNE_FORCE=mat-vec=!q8" -- "$big" "${sp
     --dtype q4_0 --depths 0 --decode-steps 8 --prefill-runs 1
 bench speed-$big-q4_0-q8-only 40 20 "SIEVE_TUNE_FORCE=mat-vec=q8" -- "$big" "${speed[@]}" \
     --dtype q4_0 --depths 0 --decode-steps 8 --prefill-runs 1
+# Decode at depth without the split-key attention (`!SplitKey`) and with
+# it alone (`SplitKey`: the timings choose its split length per depth).
+bench speed-$big-no-split 50 25 "SIEVE_TUNE_FORCE=attention decode=!SplitKey" -- "$big" \
+    "${speed[@]}" --depths "$depths" --decode-steps 8 --prefill-runs 1
+bench speed-$big-split-only 50 25 "SIEVE_TUNE_FORCE=attention decode=SplitKey" -- "$big" \
+    "${speed[@]}" --depths "$depths" --decode-steps 8 --prefill-runs 1
+bench speed-$little-split-only 40 20 "SIEVE_TUNE_FORCE=attention decode=SplitKey" -- "$little" \
+    "${speed[@]}" --depths "$depths_short" --decode-steps 8 --prefill-runs 1
 # The CCS refresh at cache size 4096 + 64 (target: within 2x of the paper's
 # 52.6 ms for ccs and 496 ms for ccs-full on an 8B model).
 bench ccs-$big 60 30 -- "$big" --prefill 1 --depths 0 --decode-steps 2 \

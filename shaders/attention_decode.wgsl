@@ -31,7 +31,7 @@
 @compute @workgroup_size(CHUNK)
 fn decode_partial(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let ch = decode_chunk(wid);
-    load_group_queries(ch.kvh, lid);
+    load_group_queries(ch.kvh, lid, CHUNK);
 
     // Scores: lane j takes key c * CHUNK + j. GROUP and HD4
     // (attention_io.wgsl) are override constants: the loops have constant

@@ -59,10 +59,11 @@ fn kv_word(slot: u32, kvh: u32, d: u32) -> u32 {
     return (slot - page.first) * p.n_kv * p.hd4 + kvh * p.hd4 + d;
 }
 
-// The scaled queries of KV head kvh's GROUP heads into qs.
-fn load_group_queries(kvh: u32, lid: u32) {
+// The scaled queries of KV head kvh's GROUP heads into qs, by a workgroup
+// of `lanes` lanes (CHUNK, or the split-key kernel's 64).
+fn load_group_queries(kvh: u32, lid: u32, lanes: u32) {
     let n = GROUP * p.hd4;
-    for (var i = lid; i < n; i += CHUNK) { // loop bound: n <= 256
+    for (var i = lid; i < n; i += lanes) { // loop bound: n <= 256
         qs[i] = q[row(0u) * p.n_heads * p.hd4 + kvh * n + i] * p.scale;
     }
     workgroupBarrier();

@@ -41,7 +41,7 @@ fn decode_partial(
     @builtin(subgroup_invocation_id) sg_lane: u32,
 ) {
     let ch = decode_chunk(wid);
-    load_group_queries(ch.kvh, lid);
+    load_group_queries(ch.kvh, lid, CHUNK);
 
     // The eight lanes of a key are consecutive lanes of one subgroup.
     let t = sg * (256u / n_sg) + sg_lane;

@@ -54,7 +54,10 @@ struct AttnParams {
 // CHUNK = 64: at a few thousand keys, 256-key chunks leave fewer
 // workgroups than a large GPU has cores. An override constant, not a
 // const, for that one pair; pages hold whole chunks of 256, so of 64 too.
-// At most 256 (the decode kernels' workgroup arrays), a multiple of 32.
+// At most 256 (the decode kernels' workgroup arrays), a multiple of 32;
+// but the split-key decode (attention_decode_split.wgsl), whose lanes loop
+// over its chunk, takes the longer chunks its launcher sets (up to 2,048,
+// where the cache's pages hold whole chunks of them).
 override CHUNK: u32 = 256u;
 const BK: u32 = 16u;
 const NEG: f32 = -3.0e38;

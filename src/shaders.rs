@@ -224,6 +224,17 @@ pub const ATTENTION_DECODE_LANES_WIDE: Shader = Shader {
     include: ATTENTION_DECODE_WIDE_IO,
     ..ATTENTION_DECODE_LANES
 };
+shader!(
+    ATTENTION_DECODE_SPLIT,
+    "attention_decode_split",
+    Kv,
+    ATTENTION_DECODE_IO
+);
+pub const ATTENTION_DECODE_SPLIT_WIDE: Shader = Shader {
+    name: "attention_decode_split_wide",
+    include: ATTENTION_DECODE_WIDE_IO,
+    ..ATTENTION_DECODE_SPLIT
+};
 shader!(ATTENTION_PREFILL, "attention_prefill", Kv, ATTENTION_IO);
 /// attention_prefill.wgsl built for heads of up to 256 values (tiles of 4
 /// keys; attention_heads_wide.wgsl).
@@ -274,6 +285,8 @@ pub fn all() -> Vec<&'static Shader> {
         &ATTENTION_DECODE_LANES,
         &ATTENTION_DECODE_WIDE,
         &ATTENTION_DECODE_LANES_WIDE,
+        &ATTENTION_DECODE_SPLIT,
+        &ATTENTION_DECODE_SPLIT_WIDE,
         &ATTENTION_PREFILL_WIDE,
         &ATTENTION_PREFILL,
         &ATTENTION_PREFILL_COOP,
@@ -596,6 +609,12 @@ mod tests {
                 bytes(shader, kv16, "decode_partial", &[("GROUP", 4.0)]),
                 16384
             );
+        }
+        // The split-key decode: its queries, key groups' sums and states;
+        // its merge: the reduction arrays it shares with them.
+        for shader in [&ATTENTION_DECODE_SPLIT, &ATTENTION_DECODE_SPLIT_WIDE] {
+            assert_eq!(bytes(shader, kv16, "decode_partial", &[]), 12800);
+            assert_eq!(bytes(shader, kv16, "merge", &[]), 12288);
         }
         // Their wide builds, and the tiled prefill's: the same arrays.
         assert_eq!(

@@ -54,7 +54,7 @@ impl Params {
 
 /// How `Params` mirrors `AttnParams` (checked against naga in tests/shaders.rs).
 pub(crate) fn uniform_layout() -> super::UniformLayout {
-    super::uniform_layout!(Params as "AttnParams" in [shaders::ATTENTION, shaders::ATTENTION_WIDE, shaders::ATTENTION_DECODE, shaders::ATTENTION_DECODE_LANES, shaders::ATTENTION_DECODE_WIDE, shaders::ATTENTION_DECODE_LANES_WIDE, shaders::ATTENTION_PREFILL, shaders::ATTENTION_PREFILL_WIDE, shaders::ATTENTION_PREFILL_COOP] {
+    super::uniform_layout!(Params as "AttnParams" in [shaders::ATTENTION, shaders::ATTENTION_WIDE, shaders::ATTENTION_DECODE, shaders::ATTENTION_DECODE_LANES, shaders::ATTENTION_DECODE_WIDE, shaders::ATTENTION_DECODE_LANES_WIDE, shaders::ATTENTION_DECODE_SPLIT, shaders::ATTENTION_DECODE_SPLIT_WIDE, shaders::ATTENTION_PREFILL, shaders::ATTENTION_PREFILL_WIDE, shaders::ATTENTION_PREFILL_COOP] {
         n_heads, n_kv, hd4, scale, window, _p
     })
 }
@@ -245,14 +245,14 @@ impl Attention {
                     up_to_keys,
                     variant,
                     pipeline: decode_pipeline(gpu, variant, heads)?,
-                    merge: merge_pipeline(gpu, heads, variant.key_chunk())?,
+                    merge: merge_pipeline(gpu, heads, Merge::of(variant))?,
                 })
             })
             .collect::<Result<Vec<_>>>()?;
         let prefill_variant = tuned_prefill(gpu, shape, &b);
         let prefill = prefill_pipeline(gpu, prefill_variant, heads, "prefill_partial")?;
         let anticausal = prefill_pipeline(gpu, prefill_variant, heads, "anticausal_partial")?;
-        let merge = merge_pipeline(gpu, heads, KEY_CHUNK)?;
+        let merge = merge_pipeline(gpu, heads, Merge::Chunks(KEY_CHUNK))?;
         let pages = (0..k_cache.n_pages())
             .map(|p| {
                 let bufs = b.page(step, p);
@@ -446,6 +446,7 @@ fn decode_pipeline(
             },
             None,
         ),
+        AttnDecodeVariant::SplitKey { .. } => (split_shader(heads), None),
     };
     let mut constants = vec![group, hd4];
     constants.extend(value_batch.map(|b| ("VALUE_BATCH", b)));
@@ -459,15 +460,50 @@ fn chunk_constant(chunk: u32) -> Option<(&'static str, f64)> {
     (chunk != KEY_CHUNK).then_some(("CHUNK", chunk as f64))
 }
 
-/// The merge (attention.wgsl) of partials over key chunks of `chunk` slots.
-fn merge_pipeline(gpu: &Runtime, heads: Heads, chunk: u32) -> Result<Arc<wgpu::ComputePipeline>> {
-    let constants: Vec<_> = chunk_constant(chunk).into_iter().collect();
-    gpu.pipeline(
-        attention_shader(heads),
-        Some(heads.kv_format.into()),
-        "merge",
-        &constants,
-    )
+/// attention_decode_split.wgsl built for `heads`.
+fn split_shader(heads: Heads) -> &'static shaders::Shader {
+    if wide(heads) {
+        &shaders::ATTENTION_DECODE_SPLIT_WIDE
+    } else {
+        &shaders::ATTENTION_DECODE_SPLIT
+    }
+}
+
+/// Which merge combines a partial kernel's output.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Merge {
+    /// attention.wgsl's, one lane per column over every key chunk of this
+    /// many slots.
+    Chunks(u32),
+    /// attention_decode_split.wgsl's, lanes over the splits of this many
+    /// keys in parallel.
+    Splits(u32),
+}
+
+impl Merge {
+    /// The merge of a decode variant's partials.
+    fn of(variant: AttnDecodeVariant) -> Self {
+        match variant {
+            AttnDecodeVariant::SplitKey { chunk } => Merge::Splits(chunk),
+            v => Merge::Chunks(v.key_chunk()),
+        }
+    }
+}
+
+/// The merge pipeline of `merge`.
+fn merge_pipeline(gpu: &Runtime, heads: Heads, merge: Merge) -> Result<Arc<wgpu::ComputePipeline>> {
+    let kv = Some(heads.kv_format.into());
+    match merge {
+        Merge::Chunks(chunk) => {
+            let constants: Vec<_> = chunk_constant(chunk).into_iter().collect();
+            gpu.pipeline(attention_shader(heads), kv, "merge", &constants)
+        }
+        Merge::Splits(chunk) => {
+            let [hd4] = head_dim_constant(heads);
+            let constants = [hd4, ("CHUNK", chunk as f64)];
+            gpu.pipeline(split_shader(heads), kv, "merge", &constants)
+        }
+    }
 }
 
 /// The prefill (or counter-causal, `entry`) partial pipeline of `variant`
@@ -544,7 +580,17 @@ struct KernelShape {
 /// with the same choice merged.
 fn tuned_decode(gpu: &Runtime, shape: KernelShape, b: &Bindings) -> Vec<(u32, AttnDecodeVariant)> {
     let heads = shape.heads;
-    let cands = gpu.kernels.attn_decode_candidates();
+    let page_slots = (b.k_cache.n_pages() > 1).then_some(b.k_cache.page_slots);
+    let mut cands: Vec<_> = gpu
+        .kernels
+        .attn_decode_candidates()
+        .into_iter()
+        .filter(|v| v.fits_pages(page_slots))
+        .collect();
+    if cands.is_empty() {
+        // A variant set by hand (tests) whose chunks straddle the pages.
+        cands.push(AttnDecodeVariant::Parallel);
+    }
     if cands.len() == 1 {
         return vec![(u32::MAX, cands[0])];
     }
@@ -603,7 +649,7 @@ fn tuned_decode_at(
                 decode_pipeline(gpu, v, heads)?,
                 (chunks, heads.n_kv as u32, 1),
             ),
-            (merge_pipeline(gpu, heads, v.key_chunk())?, merge_groups),
+            (merge_pipeline(gpu, heads, Merge::of(v))?, merge_groups),
         ])
     })
 }
@@ -707,7 +753,7 @@ pub fn check_decode_variant(gpu: &Runtime, variant: AttnDecodeVariant) -> Result
         &format!("{variant:?}"),
         1e-4,
         groups,
-        variant.key_chunk(),
+        Merge::of(variant),
         || decode_pipeline(gpu, variant, heads),
     )
 }
@@ -741,7 +787,7 @@ pub fn check_prefill_variant(gpu: &Runtime, variant: AttnPrefillVariant) -> Resu
             &format!("{variant:?} {entry}"),
             5e-3,
             groups,
-            KEY_CHUNK,
+            Merge::Chunks(KEY_CHUNK),
             || prefill_pipeline(gpu, variant, heads, entry),
         )?;
     }
@@ -770,11 +816,11 @@ impl WaveRun<'_> {
         what: &str,
         tol: f32,
         groups: (u32, u32, u32),
-        chunk: u32,
+        merge: Merge,
         pipeline: impl FnOnce() -> Result<Arc<wgpu::ComputePipeline>>,
     ) -> Result<()> {
         let (ran, e) = gpu.catch_errors(|| {
-            pipeline().map(|p| self.partials_and_merge(gpu, &p, &[], groups, chunk))
+            pipeline().map(|p| self.partials_and_merge(gpu, &p, &[], groups, merge))
         });
         if let Some(e) = e {
             anyhow::bail!("{what}: {e}");
@@ -794,7 +840,7 @@ impl WaveRun<'_> {
         partials: &wgpu::ComputePipeline,
         extra: &[&wgpu::Buffer],
         groups: (u32, u32, u32),
-        chunk: u32,
+        merge: Merge,
     ) -> (Result<Vec<f32>>, Vec<f32>) {
         let (heads, slots, n) = (self.heads, self.slots, self.n_tokens);
         let wave = |len: usize, f: f32, scale: f32| -> Vec<f32> {
@@ -849,7 +895,7 @@ impl WaveRun<'_> {
             qslot: &qslot,
             kpos: &qb,
         };
-        let merge = merge_pipeline(gpu, heads, chunk);
+        let merge = merge_pipeline(gpu, heads, merge);
         let bufs = b.page(&step, 0);
         let with_extra: Vec<&wgpu::Buffer> =
             bufs.iter().copied().chain(extra.iter().copied()).collect();
@@ -1073,6 +1119,22 @@ pub(super) fn start_up_checks(rt: &mut Runtime) {
             rt.kernels.attn_decode_lanes = false;
         }
     }
+    // The split-key decode numbers its lanes the same way; its chunk sizes
+    // are one kernel with one constant changed, so a failure of any drops
+    // them all.
+    if rt.kernels.tuned() && rt.kernels.attn_decode_split {
+        use super::variants::{AttnDecodeVariant::SplitKey, SPLIT_KEY_CHUNKS};
+        let failed = SPLIT_KEY_CHUNKS
+            .iter()
+            .find_map(|&chunk| check_decode_variant(rt, SplitKey { chunk }).err());
+        if let Some(e) = failed {
+            eprintln!(
+                "warning: the split-key decode attention failed its check on {} ({e:#}); it is not timed",
+                rt.info.name
+            );
+            rt.kernels.attn_decode_split = false;
+        }
+    }
 }
 
 #[cfg(any(test, feature = "kernel-checks"))]
@@ -1081,6 +1143,7 @@ pub(crate) mod tests {
     use crate::device::KernelSet;
     use crate::formats::KvFormat;
     use crate::kernels::testutil::*;
+    use crate::kernels::variants::SPLIT_KEY_CHUNKS;
     use crate::kernels::Step;
 
     /// Head shapes past the kernels' limits (their override constants) are
@@ -1258,10 +1321,12 @@ pub(crate) mod tests {
 
     /// Devices with each decode variant: `cpu` (attention.wgsl), `gpu`
     /// (attention_decode.wgsl, with one and with eight value rows loaded at
-    /// a time; over chunks of 64 keys in `short_chunks_match_reference`) and, where the device's subgroups take it
+    /// a time; over chunks of 64 keys in `short_chunks_match_reference`) and, where the device's subgroups take them
     /// (lavapipe's 8 lanes do; with `LP_NATIVE_VECTOR_WIDTH=128` its 4 do
     /// not), the `gpu` set with the eight-lanes-per-key kernel
-    /// (attention_decode_lanes.wgsl).
+    /// (attention_decode_lanes.wgsl) and with the split-key one over splits
+    /// of 128 keys (attention_decode_split.wgsl; its longer splits in
+    /// `split_keys_match_reference`).
     fn decode_devices() -> Vec<Arc<Runtime>> {
         let mut out = vec![
             gpu_with(KernelSet::Cpu),
@@ -1270,31 +1335,39 @@ pub(crate) mod tests {
                 v.attn_decode = AttnDecodeVariant::ParallelBatched;
             }),
         ];
-        if lanes_per_key_runs_here(&out[1]) {
+        if eight_lane_decodes_run_here(&out[1]) {
             out.push(gpu_with_variants(KernelSet::Gpu, |v| {
                 v.attn_decode = AttnDecodeVariant::LanesPerKey;
+            }));
+            out.push(gpu_with_variants(KernelSet::Gpu, |v| {
+                v.attn_decode = AttnDecodeVariant::SplitKey { chunk: 128 };
             }));
         }
         out
     }
 
-    /// Whether the device's subgroups take the LanesPerKey decode; where
-    /// not, a note says that it is not run (on subgroups of 4 its shuffles
-    /// would read lanes outside the subgroup: undefined, whatever a
-    /// driver happens to return). A device with subgroups of 8 lanes or
-    /// more (lavapipe's by default) must take it: there the rule or the
-    /// start-up check dropping it is a failure, not a reason to skip.
-    fn lanes_per_key_runs_here(gpu: &Runtime) -> bool {
+    /// Whether the device's subgroups take the decodes with eight lanes a
+    /// key (LanesPerKey, SplitKey); where not, a note says that they are
+    /// not run (on subgroups of 4 their shuffles would read lanes outside
+    /// the subgroup: undefined, whatever a driver happens to return). A
+    /// device with subgroups of 8 lanes or more (lavapipe's by default)
+    /// must take them: there the rule dropping them is a failure, not a
+    /// reason to skip.
+    fn eight_lane_decodes_run_here(gpu: &Runtime) -> bool {
         let p = &gpu.profile;
         let subgroups_take_it = p.subgroups && p.subgroup_min >= 8;
+        let k = &gpu.kernels;
         assert_eq!(
-            gpu.kernels.attn_decode_lanes, subgroups_take_it,
-            "LanesPerKey decode on {} (subgroups of {}..{} lanes)",
-            gpu.info.name, p.subgroup_min, p.subgroup_max
+            (k.attn_decode_lanes, k.attn_decode_split),
+            (subgroups_take_it, subgroups_take_it),
+            "LanesPerKey and SplitKey decodes on {} (subgroups of {}..{} lanes)",
+            gpu.info.name,
+            p.subgroup_min,
+            p.subgroup_max
         );
         if !subgroups_take_it {
             note(format!(
-                "this device has subgroups of {}..{} lanes; the LanesPerKey decode (8 lanes a key) is not run",
+                "this device has subgroups of {}..{} lanes; the LanesPerKey and SplitKey decodes (8 lanes a key) are not run",
                 p.subgroup_min, p.subgroup_max
             ));
         }
@@ -1335,6 +1408,30 @@ pub(crate) mod tests {
         check(&gpu, 14, 2, 64, 1, 513, 0);
         check(&gpu, 3, 1, 36, 1, 40, 0);
         check(&gpu, 6, 3, 64, 1, 300, 256);
+    }
+
+    /// The split-key decode over its longer splits (`SplitKey`, with its own
+    /// merge): a step inside the first split, one just past a split,
+    /// several splits with a partial last, the largest group, columns not a
+    /// multiple of the eight lanes of a key, a cache in pages of whole
+    /// splits, in both cache formats (splits of 128, windows and wide heads:
+    /// `decode_devices`).
+    #[cfg_attr(test, test)]
+    fn split_keys_match_reference() {
+        if !eight_lane_decodes_run_here(&gpu_with(KernelSet::Gpu)) {
+            return;
+        }
+        for chunk in [512, 2048] {
+            let gpu = gpu_with_variants(KernelSet::Gpu, |v| {
+                v.attn_decode = AttnDecodeVariant::SplitKey { chunk };
+            });
+            let c = chunk as usize;
+            check(&gpu, 2, 2, 64, 1, 0, 0);
+            check(&gpu, 8, 1, 128, 1, c, 0);
+            check(&gpu, 14, 2, 64, 1, 2 * c + 300, 0);
+            check(&gpu, 3, 1, 36, 1, 40, 0);
+            check(&gpu, 6, 3, 64, 1, 3000, 2048);
+        }
     }
 
     /// Sequences sharing a step: each has its own cache and depth and its
@@ -1467,12 +1564,15 @@ pub(crate) mod tests {
                 keys: 601
             }
         );
-        let labels: &[&str] = if lanes_per_key_runs_here(&gpu) {
+        let labels: &[&str] = if eight_lane_decodes_run_here(&gpu) {
             &[
                 "Parallel",
                 "ParallelBatched",
                 "ParallelShort",
                 "LanesPerKey",
+                "SplitKey { chunk: 128 }",
+                "SplitKey { chunk: 512 }",
+                "SplitKey { chunk: 2048 }",
                 "Serial",
             ]
         } else {
@@ -1529,8 +1629,9 @@ pub(crate) mod tests {
             AttnDecodeVariant::ParallelBatched,
             AttnDecodeVariant::ParallelShort,
         ];
-        if lanes_per_key_runs_here(&gpu) {
+        if eight_lane_decodes_run_here(&gpu) {
             variants.push(AttnDecodeVariant::LanesPerKey);
+            variants.extend(SPLIT_KEY_CHUNKS.map(|chunk| AttnDecodeVariant::SplitKey { chunk }));
         }
         for v in variants {
             check_decode_variant(&gpu, v).unwrap();
@@ -1596,8 +1697,13 @@ pub(crate) mod tests {
                 n_tokens: n,
                 qslots,
             };
-            let (got, want) =
-                run.partials_and_merge(&gpu, &pipeline, &[&scratch], groups, KEY_CHUNK);
+            let (got, want) = run.partials_and_merge(
+                &gpu,
+                &pipeline,
+                &[&scratch],
+                groups,
+                Merge::Chunks(KEY_CHUNK),
+            );
             let err = max_abs_diff(&got.unwrap(), &want);
             // f16 rounding of the inputs gave at most 4.5e-4 here.
             assert!(
@@ -1837,6 +1943,7 @@ pub(crate) mod tests {
         paged_caches_match_reference,
         decode_matches_reference,
         short_chunks_match_reference,
+        split_keys_match_reference,
         sequences_sharing_a_step_stay_apart,
         tuned_attention_times_each_shape_once,
         decode_check_passes_every_variant,

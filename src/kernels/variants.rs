@@ -498,7 +498,19 @@ pub enum AttnDecodeVariant {
     /// heads, against an H200's 132 SMs), against a merge over four times
     /// the partials; a `tuned` candidate, timed with its merge.
     ParallelShort,
+    /// `attention_decode_split.wgsl`: split-key flash decoding, one
+    /// workgroup of 64 lanes per (split of `chunk` keys, KV head), eight
+    /// lanes a key reading its row coalesced, an online softmax per key
+    /// group (no barrier in the key loop), and a merge with lanes over the
+    /// splits in parallel (needs subgroups of at least 8 lanes). The split
+    /// lengths ([`SPLIT_KEY_CHUNKS`]) are `tuned` candidates each, so the
+    /// timings choose how many splits a depth gets on the device.
+    SplitKey { chunk: u32 },
 }
+
+/// Keys per split of the split-key decode candidates: at depth 16,384 and 8
+/// KV heads, 1,024, 256 and 64 workgroups.
+pub const SPLIT_KEY_CHUNKS: [u32; 3] = [128, 512, 2048];
 
 impl AttnDecodeVariant {
     /// Cache slots per key chunk: the partials' layout, the workgroups a
@@ -506,8 +518,15 @@ impl AttnDecodeVariant {
     pub fn key_chunk(self) -> u32 {
         match self {
             AttnDecodeVariant::ParallelShort => 64,
+            AttnDecodeVariant::SplitKey { chunk } => chunk,
             _ => 256,
         }
+    }
+
+    /// Whether it runs on a cache in pages of `page_slots` slots (`None`:
+    /// one page): its chunks may not straddle two pages.
+    pub fn fits_pages(self, page_slots: Option<usize>) -> bool {
+        page_slots.is_none_or(|s| s.is_multiple_of(self.key_chunk() as usize))
     }
 }
 
@@ -572,6 +591,9 @@ pub struct KernelVariants {
     /// Whether `AttnDecodeVariant::LanesPerKey` can run here (subgroup
     /// operations, subgroups of at least 8 lanes).
     pub attn_decode_lanes: bool,
+    /// Whether the `AttnDecodeVariant::SplitKey` kernels can run here (the
+    /// same needs; each has its own start-up check).
+    pub attn_decode_split: bool,
     pub attn_prefill: AttnPrefillVariant,
     /// Whether `AttnPrefillVariant::Coop` is a timed candidate (`tuned` on
     /// devices with cooperative matrices; cleared when it fails its
@@ -613,6 +635,7 @@ impl KernelVariants {
                 refused: MatmulSet::default(),
                 attn_decode: AttnDecodeVariant::Serial,
                 attn_decode_lanes: false,
+                attn_decode_split: false,
                 attn_prefill: AttnPrefillVariant::RowPerLane,
                 attn_prefill_coop: false,
             },
@@ -652,6 +675,7 @@ impl KernelVariants {
                     refused: MatmulSet::default(),
                     attn_decode: AttnDecodeVariant::Parallel,
                     attn_decode_lanes: profile.subgroups && profile.subgroup_min >= 8,
+                    attn_decode_split: profile.subgroups && profile.subgroup_min >= 8,
                     attn_prefill: AttnPrefillVariant::Tiled,
                     attn_prefill_coop: matmul == MatmulVariant::Coop && set == KernelSet::Tuned,
                 }
@@ -806,7 +830,7 @@ impl KernelVariants {
     /// The decode attention variants worth timing (`tuned`), the fixed
     /// rule's first: the one-key-per-lane kernel with one and with eight
     /// value rows loaded at a time, the latter also over chunks of 64 keys,
-    /// the eight-lanes-per-key kernel, and the
+    /// the eight-lanes-per-key kernel, the split-key ones, and the
     /// `cpu` set's serial one; one for the other sets.
     pub fn attn_decode_candidates(&self) -> Vec<AttnDecodeVariant> {
         let mut out = vec![self.attn_decode];
@@ -815,6 +839,9 @@ impl KernelVariants {
             out.push(AttnDecodeVariant::ParallelShort);
             if self.attn_decode_lanes {
                 out.push(AttnDecodeVariant::LanesPerKey);
+            }
+            if self.attn_decode_split {
+                out.extend(SPLIT_KEY_CHUNKS.map(|chunk| AttnDecodeVariant::SplitKey { chunk }));
             }
             out.push(AttnDecodeVariant::Serial);
         }
@@ -1258,6 +1285,9 @@ pub(crate) mod tests {
                 ParallelBatched,
                 ParallelShort,
                 LanesPerKey,
+                SplitKey { chunk: 128 },
+                SplitKey { chunk: 512 },
+                SplitKey { chunk: 2048 },
                 Serial
             ]
         );

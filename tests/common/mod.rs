@@ -307,6 +307,14 @@ pub fn real_model_file(env_var: &str, default: &str, setup: &str) -> Option<Path
 /// f32 one of the `gpu` rule).
 #[allow(dead_code)]
 pub fn forced_matvec_device(matvec: &str) -> std::sync::Arc<sieve::gpu::Gpu> {
+    forced_device(&[("mat-vec", matvec)])
+}
+
+/// A `tuned` device that runs, without timing anything, the candidate
+/// `label` for each (op, label) of `forced`, and for the other ops the
+/// `gpu` rules' choices ("128x2", "Tiled", "Parallel", "Tiled").
+#[allow(dead_code)]
+pub fn forced_device(forced: &[(&str, &str)]) -> std::sync::Arc<sieve::gpu::Gpu> {
     use sieve::device::KernelSet;
     use sieve::gpu::{Gpu, GpuOptions};
     let mut gpu = Gpu::new(&GpuOptions {
@@ -317,12 +325,15 @@ pub fn forced_matvec_device(matvec: &str) -> std::sync::Arc<sieve::gpu::Gpu> {
     let settings = &mut std::sync::Arc::get_mut(&mut gpu).unwrap().settings;
     settings.tune_cache = None;
     settings.tune_force = [
-        ("mat-vec", matvec),
+        ("mat-vec", "128x2"),
         ("mat-mul", "Tiled"),
         ("attention decode", "Parallel"),
         ("attention prefill", "Tiled"),
     ]
-    .map(|(op, label)| (op.to_string(), label.to_string()))
+    .map(|(op, rule)| {
+        let label = forced.iter().find(|f| f.0 == op).map_or(rule, |f| f.1);
+        (op.to_string(), label.to_string())
+    })
     .to_vec();
     gpu
 }
@@ -379,12 +390,18 @@ pub fn runs_prepared_matvecs(gpu: &sieve::gpu::Gpu) -> bool {
 /// The label of the mat-vec each timed (or forced) shape of `model` runs.
 #[allow(dead_code)]
 pub fn matvecs_chosen(model: &sieve::model::Model) -> Vec<String> {
+    chosen(model, "mat-vec")
+}
+
+/// The label of the candidate each timed (or forced) shape of `op` runs.
+#[allow(dead_code)]
+pub fn chosen(model: &sieve::model::Model, op: &str) -> Vec<String> {
     model
         .gpu
         .tuner
         .results()
         .iter()
-        .filter(|t| t.key.op() == "mat-vec")
+        .filter(|t| t.key.op() == op)
         .map(|t| t.labels[t.choice].clone())
         .collect()
 }

@@ -30,21 +30,38 @@
 // for `CoopStagedPadded` and `CoopStagedPrefetch`; PREFETCH issues the next
 // slice's loads before the products, for `CoopStagedPrefetch` and
 // `CoopStagedTokensFast`). Values are rounded to f16 on the way
-// in (weights and activations), with f32 accumulation. The epilogue goes
+// in (weights and activations; a lane holds its loads in f16), with f32
+// accumulation. With BUFFERS = 2 (`CoopStagedDouble`, below) the slices
+// are double-buffered: each step's loads are issued before the products of
+// the step before, and staged into the other buffer after them, so one
+// barrier per K step instead of two; with X_F16 x comes from its f16 copy
+// (x_f16.wgsl, once per product), loaded without a conversion. The epilogue goes
 // through workgroup memory one accumulator at a time, so bias, residual and
 // the row and token bounds are applied per element by `store`.
 //
 // Bindings (group 0): as matmul_io.wgsl, with
 //   2 w     storage read  [rows, k] weights (declared by the format prelude)
+//   7 x16   storage read  [ceil(n / 32) * 32, k/4] vec4<f16>: x in f16
+//           (X_F16 only; a dummy otherwise)
+// Workgroup memory: (128 + 64 WIDE) K_STRIDE BUFFERS halves and 4 KiB of
+// accumulator tiles: 8 KiB + 4 (`CoopStaged`) to 40 KiB + 4
+// (`CoopStagedDouble`: past what WebGPU promises, within what tensor-core
+// GPUs have; `Gpu::pipeline` checks).
 // Dispatch: (ceil(rows / 128), ceil(n / (64 * WIDE)), 1), or with
 // TOKENS_FAST (below, `CoopStagedTokensFast`) the two swapped.
 enable f16;
 enable subgroups;
 enable wgpu_cooperative_matrix;
 
+@group(0) @binding(7) var<storage, read> x16: array<vec4<f16>>;
+
 override SUBGROUP_SIZE: u32 = 32u;
 // 1 or 2: tiles of 64 * WIDE tokens (see above).
 override WIDE: u32 = 1u;
+// Slice buffers: 1, or 2 (double-buffered, see above).
+override BUFFERS: u32 = 1u;
+// Whether x is read from x16, already in f16 (`CoopStagedDouble`).
+override X_F16: bool = false;
 
 // Values of K staged at a time.
 const K_STEP: u32 = 32u;
@@ -68,20 +85,31 @@ override TOKENS_FAST: bool = false;
 // of 16 and more, where the unrolled loops use 24 or fewer).
 const SLICE_LOADS_MAX: u32 = 128u;
 
-// A slice: row r's K_STEP values at r * K_STRIDE (row-major).
-var<workgroup> w_slice: array<f16, 128u * K_STRIDE>;
-// B slice: token t's K_STEP values at t * K_STRIDE (column-major).
-var<workgroup> x_slice: array<f16, 64u * WIDE * K_STRIDE>;
+// A slice: row r's K_STEP values at r * K_STRIDE (row-major); buffer b
+// from w_slice_at(b).
+var<workgroup> w_slice: array<f16, 128u * K_STRIDE * BUFFERS>;
+// B slice: token t's K_STEP values at t * K_STRIDE (column-major); buffer
+// b from x_slice_at(b).
+var<workgroup> x_slice: array<f16, 64u * WIDE * K_STRIDE * BUFFERS>;
+
+fn w_slice_at(buf: u32) -> u32 {
+    return buf * 128u * K_STRIDE;
+}
+
+fn x_slice_at(buf: u32) -> u32 {
+    return buf * 64u * WIDE * K_STRIDE;
+}
 // One 16 x 16 accumulator per subgroup, column-major: (row i, token j) at
 // 256 s + j * 16 + i.
 var<workgroup> c_tiles: array<f32, 1024>;
 
-// This lane's share of one step's slices, as loaded: element e = lane +
-// i * lanes, W's 1,024 (row e / 8, packed group e % 8) first, then x's
-// 512 * WIDE (token (e - 1024) / 8); rows and tokens past the ends are
-// zeros. Lanes divide 1,024, so each i is W's or x's for every lane.
+// This lane's share of one step's slices, as loaded and rounded to f16:
+// element e = lane + i * lanes, W's 1,024 (row e / 8, packed group e % 8)
+// first, then x's 512 * WIDE (token (e - 1024) / 8); rows and tokens past
+// the ends are zeros. Lanes divide 1,024, so each i is W's or x's for
+// every lane.
 struct Slices {
-    v: array<vec4<f32>, SLICE_LOADS_MAX>,
+    v: array<vec4<f16>, SLICE_LOADS_MAX>,
 }
 
 fn load_slices(k0: u32, lane: u32, row0: u32, tok0: u32, n: u32) -> Slices {
@@ -89,33 +117,39 @@ fn load_slices(k0: u32, lane: u32, row0: u32, tok0: u32, n: u32) -> Slices {
     var s: Slices;
     for (var i = 0u; i < (1024u + 512u * WIDE) / lanes; i++) {
         let e = lane + i * lanes;
-        s.v[i] = vec4<f32>(0.0);
+        s.v[i] = vec4<f16>(0.0);
         if (e < 1024u) {
             if (row0 + e / 8u < p.rows) {
-                s.v[i] = weight4(w_row(row0 + e / 8u, p.k4) + k0 + e % 8u);
+                s.v[i] = vec4<f16>(weight4(w_row(row0 + e / 8u, p.k4) + k0 + e % 8u));
             }
         } else if (tok0 + (e - 1024u) / 8u < n) {
-            s.v[i] = x[(tok0 + (e - 1024u) / 8u) * p.k4 + k0 + e % 8u];
+            let at = (tok0 + (e - 1024u) / 8u) * p.k4 + k0 + e % 8u;
+            if (X_F16) {
+                s.v[i] = x16[at];
+            } else {
+                s.v[i] = vec4<f16>(x[at]);
+            }
         }
     }
     return s;
 }
 
-// Rounds a step's slices to f16 into workgroup memory (rows K_STRIDE apart).
-fn stage_slices(s: Slices, lane: u32) {
+// Stores a step's slices into slice buffer `buf` of workgroup memory (rows
+// K_STRIDE apart).
+fn stage_slices(s: Slices, lane: u32, buf: u32) {
     let lanes = 4u * SUBGROUP_SIZE;
     var sv = s;
     for (var i = 0u; i < (1024u + 512u * WIDE) / lanes; i++) {
         let e = lane + i * lanes;
-        let v = vec4<f16>(sv.v[i]);
+        let v = sv.v[i];
         if (e < 1024u) {
-            let at = (e / 8u) * K_STRIDE + (e % 8u) * 4u;
+            let at = w_slice_at(buf) + (e / 8u) * K_STRIDE + (e % 8u) * 4u;
             w_slice[at] = v.x;
             w_slice[at + 1u] = v.y;
             w_slice[at + 2u] = v.z;
             w_slice[at + 3u] = v.w;
         } else {
-            let at = ((e - 1024u) / 8u) * K_STRIDE + (e % 8u) * 4u;
+            let at = x_slice_at(buf) + ((e - 1024u) / 8u) * K_STRIDE + (e % 8u) * 4u;
             x_slice[at] = v.x;
             x_slice[at + 1u] = v.y;
             x_slice[at + 2u] = v.z;
@@ -181,30 +215,41 @@ fn matmul(
     var c32 = coop_mat16x16<f32, C>();
     var c33 = coop_mat16x16<f32, C>();
     var next: Slices;
-    if (PREFETCH) {
+    if (PREFETCH || BUFFERS == 2u) {
         next = load_slices(0u, lane, row0, tok0, n);
     }
+    // Double-buffered: the first step's slices staged before the loop.
+    if (BUFFERS == 2u) {
+        stage_slices(next, lane, 0u);
+        workgroupBarrier();
+    }
+    var buf = 0u;
     for (var k0 = 0u; k0 < bounded(p.k4); k0 += K_STEP / 4u) {
         // 128 rows x 8 packed groups of W, 64 * WIDE tokens x 8 vec4 of x.
-        var cur: Slices;
-        if (PREFETCH) {
-            cur = next;
-        } else {
-            cur = load_slices(k0, lane, row0, tok0, n);
+        let more = k0 + K_STEP / 4u < p.k4;
+        if (BUFFERS == 1u) {
+            var cur: Slices;
+            if (PREFETCH) {
+                cur = next;
+            } else {
+                cur = load_slices(k0, lane, row0, tok0, n);
+            }
+            stage_slices(cur, lane, 0u);
+            workgroupBarrier();
         }
-        stage_slices(cur, lane);
-        workgroupBarrier();
         // The next step's loads, in flight during this step's products.
-        if (PREFETCH && k0 + K_STEP / 4u < p.k4) {
+        if ((PREFETCH || BUFFERS == 2u) && more) {
             next = load_slices(k0 + K_STEP / 4u, lane, row0, tok0, n);
         }
+        let wb = w_slice_at(buf);
+        let xb = x_slice_at(buf);
         for (var kk = 0u; kk < K_STEP; kk += 16u) {
-            let a0 = coopLoadT<coop_mat16x16<f16, A>>(&w_slice[a_row * K_STRIDE + kk], K_STRIDE);
-            let a1 = coopLoadT<coop_mat16x16<f16, A>>(&w_slice[(a_row + 16u) * K_STRIDE + kk], K_STRIDE);
-            let b0 = coopLoad<coop_mat16x16<f16, B>>(&x_slice[b_tok * K_STRIDE + kk], K_STRIDE);
-            let b1 = coopLoad<coop_mat16x16<f16, B>>(&x_slice[(b_tok + 16u) * K_STRIDE + kk], K_STRIDE);
-            let b2 = coopLoad<coop_mat16x16<f16, B>>(&x_slice[(b_tok + 32u) * K_STRIDE + kk], K_STRIDE);
-            let b3 = coopLoad<coop_mat16x16<f16, B>>(&x_slice[(b_tok + 48u) * K_STRIDE + kk], K_STRIDE);
+            let a0 = coopLoadT<coop_mat16x16<f16, A>>(&w_slice[wb + a_row * K_STRIDE + kk], K_STRIDE);
+            let a1 = coopLoadT<coop_mat16x16<f16, A>>(&w_slice[wb + (a_row + 16u) * K_STRIDE + kk], K_STRIDE);
+            let b0 = coopLoad<coop_mat16x16<f16, B>>(&x_slice[xb + b_tok * K_STRIDE + kk], K_STRIDE);
+            let b1 = coopLoad<coop_mat16x16<f16, B>>(&x_slice[xb + (b_tok + 16u) * K_STRIDE + kk], K_STRIDE);
+            let b2 = coopLoad<coop_mat16x16<f16, B>>(&x_slice[xb + (b_tok + 32u) * K_STRIDE + kk], K_STRIDE);
+            let b3 = coopLoad<coop_mat16x16<f16, B>>(&x_slice[xb + (b_tok + 48u) * K_STRIDE + kk], K_STRIDE);
             c00 = coopMultiplyAdd(a0, b0, c00);
             c01 = coopMultiplyAdd(a0, b1, c01);
             c02 = coopMultiplyAdd(a0, b2, c02);
@@ -214,8 +259,8 @@ fn matmul(
             c12 = coopMultiplyAdd(a1, b2, c12);
             c13 = coopMultiplyAdd(a1, b3, c13);
             if (WIDE == 2u) {
-                let a2 = coopLoadT<coop_mat16x16<f16, A>>(&w_slice[(a_row + 32u) * K_STRIDE + kk], K_STRIDE);
-                let a3 = coopLoadT<coop_mat16x16<f16, A>>(&w_slice[(a_row + 48u) * K_STRIDE + kk], K_STRIDE);
+                let a2 = coopLoadT<coop_mat16x16<f16, A>>(&w_slice[wb + (a_row + 32u) * K_STRIDE + kk], K_STRIDE);
+                let a3 = coopLoadT<coop_mat16x16<f16, A>>(&w_slice[wb + (a_row + 48u) * K_STRIDE + kk], K_STRIDE);
                 c20 = coopMultiplyAdd(a2, b0, c20);
                 c21 = coopMultiplyAdd(a2, b1, c21);
                 c22 = coopMultiplyAdd(a2, b2, c22);
@@ -226,7 +271,14 @@ fn matmul(
                 c33 = coopMultiplyAdd(a3, b3, c33);
             }
         }
+        // Double-buffered: the next step's slices go into the other
+        // buffer, which no subgroup reads in this step, so one barrier
+        // serves both (single: the products finish before the next stage).
+        if (BUFFERS == 2u && more) {
+            stage_slices(next, lane, 1u - buf);
+        }
         workgroupBarrier();
+        buf = (buf + 1u) % BUFFERS;
     }
     let r0 = row0 + a_row;
     let t0 = tok0 + b_tok;

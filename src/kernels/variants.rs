@@ -239,10 +239,18 @@ pub enum MatmulVariant {
     /// staging of x, no barrier in the K loop). A timed candidate wherever
     /// `CoopTokensFast` is one (timed with its copy); takes what it takes.
     CoopX16,
+    /// `matmul_coop_staged.wgsl` with WIDE = 2, K_STRIDE = 40, BUFFERS = 2,
+    /// TOKENS_FAST and X_F16: 128 x 128 tiles, 64 x 64 per subgroup, the
+    /// slices double-buffered (one barrier per K step, each step's loads in
+    /// flight during the products before it), x read from its f16 copy
+    /// (`x_f16.wgsl`, timed with it), tokens on the grid's fast axis;
+    /// 44 KiB of workgroup memory. A timed candidate wherever
+    /// `CoopStagedWide` is one; takes what it takes.
+    CoopStagedDouble,
 }
 
 impl MatmulVariant {
-    pub const ALL: [MatmulVariant; 12] = [
+    pub const ALL: [MatmulVariant; 13] = [
         MatmulVariant::Blocked4x4,
         MatmulVariant::Tiled,
         MatmulVariant::TiledWide,
@@ -255,6 +263,7 @@ impl MatmulVariant {
         MatmulVariant::CoopTokensFast,
         MatmulVariant::CoopStagedTokensFast,
         MatmulVariant::CoopX16,
+        MatmulVariant::CoopStagedDouble,
     ];
 
     /// The variant for one row part of a weight matrix (`rows` rows of
@@ -287,7 +296,8 @@ impl MatmulVariant {
                 | MatmulVariant::CoopStagedWide
                 | MatmulVariant::CoopStagedPadded
                 | MatmulVariant::CoopStagedPrefetch
-                | MatmulVariant::CoopStagedTokensFast,
+                | MatmulVariant::CoopStagedTokensFast
+                | MatmulVariant::CoopStagedDouble,
                 f,
             ) if f.block().is_some() || (f == WeightFormat::F16 && cols.is_multiple_of(32)) => self,
             (v, _) if v.cooperative() => MatmulVariant::Tiled,
@@ -396,6 +406,21 @@ impl MatmulVariant {
                 tokens_fast: true,
                 ..staged
             },
+            // 2 x (128 + 128) x 40 halves and 4 KiB of tiles: 44 KiB, past
+            // what WebGPU promises (`Gpu::pipeline` checks).
+            CoopStagedDouble => MatmulKernel {
+                constants: &[
+                    ("WIDE", 2.0),
+                    ("K_STRIDE", 40.0),
+                    ("BUFFERS", 2.0),
+                    ("TOKENS_FAST", ON),
+                    ("X_F16", ON),
+                ],
+                tile: (128, 128),
+                tokens_fast: true,
+                reads_x16: true,
+                ..staged
+            },
         }
     }
 }
@@ -467,7 +492,7 @@ impl MatmulKernel {
     /// Whether its binding 7 is the f16 copy of x (matmul_coop.wgsl: read
     /// by `CoopX16` alone, a dummy for the others).
     pub fn binds_x16(&self) -> bool {
-        self.shader.name == shaders::MATMUL_COOP.name
+        [shaders::MATMUL_COOP.name, shaders::MATMUL_COOP_STAGED.name].contains(&self.shader.name)
     }
 }
 
@@ -578,7 +603,7 @@ pub struct KernelVariants {
     pub coop_staged_f16: bool,
     /// Whether the refined cooperative kernels (`CoopPadded`,
     /// `CoopTokensFast`, `CoopX16`, `CoopStagedPadded`, `CoopStagedPrefetch`,
-    /// `CoopStagedTokensFast`, `CoopStagedWide`) are timed candidates wherever `Coop` and
+    /// `CoopStagedTokensFast`, `CoopStagedWide`, `CoopStagedDouble`) are timed candidates wherever `Coop` and
     /// `CoopStaged` are (`tuned` only; one that fails its start-up check
     /// goes into `refused`).
     pub coop_refined: bool,
@@ -703,6 +728,7 @@ impl KernelVariants {
             | MatmulVariant::CoopStagedPadded
             | MatmulVariant::CoopStagedPrefetch
             | MatmulVariant::CoopStagedTokensFast
+            | MatmulVariant::CoopStagedDouble
                 if !self.coop_staged && format.block().is_some() =>
             {
                 MatmulVariant::Tiled
@@ -815,6 +841,7 @@ impl KernelVariants {
             (staged && self.coop_refined).then_some(MatmulVariant::CoopStagedPrefetch),
             (staged && self.coop_refined).then_some(MatmulVariant::CoopStagedTokensFast),
             (staged && self.coop_refined).then_some(MatmulVariant::CoopStagedWide),
+            (staged && self.coop_refined).then_some(MatmulVariant::CoopStagedDouble),
             Some(MatmulVariant::Tiled),
             Some(MatmulVariant::TiledWide),
         ];
@@ -896,7 +923,7 @@ impl KernelVariants {
             v => format!("{v:?}"),
         };
         let timed = if self.tuned() && self.matmul == MatmulVariant::Coop {
-            ", each part's fastest of Coop, CoopPadded, CoopTokensFast, CoopX16, CoopStaged, CoopStagedPadded, CoopStagedPrefetch, CoopStagedTokensFast, CoopStagedWide, Tiled, TiledWide timed"
+            ", each part's fastest of Coop, CoopPadded, CoopTokensFast, CoopX16, CoopStaged, CoopStagedPadded, CoopStagedPrefetch, CoopStagedTokensFast, CoopStagedWide, CoopStagedDouble, Tiled, TiledWide timed"
         } else if self.tuned() {
             ", each part's fastest of Tiled, TiledWide timed"
         } else {
@@ -1191,6 +1218,7 @@ pub(crate) mod tests {
                 CoopStagedPrefetch,
                 CoopStagedTokensFast,
                 CoopStagedWide,
+                CoopStagedDouble,
                 Tiled,
                 TiledWide
             ]
@@ -1207,6 +1235,7 @@ pub(crate) mod tests {
                 CoopStagedPrefetch,
                 CoopStagedTokensFast,
                 CoopStagedWide,
+                CoopStagedDouble,
                 TiledWide
             ]
         );
@@ -1223,14 +1252,22 @@ pub(crate) mod tests {
         let q = v.matmul_candidates(WeightStore::Buffer, WeightFormat::Q4_K, 128, 512);
         assert_eq!(
             q,
-            [&staged[..], &[CoopStagedWide, Tiled, TiledWide]].concat()
+            [
+                &staged[..],
+                &[CoopStagedWide, CoopStagedDouble, Tiled, TiledWide]
+            ]
+            .concat()
         );
         // The wide tiles failing their check drop them alone, and so does
         // each refined one.
         v.refused.insert(CoopStagedWide);
         let q = v.matmul_candidates(WeightStore::Buffer, WeightFormat::Q4_K, 128, 512);
-        assert_eq!(q, [&staged[..], &[Tiled, TiledWide]].concat());
+        assert_eq!(
+            q,
+            [&staged[..], &[CoopStagedDouble, Tiled, TiledWide]].concat()
+        );
         v.refused.insert(CoopStagedPrefetch);
+        v.refused.insert(CoopStagedDouble);
         let q = v.matmul_candidates(WeightStore::Buffer, WeightFormat::Q4_K, 128, 512);
         let kept = [CoopStaged, CoopStagedPadded, CoopStagedTokensFast];
         assert_eq!(q, [&kept[..], &[Tiled, TiledWide]].concat());

@@ -2,7 +2,9 @@
 // share (attention_decode.wgsl, attention_decode_lanes.wgsl; included after
 // attention_io.wgsl, src/shaders.rs): their workgroup memory, the query load,
 // and every phase after the scores. They differ only in how they score the
-// chunk's keys. One workgroup of CHUNK lanes (256, or 64 for the
+// chunk's keys. The split-key kernel (attention_decode_split.wgsl) takes the
+// query load, the chunk a workgroup works on and the reduction arrays from
+// here, not the phases. One workgroup of CHUNK lanes (256, or 64 for the
 // short-chunk kernel; attention_io.wgsl) per (key chunk, KV head), as the
 // merge in attention.wgsl expects:
 //   softmax  lane = (head g, segment of GMAX keys): per-head max and sum by

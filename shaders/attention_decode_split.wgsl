@@ -19,7 +19,8 @@
 // (running max, sum and value accumulator of its columns), so the key loop
 // has no barrier. At the end the eight key groups' states are combined per
 // head in workgroup memory and written as the split's partials. At
-// head_dim 64 each lane holds two columns: every lane works in both phases.
+// head_dim 64 each lane holds two columns: every lane loads, scores and sums
+// values (where the partial kernels leave half their value lanes idle).
 //
 // merge: one workgroup of 256 lanes per (query, head): the splits' maxima
 // reduced by lanes over splits, then lane (column d, slice s) sums the
@@ -84,6 +85,9 @@ fn decode_partial(
         let slot = k0 + r * KEY_GROUPS + kg;
         let seen = key_seen(ch, slot);
         var s: array<f32, GMAX>;
+        for (var g = 0u; g < GMAX; g++) {
+            s[g] = 0.0;
+        }
         var vw: array<vec4<f32>, COLS_MAX>;
         if (seen) {
             // Keys and values loaded together: both in flight at once.

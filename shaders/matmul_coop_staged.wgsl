@@ -44,7 +44,7 @@
 //   7 x16   storage read  [ceil(n / 32) * 32, k/4] vec4<f16>: x in f16
 //           (X_F16 only; a dummy otherwise)
 // Workgroup memory: (128 + 64 WIDE) K_STRIDE BUFFERS halves and 4 KiB of
-// accumulator tiles: 8 KiB + 4 (`CoopStaged`) to 40 KiB + 4
+// accumulator tiles: 12 KiB + 4 (`CoopStaged`) to 40 KiB + 4
 // (`CoopStagedDouble`: past what WebGPU promises, within what tensor-core
 // GPUs have; `Gpu::pipeline` checks).
 // Dispatch: (ceil(rows / 128), ceil(n / (64 * WIDE)), 1), or with
@@ -82,7 +82,8 @@ override TOKENS_FAST: bool = false;
 // The most vec4 loads one lane makes per step: (1,024 + 512 * WIDE) / lanes,
 // with at least 4 lanes per subgroup (16 lanes a workgroup; lavapipe's
 // narrowest, which the emulated tests run; matrix units come in subgroups
-// of 16 and more, where the unrolled loops use 24 or fewer).
+// of 16 and more, where the unrolled loops use 24 or fewer, 32 with
+// WIDE = 2).
 const SLICE_LOADS_MAX: u32 = 128u;
 
 // A slice: row r's K_STEP values at r * K_STRIDE (row-major); buffer b

@@ -1,6 +1,7 @@
-// x_f16.wgsl: copies the input x of the tensor-core mat-mul that reads it
-// in f16 (matmul_coop.wgsl with X_F16, `CoopX16`) into f16, once per
-// product, before the product reads it.
+// x_f16.wgsl: copies the input x of the tensor-core mat-muls that read it
+// in f16 (matmul_coop.wgsl and matmul_coop_staged.wgsl with X_F16,
+// `CoopX16`, `CoopStagedDouble`) into f16, once per product, before the
+// product reads it.
 //
 // Why: matmul_coop.wgsl otherwise reads x in f32 and rounds it to f16 in
 // every row-tile workgroup (rows / 64 times per product), staging it in

@@ -358,7 +358,7 @@ impl Matmul {
             None
         };
         let x_view = x_copy.as_ref().map(|(view, _)| view);
-        // Binding 7 of the direct cooperative kernels: the f16 copy of x
+        // Binding 7 of the cooperative kernels: the f16 copy of x
         // where the variant reads it, a dummy otherwise.
         let no_x16 = gpu.storage("no-x16", 16);
         let x16_for = |v: MatmulVariant| -> Result<Option<wgpu::Buffer>> {
@@ -502,7 +502,7 @@ struct PartBindings<'a> {
     no_norm: &'a wgpu::Buffer,
     /// x as a texture, where `matmul.wgsl` reads it.
     x_view: Option<&'a wgpu::TextureView>,
-    /// Binding 7 of the direct cooperative kernels for a variant.
+    /// Binding 7 of the cooperative kernels for a variant.
     x16_for: &'a dyn Fn(MatmulVariant) -> Result<Option<wgpu::Buffer>>,
     /// Accumulate and bias flags.
     flags: u32,

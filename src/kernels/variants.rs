@@ -489,8 +489,9 @@ impl MatmulKernel {
         }
     }
 
-    /// Whether its binding 7 is the f16 copy of x (matmul_coop.wgsl: read
-    /// by `CoopX16` alone, a dummy for the others).
+    /// Whether its binding 7 is the f16 copy of x (matmul_coop.wgsl and
+    /// matmul_coop_staged.wgsl: read by `CoopX16` and `CoopStagedDouble`, a
+    /// dummy for the others).
     pub fn binds_x16(&self) -> bool {
         [shaders::MATMUL_COOP.name, shaders::MATMUL_COOP_STAGED.name].contains(&self.shader.name)
     }

@@ -135,22 +135,21 @@ fn wide(heads: Heads) -> bool {
     heads.head_dim > NARROW_HEAD_DIM
 }
 
-/// attention.wgsl built for `heads`.
-fn attention_shader(heads: Heads) -> &'static shaders::Shader {
+/// Of a kernel's (narrow, wide) builds, the one for `heads`.
+fn build_for(
+    (narrow, wide_build): (&'static shaders::Shader, &'static shaders::Shader),
+    heads: Heads,
+) -> &'static shaders::Shader {
     if wide(heads) {
-        &shaders::ATTENTION_WIDE
+        wide_build
     } else {
-        &shaders::ATTENTION
+        narrow
     }
 }
 
-/// attention_decode.wgsl built for `heads`.
-fn decode_shader(heads: Heads) -> &'static shaders::Shader {
-    if wide(heads) {
-        &shaders::ATTENTION_DECODE_WIDE
-    } else {
-        &shaders::ATTENTION_DECODE
-    }
+/// attention.wgsl built for `heads`.
+fn attention_shader(heads: Heads) -> &'static shaders::Shader {
+    build_for((&shaders::ATTENTION, &shaders::ATTENTION_WIDE), heads)
 }
 
 impl Attention {
@@ -429,28 +428,14 @@ fn decode_pipeline(
     variant: AttnDecodeVariant,
     heads: Heads,
 ) -> Result<Arc<wgpu::ComputePipeline>> {
-    let kv = Some(heads.kv_format.into());
+    let kernel = variant.kernel();
+    let shader = build_for(kernel.shaders, heads);
     let [group] = group_constant(heads);
     let [hd4] = head_dim_constant(heads);
-    let (shader, value_batch) = match variant {
-        AttnDecodeVariant::Serial => (attention_shader(heads), None),
-        AttnDecodeVariant::Parallel => (decode_shader(heads), None),
-        AttnDecodeVariant::ParallelBatched | AttnDecodeVariant::ParallelShort => {
-            (decode_shader(heads), Some(8.0))
-        }
-        AttnDecodeVariant::LanesPerKey => (
-            if wide(heads) {
-                &shaders::ATTENTION_DECODE_LANES_WIDE
-            } else {
-                &shaders::ATTENTION_DECODE_LANES
-            },
-            None,
-        ),
-        AttnDecodeVariant::SplitKey { .. } => (split_shader(heads), None),
-    };
     let mut constants = vec![group, hd4];
-    constants.extend(value_batch.map(|b| ("VALUE_BATCH", b)));
-    constants.extend(chunk_constant(variant.key_chunk()));
+    constants.extend(kernel.constants);
+    constants.extend(chunk_constant(kernel.key_chunk));
+    let kv = Some(heads.kv_format.into());
     gpu.pipeline(shader, kv, "decode_partial", &constants)
 }
 
@@ -458,15 +443,6 @@ fn decode_pipeline(
 /// a pipeline of the default keeps the cache key it always had.
 fn chunk_constant(chunk: u32) -> Option<(&'static str, f64)> {
     (chunk != KEY_CHUNK).then_some(("CHUNK", chunk as f64))
-}
-
-/// attention_decode_split.wgsl built for `heads`.
-fn split_shader(heads: Heads) -> &'static shaders::Shader {
-    if wide(heads) {
-        &shaders::ATTENTION_DECODE_SPLIT_WIDE
-    } else {
-        &shaders::ATTENTION_DECODE_SPLIT
-    }
 }
 
 /// Which merge combines a partial kernel's output.
@@ -483,9 +459,10 @@ pub(crate) enum Merge {
 impl Merge {
     /// The merge of a decode variant's partials.
     fn of(variant: AttnDecodeVariant) -> Self {
-        match variant {
-            AttnDecodeVariant::SplitKey { chunk } => Merge::Splits(chunk),
-            v => Merge::Chunks(v.key_chunk()),
+        let kernel = variant.kernel();
+        match kernel.own_merge {
+            true => Merge::Splits(kernel.key_chunk),
+            false => Merge::Chunks(kernel.key_chunk),
         }
     }
 }
@@ -501,7 +478,8 @@ fn merge_pipeline(gpu: &Runtime, heads: Heads, merge: Merge) -> Result<Arc<wgpu:
         Merge::Splits(chunk) => {
             let [hd4] = head_dim_constant(heads);
             let constants = [hd4, ("CHUNK", chunk as f64)];
-            gpu.pipeline(split_shader(heads), kv, "merge", &constants)
+            let split = AttnDecodeVariant::SplitKey { chunk }.kernel();
+            gpu.pipeline(build_for(split.shaders, heads), kv, "merge", &constants)
         }
     }
 }
@@ -1105,34 +1083,23 @@ pub(super) fn start_up_checks(rt: &mut Runtime) {
             rt.kernels.attn_prefill_coop = false;
         }
     }
-    // The eight-lanes-per-key decode attention numbers its lanes by
-    // subgroup, counting on subgroups of one size in a workgroup, which
-    // Vulkan does not promise: where `tuned` would time it, it runs once
-    // against the CPU reference first, and is dropped on a failure.
-    if rt.kernels.tuned() && rt.kernels.attn_decode_lanes {
-        use super::variants::AttnDecodeVariant::LanesPerKey;
-        if let Err(e) = check_decode_variant(rt, LanesPerKey) {
+    // The decode attentions that number their lanes by subgroup count on
+    // subgroups of one size in a workgroup, which Vulkan does not promise:
+    // where `tuned` would time one, it runs once against the CPU reference
+    // first, and is dropped alone on a failure.
+    let checked: Vec<_> = rt
+        .kernels
+        .attn_decode_candidates()
+        .into_iter()
+        .filter(|v| rt.kernels.tuned() && v.kernel().min_subgroup > 0)
+        .collect();
+    for variant in checked {
+        if let Err(e) = check_decode_variant(rt, variant) {
             eprintln!(
-                "warning: the eight-lanes-per-key decode attention failed its check on {} ({e:#}); it is not timed",
+                "warning: the decode attention {variant:?} failed its check on {} ({e:#}); it is not timed",
                 rt.info.name
             );
-            rt.kernels.attn_decode_lanes = false;
-        }
-    }
-    // The split-key decode numbers its lanes the same way; its chunk sizes
-    // are one kernel with one constant changed, so a failure of any drops
-    // them all.
-    if rt.kernels.tuned() && rt.kernels.attn_decode_split {
-        use super::variants::{AttnDecodeVariant::SplitKey, SPLIT_KEY_CHUNKS};
-        let failed = SPLIT_KEY_CHUNKS
-            .iter()
-            .find_map(|&chunk| check_decode_variant(rt, SplitKey { chunk }).err());
-        if let Some(e) = failed {
-            eprintln!(
-                "warning: the split-key decode attention failed its check on {} ({e:#}); it is not timed",
-                rt.info.name
-            );
-            rt.kernels.attn_decode_split = false;
+            rt.kernels.attn_decode_refused.insert(variant);
         }
     }
 }
@@ -1357,8 +1324,12 @@ pub(crate) mod tests {
         let p = &gpu.profile;
         let subgroups_take_it = p.subgroups && p.subgroup_min >= 8;
         let k = &gpu.kernels;
+        let split = AttnDecodeVariant::SplitKey { chunk: 128 };
         assert_eq!(
-            (k.attn_decode_lanes, k.attn_decode_split),
+            (
+                k.takes_decode(AttnDecodeVariant::LanesPerKey),
+                k.takes_decode(split)
+            ),
             (subgroups_take_it, subgroups_take_it),
             "LanesPerKey and SplitKey decodes on {} (subgroups of {}..{} lanes)",
             gpu.info.name,

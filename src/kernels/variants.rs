@@ -425,21 +425,42 @@ impl MatmulVariant {
     }
 }
 
-/// A set of mat-mul variants (one bit per [`MatmulVariant::ALL`] entry).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct MatmulSet(u32);
+/// A kind of kernel variant listed in full, so that a set of its variants
+/// is a bit mask ([`VariantSet`]).
+pub trait Listed: Copy + PartialEq + std::fmt::Debug + 'static {
+    /// Every variant (at most 32).
+    const LIST: &'static [Self];
+}
 
-impl MatmulSet {
-    fn bit(v: MatmulVariant) -> u32 {
-        let i = MatmulVariant::ALL.iter().position(|&a| a == v);
-        1 << i.expect("every variant is in MatmulVariant::ALL")
+impl Listed for MatmulVariant {
+    const LIST: &'static [Self] = &MatmulVariant::ALL;
+}
+
+/// A set of variants of one kind (one bit per [`Listed::LIST`] entry): the
+/// ones that failed their start-up check on this device.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct VariantSet<T>(u32, std::marker::PhantomData<T>);
+
+/// The mat-mul variants refused on a device.
+pub type MatmulSet = VariantSet<MatmulVariant>;
+
+impl<T> Default for VariantSet<T> {
+    fn default() -> Self {
+        VariantSet(0, std::marker::PhantomData)
+    }
+}
+
+impl<T: Listed> VariantSet<T> {
+    fn bit(v: T) -> u32 {
+        let i = T::LIST.iter().position(|&a| a == v);
+        1 << i.unwrap_or_else(|| panic!("{v:?} is not in its kind's list"))
     }
 
-    pub fn insert(&mut self, v: MatmulVariant) {
+    pub fn insert(&mut self, v: T) {
         self.0 |= Self::bit(v);
     }
 
-    pub fn contains(&self, v: MatmulVariant) -> bool {
+    pub fn contains(&self, v: T) -> bool {
         self.0 & Self::bit(v) != 0
     }
 }
@@ -538,15 +559,97 @@ pub enum AttnDecodeVariant {
 /// KV heads, 1,024, 256 and 64 workgroups.
 pub const SPLIT_KEY_CHUNKS: [u32; 3] = [128, 512, 2048];
 
-impl AttnDecodeVariant {
+impl Listed for AttnDecodeVariant {
+    const LIST: &'static [Self] = &[
+        AttnDecodeVariant::Serial,
+        AttnDecodeVariant::Parallel,
+        AttnDecodeVariant::LanesPerKey,
+        AttnDecodeVariant::ParallelBatched,
+        AttnDecodeVariant::ParallelShort,
+        AttnDecodeVariant::SplitKey {
+            chunk: SPLIT_KEY_CHUNKS[0],
+        },
+        AttnDecodeVariant::SplitKey {
+            chunk: SPLIT_KEY_CHUNKS[1],
+        },
+        AttnDecodeVariant::SplitKey {
+            chunk: SPLIT_KEY_CHUNKS[2],
+        },
+    ];
+}
+
+/// A decode attention variant's kernel: what its launcher and the variant
+/// selection need, in one place (each kernel's header says the same).
+#[derive(Clone, Copy, Debug)]
+pub struct AttnDecodeKernel {
+    /// Its partial kernel's shader (entry `decode_partial`) for heads of up
+    /// to 128 values, and its wide build (heads of 256).
+    pub shaders: (&'static Shader, &'static Shader),
+    /// Override constants besides GROUP, HD4 and CHUNK.
+    pub constants: &'static [(&'static str, f64)],
     /// Cache slots per key chunk: the partials' layout, the workgroups a
     /// step dispatches and the merge's chunk count.
-    pub fn key_chunk(self) -> u32 {
+    pub key_chunk: u32,
+    /// Whether its shader's own merge (lanes over the splits) combines its
+    /// partials, rather than attention.wgsl's (a lane per column).
+    pub own_merge: bool,
+    /// The fewest lanes a subgroup must have (0: no subgroup operations).
+    /// Those that need some number their lanes by subgroup, counting on
+    /// subgroups of one size in a workgroup, which Vulkan does not
+    /// promise: each runs a start-up check where `tuned` would time it.
+    pub min_subgroup: u32,
+}
+
+impl AttnDecodeVariant {
+    /// Everything the launcher needs of the variant's kernel.
+    pub fn kernel(self) -> AttnDecodeKernel {
+        use AttnDecodeVariant::*;
+        let parallel = AttnDecodeKernel {
+            shaders: (&shaders::ATTENTION_DECODE, &shaders::ATTENTION_DECODE_WIDE),
+            constants: &[],
+            key_chunk: 256,
+            own_merge: false,
+            min_subgroup: 0,
+        };
+        let batched = AttnDecodeKernel {
+            constants: &[("VALUE_BATCH", 8.0)],
+            ..parallel
+        };
         match self {
-            AttnDecodeVariant::ParallelShort => 64,
-            AttnDecodeVariant::SplitKey { chunk } => chunk,
-            _ => 256,
+            Serial => AttnDecodeKernel {
+                shaders: (&shaders::ATTENTION, &shaders::ATTENTION_WIDE),
+                ..parallel
+            },
+            Parallel => parallel,
+            ParallelBatched => batched,
+            ParallelShort => AttnDecodeKernel {
+                key_chunk: 64,
+                ..batched
+            },
+            LanesPerKey => AttnDecodeKernel {
+                shaders: (
+                    &shaders::ATTENTION_DECODE_LANES,
+                    &shaders::ATTENTION_DECODE_LANES_WIDE,
+                ),
+                min_subgroup: 8,
+                ..parallel
+            },
+            SplitKey { chunk } => AttnDecodeKernel {
+                shaders: (
+                    &shaders::ATTENTION_DECODE_SPLIT,
+                    &shaders::ATTENTION_DECODE_SPLIT_WIDE,
+                ),
+                key_chunk: chunk,
+                own_merge: true,
+                min_subgroup: 8,
+                ..parallel
+            },
         }
+    }
+
+    /// Cache slots per key chunk ([`AttnDecodeKernel::key_chunk`]).
+    pub fn key_chunk(self) -> u32 {
+        self.kernel().key_chunk
     }
 
     /// Whether it runs on a cache in pages of `page_slots` slots (`None`:
@@ -614,17 +717,28 @@ pub struct KernelVariants {
     /// failing with one is not timed with the other either).
     pub refused: MatmulSet,
     pub attn_decode: AttnDecodeVariant,
-    /// Whether `AttnDecodeVariant::LanesPerKey` can run here (subgroup
-    /// operations, subgroups of at least 8 lanes).
-    pub attn_decode_lanes: bool,
-    /// Whether the `AttnDecodeVariant::SplitKey` kernels can run here (the
-    /// same needs; each has its own start-up check).
-    pub attn_decode_split: bool,
+    /// The fewest lanes the device's subgroups have (0: no subgroup
+    /// operations): which decode variants it can run
+    /// ([`AttnDecodeKernel::min_subgroup`]).
+    pub subgroup_min: u32,
+    /// The decode attention variants that failed their start-up check here,
+    /// each dropped alone.
+    pub attn_decode_refused: VariantSet<AttnDecodeVariant>,
     pub attn_prefill: AttnPrefillVariant,
     /// Whether `AttnPrefillVariant::Coop` is a timed candidate (`tuned` on
     /// devices with cooperative matrices; cleared when it fails its
     /// start-up check).
     pub attn_prefill_coop: bool,
+}
+
+/// The fewest lanes the device's subgroups have; 0 without subgroup
+/// operations.
+fn subgroup_min(profile: &DeviceProfile) -> u32 {
+    if profile.subgroups {
+        profile.subgroup_min
+    } else {
+        0
+    }
 }
 
 impl KernelVariants {
@@ -660,8 +774,8 @@ impl KernelVariants {
                 coop_refined: false,
                 refused: MatmulSet::default(),
                 attn_decode: AttnDecodeVariant::Serial,
-                attn_decode_lanes: false,
-                attn_decode_split: false,
+                subgroup_min: subgroup_min(profile),
+                attn_decode_refused: VariantSet::default(),
                 attn_prefill: AttnPrefillVariant::RowPerLane,
                 attn_prefill_coop: false,
             },
@@ -700,8 +814,8 @@ impl KernelVariants {
                     coop_refined: matmul == MatmulVariant::Coop && set == KernelSet::Tuned,
                     refused: MatmulSet::default(),
                     attn_decode: AttnDecodeVariant::Parallel,
-                    attn_decode_lanes: profile.subgroups && profile.subgroup_min >= 8,
-                    attn_decode_split: profile.subgroups && profile.subgroup_min >= 8,
+                    subgroup_min: subgroup_min(profile),
+                    attn_decode_refused: VariantSet::default(),
                     attn_prefill: AttnPrefillVariant::Tiled,
                     attn_prefill_coop: matmul == MatmulVariant::Coop && set == KernelSet::Tuned,
                 }
@@ -861,19 +975,23 @@ impl KernelVariants {
     /// the eight-lanes-per-key kernel, the split-key ones, and the
     /// `cpu` set's serial one; one for the other sets.
     pub fn attn_decode_candidates(&self) -> Vec<AttnDecodeVariant> {
+        use AttnDecodeVariant::*;
         let mut out = vec![self.attn_decode];
         if self.tuned() {
-            out.push(AttnDecodeVariant::ParallelBatched);
-            out.push(AttnDecodeVariant::ParallelShort);
-            if self.attn_decode_lanes {
-                out.push(AttnDecodeVariant::LanesPerKey);
-            }
-            if self.attn_decode_split {
-                out.extend(SPLIT_KEY_CHUNKS.map(|chunk| AttnDecodeVariant::SplitKey { chunk }));
-            }
-            out.push(AttnDecodeVariant::Serial);
+            let more = [ParallelBatched, ParallelShort, LanesPerKey]
+                .into_iter()
+                .chain(SPLIT_KEY_CHUNKS.map(|chunk| SplitKey { chunk }))
+                .chain([Serial]);
+            out.extend(more.filter(|&v| self.takes_decode(v)));
         }
         out
+    }
+
+    /// Whether this device runs decode `variant`: its subgroups are wide
+    /// enough for it, and it did not fail its start-up check.
+    pub fn takes_decode(&self, variant: AttnDecodeVariant) -> bool {
+        let need = variant.kernel().min_subgroup;
+        (need == 0 || self.subgroup_min >= need) && !self.attn_decode_refused.contains(variant)
     }
 
     /// The prefill attention variants worth timing (`tuned`) for heads of
@@ -1368,6 +1486,21 @@ pub(crate) mod tests {
         assert_eq!(
             v.attn_decode_candidates(),
             [Parallel, ParallelBatched, ParallelShort, Serial]
+        );
+        // A variant that failed its start-up check is dropped alone.
+        let mut v = select(&subgroups, KernelSet::Tuned);
+        v.attn_decode_refused.insert(SplitKey { chunk: 512 });
+        v.attn_decode_refused.insert(LanesPerKey);
+        assert_eq!(
+            v.attn_decode_candidates(),
+            [
+                Parallel,
+                ParallelBatched,
+                ParallelShort,
+                SplitKey { chunk: 128 },
+                SplitKey { chunk: 2048 },
+                Serial
+            ]
         );
         let none = DeviceProfile::for_tests(false, false, false);
         let v = select(&none, KernelSet::Tuned);

@@ -119,16 +119,9 @@ pub struct Attention {
     max_slots: u32,
 }
 
-/// The most query heads per KV head and the largest head size the attention
-/// kernels take (GMAX and 4 x HD4_MAX in attention_heads.wgsl); model
-/// configs are checked against the same limits when loaded (src/config.rs).
-pub const MAX_HEADS_PER_KV: usize = 8;
-pub const NARROW_HEAD_DIM: usize = 128;
-/// The wide builds (attention_heads_wide.wgsl: attention.wgsl and the `gpu`
-/// decode kernels) take heads up to this size, with up to
-/// [`WIDE_HEADS_PER_KV`] query heads per KV head.
-pub const MAX_HEAD_DIM: usize = 256;
-pub const WIDE_HEADS_PER_KV: usize = 4;
+// The head limits of the attention kernels' builds live with the variants
+// (variants.rs), which need them too.
+pub use super::variants::{MAX_HEADS_PER_KV, MAX_HEAD_DIM, NARROW_HEAD_DIM, WIDE_HEADS_PER_KV};
 
 /// Whether `heads` need the wide builds.
 fn wide(heads: Heads) -> bool {

@@ -8,7 +8,7 @@ use anyhow::{bail, Result};
 use bytemuck::{Pod, Zeroable};
 use std::sync::Arc;
 
-use super::prepared_x::{PreparedX, XForm};
+use super::prepared_x::{FusedInput, PreparedX, XForm};
 use super::runtime::Runtime;
 use super::tune::{Candidate, Dispatch, TuneKey};
 use super::variants::{
@@ -52,26 +52,6 @@ pub struct MatmulOptions {
     /// Add into y instead of overwriting (fuses a residual connection).
     pub accumulate: bool,
     pub rows: Rows,
-}
-
-/// The kernel that writes a mat-vec's input, folded into the mat-vec (decode)
-/// of the `gpu` set: the mat-vec reads that kernel's input and computes x
-/// itself, which saves decode one dispatch (and one pass over x) each.
-/// Prefill (and the `cpu` set) still reads the x the separate kernel writes.
-#[derive(Clone, Copy)]
-pub enum FusedInput<'a> {
-    /// x = RMSNorm(residual) * weights.
-    RmsNorm {
-        /// `[n, cols]` f32: the norm's input.
-        residual: &'a wgpu::Buffer,
-        /// `[cols]` f32.
-        weights: &'a wgpu::Buffer,
-        eps: f64,
-    },
-    /// x = silu(gate) * up, the SwiGLU gate, from `[n, 2 * cols]` f32 rows
-    /// (gate in the first half, up in the second, as the gate|up mat-mul
-    /// writes them).
-    SwiGlu { gate_up: &'a wgpu::Buffer },
 }
 
 /// One row part with its pipelines (a part's format picks its kernels, and

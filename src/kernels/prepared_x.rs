@@ -12,10 +12,29 @@ use anyhow::Result;
 use bytemuck::{Pod, Zeroable};
 use std::sync::Arc;
 
-use super::matmul::FusedInput;
 use super::{ceil_div, dispatch, Rows};
 use crate::gpu::Gpu;
 use crate::shaders::{self, Shader};
+
+/// The kernel that writes a mat-vec's input, folded into the mat-vec (decode)
+/// of the `gpu` set: the mat-vec reads that kernel's input and computes x
+/// itself, which saves decode one dispatch (and one pass over x) each.
+/// Prefill (and the `cpu` set) still reads the x the separate kernel writes.
+#[derive(Clone, Copy)]
+pub enum FusedInput<'a> {
+    /// x = RMSNorm(residual) * weights.
+    RmsNorm {
+        /// `[n, cols]` f32: the norm's input.
+        residual: &'a wgpu::Buffer,
+        /// `[cols]` f32.
+        weights: &'a wgpu::Buffer,
+        eps: f64,
+    },
+    /// x = silu(gate) * up, the SwiGLU gate, from `[n, 2 * cols]` f32 rows
+    /// (gate in the first half, up in the second, as the gate|up mat-mul
+    /// writes them).
+    SwiGlu { gate_up: &'a wgpu::Buffer },
+}
 
 #[repr(C)]
 #[derive(Clone, Copy, Pod, Zeroable)]

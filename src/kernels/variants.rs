@@ -518,6 +518,17 @@ impl MatmulKernel {
     }
 }
 
+/// The most query heads per KV head and the largest head size the attention
+/// kernels take (GMAX and 4 x HD4_MAX in attention_heads.wgsl); model
+/// configs are checked against the same limits when loaded (src/config.rs).
+pub const MAX_HEADS_PER_KV: usize = 8;
+pub const NARROW_HEAD_DIM: usize = 128;
+/// The wide builds (attention_heads_wide.wgsl: attention.wgsl and the `gpu`
+/// decode kernels) take heads up to this size, with up to
+/// [`WIDE_HEADS_PER_KV`] query heads per KV head.
+pub const MAX_HEAD_DIM: usize = 256;
+pub const WIDE_HEADS_PER_KV: usize = 4;
+
 /// Decode attention (one query) variants; prefill and the merge have one.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum AttnDecodeVariant {
@@ -680,8 +691,7 @@ impl AttnPrefillVariant {
     /// window: `Coop` has neither a wide build nor a window mask; a layer
     /// that needs either takes another whatever the kernel set.
     pub fn takes(self, head_dim: usize, window: bool) -> bool {
-        self != AttnPrefillVariant::Coop
-            || (head_dim <= super::attention::NARROW_HEAD_DIM && !window)
+        self != AttnPrefillVariant::Coop || (head_dim <= NARROW_HEAD_DIM && !window)
     }
 }
 

@@ -126,7 +126,12 @@ for what, kw, status, code in [
     ("no messages", {"messages": []}, 400, None),
     ("role wizard", {"messages": [{"role": "wizard", "content": "x"}]}, 400, None),
     ("context", {"messages": user("word " * 5000)}, 400, "context_length_exceeded"),
-]:
+] + ([] if OTHER else [
+    # What sieve does not do yet is refused, not ignored (other servers do it).
+    ("json object", {"messages": user("Hi"), "response_format": {"type": "json_object"}}, 400, None),
+    ("tools", {"messages": user("Weather in Paris?"), "tools": [{"type": "function", "function": {
+        "name": "get_weather", "parameters": {"type": "object", "properties": {}}}}]}, 400, None),
+]):
     try:
         client.chat.completions.create(**{**GREEDY, **kw})
         check(False, f"{what}: accepted")

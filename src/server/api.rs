@@ -129,6 +129,55 @@ fn number_in(
     }
 }
 
+/// The OpenAI fields that ask for what sieve does not do yet (issue #54:
+/// structured output, tools, log-probabilities, logit biases): a 400 naming
+/// the field wherever a value asks for something, so that no client
+/// believes it was done. Values that ask for nothing (a `text` response
+/// format, no tools, `tool_choice` "none" or "auto" without tools, zero
+/// top log-probabilities, an empty bias map) pass.
+fn refuse_what_is_not_honoured(body: &Map<String, Value>) -> Result<(), ApiError> {
+    let refuse = |key: &str, why: &str| Err(ApiError::invalid(Some(key), format!("'{key}' {why}")));
+    match body.get("response_format") {
+        None | Some(Value::Null) => {}
+        Some(v) if v.get("type").and_then(Value::as_str) == Some("text") => {}
+        Some(_) => {
+            return refuse(
+                "response_format",
+                "is not supported yet: sieve does not constrain its output to a JSON object or schema (only {\"type\": \"text\"})",
+            )
+        }
+    }
+    let no_tools = match body.get("tools") {
+        None | Some(Value::Null) => true,
+        Some(Value::Array(tools)) if tools.is_empty() => true,
+        Some(_) => return refuse("tools", "are not supported yet: sieve does not call tools"),
+    };
+    match body.get("tool_choice") {
+        None | Some(Value::Null) => {}
+        Some(Value::String(c)) if c == "none" || (c == "auto" && no_tools) => {}
+        Some(_) => {
+            return refuse(
+                "tool_choice",
+                "asks for a tool call, which sieve does not make yet",
+            )
+        }
+    }
+    for key in ["functions", "function_call"] {
+        if !matches!(body.get(key), None | Some(Value::Null)) {
+            return refuse(key, "(OpenAI's older form of tools) is not supported");
+        }
+    }
+    if field(body, "top_logprobs", "an integer", Value::as_u64)?.is_some_and(|n| n > 0) {
+        return refuse("top_logprobs", "is not supported yet");
+    }
+    match body.get("logit_bias") {
+        None | Some(Value::Null) => {}
+        Some(Value::Object(m)) if m.is_empty() => {}
+        Some(_) => return refuse("logit_bias", "is not supported"),
+    }
+    Ok(())
+}
+
 /// The generation fields shared by chat and text completions.
 pub fn parse_generate(body: &Map<String, Value>) -> Result<Generate, ApiError> {
     let n = field(body, "n", "an integer", Value::as_u64)?;
@@ -152,6 +201,7 @@ pub fn parse_generate(body: &Map<String, Value>) -> Result<Generate, ApiError> {
             "'logprobs' is not supported",
         ));
     }
+    refuse_what_is_not_honoured(body)?;
     let mut max_tokens = None;
     for key in ["max_completion_tokens", "max_tokens"] {
         let v = field(body, key, "a positive integer", |v| {
@@ -520,6 +570,13 @@ mod tests {
         assert_eq!(ok.stop, vec!["x".to_string()]);
         assert!(ok.stream && ok.include_usage);
         assert_eq!(ok.sampling.temperature, 0.0);
+        // Values of the not-yet-supported fields that ask for nothing pass.
+        parse_generate(&body(json!({
+            "response_format": {"type": "text"}, "tools": [], "tool_choice": "auto",
+            "top_logprobs": 0, "logit_bias": {}, "parallel_tool_calls": false,
+        })))
+        .unwrap();
+        parse_generate(&body(json!({"tool_choice": "none"}))).unwrap();
         for (bad, param) in [
             (json!({"max_tokens": -1}), "max_tokens"),
             (json!({"max_tokens": 0}), "max_tokens"),
@@ -534,6 +591,27 @@ mod tests {
             (json!({"stop": ["a", "b", "c", "d", "e"]}), "stop"),
             (json!({"stream": "yes"}), "stream"),
             (json!({"presence_penalty": 0.5}), "presence_penalty"),
+            (
+                json!({"response_format": {"type": "json_object"}}),
+                "response_format",
+            ),
+            (
+                json!({"response_format": {"type": "json_schema", "json_schema": {"name": "p", "schema": {}}}}),
+                "response_format",
+            ),
+            (
+                json!({"tools": [{"type": "function", "function": {"name": "get_weather"}}]}),
+                "tools",
+            ),
+            (json!({"tool_choice": "required"}), "tool_choice"),
+            (
+                json!({"tool_choice": {"type": "function", "function": {"name": "f"}}}),
+                "tool_choice",
+            ),
+            (json!({"functions": [{"name": "f"}]}), "functions"),
+            (json!({"top_logprobs": 3}), "top_logprobs"),
+            (json!({"top_logprobs": "3"}), "top_logprobs"),
+            (json!({"logit_bias": {"50256": -100}}), "logit_bias"),
             (
                 json!({"stream_options": {"include_usage": 1}}),
                 "stream_options.include_usage",

@@ -1,17 +1,24 @@
 // sample.wgsl: picks the next token on the GPU from one row of logits, so only
 // the chosen id returns to the host. One workgroup of 256 invocations.
-// Order as in Hugging Face generate: repetition penalty, temperature, top-k, top-p.
+// Order: the allowed set (a constraint's mask), the repetition penalty
+// (Hugging Face's), the presence and frequency penalties (OpenAI's, over the
+// tokens sampled since `counts` was cleared), temperature, top-k, top-p.
 // temperature == 0 means greedy (argmax; ties go to the lowest id).
 // Top-k and top-p thresholds are found by bisection on the logit value (no sort);
-// ties at a threshold keep all tied tokens. The chosen id is also marked in `seen`
-// for the repetition penalty of later steps. A row holding a NaN or an infinity
-// yields NONFINITE (0xffffffff) instead of a token, and marks nothing.
+// ties at a threshold keep all tied tokens. A token outside the allowed set is
+// never chosen; the host never passes an empty set. The chosen id is also
+// marked in `seen` for the repetition penalty of later steps and counted in
+// `counts`. A row holding a NaN or an infinity yields NONFINITE (0xffffffff)
+// instead of a token, and marks nothing.
 //
 // Bindings (group 0):
 //   0 p       uniform SampleParams
 //   1 logits  storage read  [rows, vocab] f32  (row p.row is used)
 //   2 seen    storage rw    [ceil(vocab/32)] u32 bitmask of tokens seen so far
 //   3 result  storage rw    [1] u32
+//   4 allowed storage read  [ceil(vocab/32)] u32 bitmask of the tokens that may
+//                           be chosen (all ones without a constraint)
+//   5 counts  storage rw    [vocab] u32 times each token was chosen
 // Dispatch: (1, 1, 1).
 struct SampleParams {
     vocab: u32,
@@ -22,12 +29,18 @@ struct SampleParams {
     top_p: f32,        // 1 = off
     rep_penalty: f32,  // 1 = off
     counter: u32,      // step number, mixed into the random stream
+    presence: f32,     // 0 = off
+    frequency: f32,    // 0 = off
+    _p0: u32,
+    _p1: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: SampleParams;
 @group(0) @binding(1) var<storage, read> logits: array<f32>;
 @group(0) @binding(2) var<storage, read_write> seen: array<u32>;
 @group(0) @binding(3) var<storage, read_write> result: array<u32>;
+@group(0) @binding(4) var<storage, read> allowed: array<u32>;
+@group(0) @binding(5) var<storage, read_write> counts: array<u32>;
 
 const WG: u32 = 256u;
 const NEG: f32 = -3.0e38;
@@ -50,13 +63,25 @@ fn is_nonfinite(x: f32) -> bool {
     return (bitcast<u32>(x) & 0x7f800000u) == 0x7f800000u;
 }
 
+// A token's logit as sampling sees it: NEG outside the allowed set (it then
+// adds no mass, and never beats an allowed token), else after the penalties
+// and the temperature.
 fn adjusted(v: u32) -> f32 {
+    if (((allowed[v / 32u] >> (v % 32u)) & 1u) == 0u) {
+        return NEG;
+    }
     var x = logits[p.row * p.vocab + v];
     if (p.rep_penalty != 1.0 && ((seen[v / 32u] >> (v % 32u)) & 1u) == 1u) {
         if (x > 0.0) {
             x = x / p.rep_penalty;
         } else {
             x = x * p.rep_penalty;
+        }
+    }
+    if (p.presence != 0.0 || p.frequency != 0.0) {
+        let c = counts[v];
+        if (c > 0u) {
+            x -= p.frequency * f32(c) + p.presence;
         }
     }
     if (p.temperature > 0.0) {
@@ -162,20 +187,31 @@ fn main(@builtin(local_invocation_index) lid: u32) {
 
     if (p.temperature > 0.0) {
         // Top-k threshold: the largest value with at least k tokens at or above it.
+        // Fewer than k allowed tokens: no threshold (all of them stay).
         var thr = NEG;
         if (p.top_k > 0u && p.top_k < p.vocab) {
-            var lo = reduce_min(best, lid);
             var hi = m;
             if (mass_above(hi, m, true, lid) < f32(p.top_k)) {
-                for (var it = 0u; it < ITERS; it++) {
-                    let mid = 0.5 * (lo + hi);
-                    if (mass_above(mid, m, true, lid) >= f32(p.top_k)) {
-                        lo = mid;
-                    } else {
-                        hi = mid;
+                // The lowest allowed value: every allowed token is at or above it.
+                var low = m;
+                for (var v = lid; v < bounded(p.vocab); v += WG) {
+                    let x = adjusted(v);
+                    if (x > NEG) {
+                        low = min(low, x);
                     }
                 }
-                thr = lo;
+                var lo = reduce_min(low, lid);
+                if (mass_above(lo, m, true, lid) >= f32(p.top_k)) {
+                    for (var it = 0u; it < ITERS; it++) {
+                        let mid = 0.5 * (lo + hi);
+                        if (mass_above(mid, m, true, lid) >= f32(p.top_k)) {
+                            lo = mid;
+                        } else {
+                            hi = mid;
+                        }
+                    }
+                    thr = lo;
+                }
             } else {
                 thr = hi;
             }
@@ -246,5 +282,6 @@ fn main(@builtin(local_invocation_index) lid: u32) {
         let c = chosen;
         result[0] = c;
         seen[c / 32u] = seen[c / 32u] | (1u << (c % 32u));
+        counts[c] += 1u;
     }
 }

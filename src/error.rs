@@ -38,6 +38,10 @@ pub enum ErrorKind {
     /// tokens (a step ran but could not be recorded): `Session::generate`
     /// refuses until `Session::reset`.
     NeedsReset,
+    /// A constraint (JSON schema, regular expression, grammar) that does not
+    /// compile, that the tokenizer cannot take, or that failed while
+    /// generating.
+    InvalidConstraint,
 }
 
 /// An error of the library API: its [`ErrorKind`] and the full message.

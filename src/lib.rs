@@ -52,6 +52,7 @@
 
 pub mod cache;
 pub mod config;
+pub mod constraint;
 pub mod convert;
 pub mod device;
 pub mod engine;
@@ -81,6 +82,7 @@ pub mod tokenizer;
 pub mod weights;
 
 pub use cache::CacheOptions;
+pub use constraint::Constraint;
 pub use device::KernelSet;
 pub use error::{Error, ErrorKind, Result};
 pub use eviction::Policy;

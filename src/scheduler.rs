@@ -32,6 +32,7 @@ use std::sync::Arc;
 use web_time::Instant;
 
 use crate::cache::{BoundedCache, CacheOptions};
+use crate::constraint::ConstraintState;
 use crate::engine::{Batch, Engine, EngineOptions, KvCache, SeqStep};
 use crate::error::{bail_kind, Error, ErrorKind, Result};
 use crate::eviction::Policy;
@@ -161,10 +162,34 @@ struct Sequence {
     ids: Vec<u32>,
     text: Option<StopText>,
     on_text: Box<dyn FnMut(&str) -> bool + Send>,
+    /// Its constraint, fed each emitted token.
+    constraint: Option<ConstraintState>,
     cancel: CancelToken,
     started: Instant,
     prefill_seconds: f64,
     decode_started: Option<Instant>,
+}
+
+impl Sequence {
+    /// Feeds an emitted token (if any) to the sequence's constraint and
+    /// sets the tokens its next sampling step may choose. Returns
+    /// `ConstraintComplete` when the token completed it (that step's choice
+    /// is then free: the sequence ends after it).
+    fn constrain(&mut self, emitted: Option<u32>) -> anyhow::Result<Option<StopReason>> {
+        let Some(c) = self.constraint.as_mut() else {
+            return Ok(None);
+        };
+        if let Some(t) = emitted {
+            c.accept(t)?;
+        }
+        if c.is_complete() {
+            self.engine.set_allowed(None)?;
+            return Ok(Some(StopReason::ConstraintComplete));
+        }
+        let mask = c.mask()?;
+        self.engine.set_allowed(Some(&mask))?;
+        Ok(None)
+    }
 }
 
 /// One sequence's part of the next step.
@@ -285,6 +310,9 @@ impl Scheduler {
             );
         }
         opts.sampling.validate()?;
+        let constraint = (opts.constraint.as_ref())
+            .map(|c| ConstraintState::new(c, &self.tokenizer, vocab))
+            .transpose()?;
         let cache_opts = cache
             .or(self.opts.cache)
             .unwrap_or(CacheOptions::new(Policy::Full, 0, 0));
@@ -324,6 +352,8 @@ impl Scheduler {
         };
         self.pool[block].1 = true;
         engine.reset_seen(prompt);
+        // A reused engine may hold its last sequence's mask.
+        engine.set_allowed(None)?;
         let id = SequenceId(self.next_id);
         self.next_id += 1;
         self.sequences.push(Sequence {
@@ -341,6 +371,7 @@ impl Scheduler {
             steps: 0,
             ids: vec![],
             on_text,
+            constraint,
             cancel: CancelToken::default(),
             started: Instant::now(),
             prefill_seconds: 0.0,
@@ -493,7 +524,8 @@ impl Scheduler {
             // A refresh or the text failing fails this sequence alone.
             let emitted = make_room(s, pos, &mut self.evicted).and_then(|()| {
                 let text = s.text.as_mut().expect("a running sequence has its text");
-                text.push(&self.tokenizer, next, &mut s.on_text)
+                let stop = text.push(&self.tokenizer, next, &mut s.on_text)?;
+                Ok(stop.or(s.constrain(Some(next))?))
             });
             let stop_after = match emitted {
                 Ok(stop) => stop,
@@ -546,6 +578,12 @@ impl Scheduler {
                 .min(s.engine.max_step_tokens());
             if n == 0 {
                 continue;
+            }
+            if fed + n == s.prompt.len() {
+                if let Err(e) = s.constrain(None) {
+                    failed.push((i, e));
+                    continue;
+                }
             }
             let ids = s.prompt[fed..fed + n].to_vec();
             s.waited = 0;
@@ -637,6 +675,7 @@ impl Scheduler {
                 generated_tokens: s.ids.len(),
                 prefill_seconds: s.prefill_seconds,
                 decode_seconds,
+                mask_seconds: s.constraint.as_ref().map_or(0.0, |c| c.mask_seconds),
                 stop,
             },
             ids: s.ids,

@@ -22,6 +22,7 @@ use std::sync::Arc;
 use web_time::Instant;
 
 use crate::cache::{BoundedCache, CacheOptions, FeedOutput};
+use crate::constraint::{Constraint, ConstraintState};
 use crate::device::DeviceProfile;
 use crate::engine::{Engine, StepIds, Submitted};
 use crate::eviction::Policy;
@@ -135,8 +136,14 @@ pub struct GenerateOptions {
     pub on_prompt: Option<Progress>,
     /// Whether each decode step is submitted while the GPU still runs the
     /// one before (see [`SubmitAhead`]). The tokens and the cache are the
-    /// same either way.
+    /// same either way. A constrained generation steps one at a time (the
+    /// mask of each step needs the token before it).
     pub submit_ahead: SubmitAhead,
+    /// What the output must match (a JSON schema, a regular expression, a
+    /// grammar): each step samples only among the tokens that keep it
+    /// inside, and the generation stops when it is complete
+    /// ([`StopReason::ConstraintComplete`]). None: any text.
+    pub constraint: Option<Constraint>,
 }
 
 /// Submitting decode steps ahead: each step is submitted while the GPU
@@ -181,6 +188,7 @@ impl Default for GenerateOptions {
             stop_at_eos: true,
             on_prompt: None,
             submit_ahead: SubmitAhead::Auto,
+            constraint: None,
         }
     }
 }
@@ -199,6 +207,9 @@ pub enum StopReason {
     /// The full cache of `SessionOptions::max_context` slots is full (a
     /// bounded cache never fills).
     ContextFull,
+    /// The output completed its [`GenerateOptions::constraint`]: nothing
+    /// more could follow.
+    ConstraintComplete,
 }
 
 /// Counts and timings of one generation.
@@ -217,6 +228,9 @@ pub struct GenerationStats {
     pub prefill_seconds: f64,
     /// Seconds for the rest of the tokens.
     pub decode_seconds: f64,
+    /// Seconds the host spent computing a constraint's token masks (part
+    /// of the two above; 0 without a constraint).
+    pub mask_seconds: f64,
     pub stop: StopReason,
 }
 
@@ -286,6 +300,8 @@ pub struct Session {
     /// step ran on the GPU but failed before its entries were recorded, as
     /// with non-finite logits): `generate` refuses until `reset`.
     out_of_step: Option<String>,
+    /// The running generation's constraint.
+    constraint: Option<ConstraintState>,
 }
 
 /// What [`Session::chat`] remembers: the messages, and the text of the
@@ -336,6 +352,7 @@ impl Session {
             steps: 0,
             chat: Chat::default(),
             out_of_step: None,
+            constraint: None,
         })
     }
 
@@ -524,8 +541,14 @@ impl Session {
         mut on_text: impl FnMut(&str) -> bool,
     ) -> anyhow::Result<Generation> {
         let max = self.check_prompt(prompt, opts)?;
+        let vocab = self.engine.model.config.vocab_size;
+        self.constraint = (opts.constraint.as_ref())
+            .map(|c| ConstraintState::new(c, &self.tokenizer, vocab))
+            .transpose()?;
         let t0 = Instant::now();
-        let next = match self.feed_prompt(prompt, opts)? {
+        let fed = self.feed_prompt(prompt, opts);
+        let mask_seconds = |s: &Self| s.constraint.as_ref().map_or(0.0, |c| c.mask_seconds);
+        let next = match fed? {
             Ok(next) => next,
             Err(fed) => {
                 let stats = GenerationStats {
@@ -534,6 +557,7 @@ impl Session {
                     generated_tokens: 0,
                     prefill_seconds: t0.elapsed().as_secs_f64(),
                     decode_seconds: 0.0,
+                    mask_seconds: mask_seconds(self),
                     stop: StopReason::Cancelled,
                 };
                 return Ok(Generation {
@@ -557,6 +581,7 @@ impl Session {
                 generated_tokens: ids.len(),
                 prefill_seconds,
                 decode_seconds: t1.elapsed().as_secs_f64(),
+                mask_seconds: mask_seconds(self),
                 stop,
             },
             ids,
@@ -617,6 +642,7 @@ impl Session {
             }
             let last = (i + 1) * chunk >= prompt.len();
             let out = if last {
+                self.set_allowed()?;
                 self.steps += 1;
                 FeedOutput::Sample(opts.sampling, self.steps)
             } else {
@@ -672,7 +698,9 @@ impl Session {
         on_text: &mut impl FnMut(&str) -> bool,
     ) -> anyhow::Result<StopReason> {
         let mut ahead: Option<Submitted> = None;
-        let submit_ahead = opts.submit_ahead.enabled(&self.engine.model.gpu.profile);
+        // A constrained step's mask needs the token before it on the host.
+        let submit_ahead =
+            opts.submit_ahead.enabled(&self.engine.model.gpu.profile) && self.constraint.is_none();
         loop {
             if let Some(end) = self.end_before(next, ids.len(), opts, max) {
                 self.undo_ahead(ahead.take())?;
@@ -681,6 +709,10 @@ impl Session {
             ids.push(next);
             let stopped = match text.push(&self.tokenizer, next, on_text) {
                 Ok(stopped) => stopped,
+                Err(e) => return Err(self.fail_with_ahead(ahead.take(), e)),
+            };
+            let stopped = match self.constraint_complete_after(next) {
+                Ok(complete) => stopped.or(complete),
                 Err(e) => return Err(self.fail_with_ahead(ahead.take(), e)),
             };
             let pos = self.tokens.len() as u32;
@@ -698,6 +730,7 @@ impl Session {
                 }
                 None => {
                     // One step at a time.
+                    self.set_allowed()?;
                     self.steps += 1;
                     let out = FeedOutput::Sample(opts.sampling, self.steps);
                     let t = self
@@ -749,6 +782,26 @@ impl Session {
                 return Ok(StopReason::Cancelled);
             }
         }
+    }
+
+    /// Sets the tokens the next sampling step may choose: the constraint's
+    /// mask, or every token (no constraint, or one that is complete and
+    /// whose generation ends after this step).
+    fn set_allowed(&mut self) -> anyhow::Result<()> {
+        let mask = match self.constraint.as_mut().filter(|c| !c.is_complete()) {
+            Some(c) => Some(c.mask()?),
+            None => None,
+        };
+        self.engine.set_allowed(mask.as_deref())
+    }
+
+    /// Feeds an emitted token to the constraint; whether that completed it.
+    fn constraint_complete_after(&mut self, token: u32) -> anyhow::Result<Option<StopReason>> {
+        let Some(c) = self.constraint.as_mut() else {
+            return Ok(None);
+        };
+        c.accept(token)?;
+        Ok(c.is_complete().then_some(StopReason::ConstraintComplete))
     }
 
     fn cancelled(&self) -> Option<StopReason> {

@@ -33,6 +33,8 @@ pub struct Tokenizer {
     bos_id: Option<u32>,
     /// Ids that end a generation: the config's eos ids plus the tokenizer's eos token.
     pub eos_ids: Vec<u32>,
+    /// What constraints compile with, built when the first one is used.
+    pub(crate) constraint_factory: crate::constraint::FactoryCell,
 }
 
 /// A special token in tokenizer_config.json is a string or `{"content": ...}`.
@@ -160,6 +162,7 @@ impl Tokenizer {
             eos_token,
             bos_id,
             eos_ids,
+            constraint_factory: Default::default(),
         })
     }
 
@@ -192,6 +195,11 @@ impl Tokenizer {
         self.inner
             .decode(ids, false)
             .map_err(|e| anyhow!("detokenizing: {e}"))
+    }
+
+    /// The `tokenizers` tokenizer itself.
+    pub(crate) fn inner(&self) -> &tokenizers::Tokenizer {
+        &self.inner
     }
 
     pub fn has_chat_template(&self) -> bool {

@@ -400,6 +400,13 @@ impl Engine {
         self.sampler.reset_seen(&self.model.gpu, tokens);
     }
 
+    /// The tokens the next sampling step may choose (a constraint's mask,
+    /// one bit per token of the vocabulary; see `Sampler::set_allowed`),
+    /// or None for every token. Kept until changed.
+    pub fn set_allowed(&self, mask: Option<&[u32]>) -> Result<()> {
+        self.sampler.set_allowed(&self.model.gpu, mask)
+    }
+
     /// The most queries whose attention partials over `n_keys(n)` keys fit
     /// the partials buffer (at most `max_tokens`; at least 1).
     fn max_queries(&self, n_keys: impl Fn(usize) -> usize) -> usize {

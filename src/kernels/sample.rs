@@ -1,5 +1,6 @@
 //! `shaders/sample.wgsl`: next-token choice on the GPU (greedy, temperature,
-//! top-k, top-p, repetition penalty, seeded).
+//! top-k, top-p, repetition, presence and frequency penalties, seeded),
+//! among the tokens a constraint allows.
 
 use anyhow::Result;
 use bytemuck::{Pod, Zeroable};
@@ -20,6 +21,12 @@ pub struct SamplingParams {
     /// 1 disables the repetition penalty (Hugging Face's definition: positive
     /// logits of seen tokens are divided by it, negative ones multiplied).
     pub repetition_penalty: f32,
+    /// OpenAI's presence penalty (0 = off): subtracted from the logit of
+    /// every token sampled at least once in this generation.
+    pub presence_penalty: f32,
+    /// OpenAI's frequency penalty (0 = off): subtracted once per time the
+    /// token was sampled in this generation.
+    pub frequency_penalty: f32,
     pub seed: u64,
 }
 
@@ -36,6 +43,8 @@ impl SamplingParams {
         top_k: 0,
         top_p: 1.0,
         repetition_penalty: 1.0,
+        presence_penalty: 0.0,
+        frequency_penalty: 0.0,
         seed: 0,
     };
 
@@ -47,6 +56,8 @@ impl SamplingParams {
     /// The repetition penalty's range: outside it a logit scaled by it leaves
     /// the range where sampling stays meaningful (1e-45 gave degenerate text).
     pub const PENALTY_RANGE: (f32, f32) = (1e-2, 1e2);
+    /// OpenAI's range for the presence and frequency penalties.
+    pub const PRESENCE_FREQUENCY_RANGE: (f32, f32) = (-2.0, 2.0);
 
     /// Refuses settings with which sampling degenerates or is undefined,
     /// naming the setting, its value and the rule.
@@ -71,6 +82,18 @@ impl SamplingParams {
                 "repetition penalty {r:?} is not in [{lo}, {hi}] (1 = off)"
             );
         }
+        let (lo, hi) = Self::PRESENCE_FREQUENCY_RANGE;
+        for (name, v) in [
+            ("presence", self.presence_penalty),
+            ("frequency", self.frequency_penalty),
+        ] {
+            if !(lo..=hi).contains(&v) {
+                bail_kind!(
+                    InvalidOptions,
+                    "{name} penalty {v:?} is not in [{lo}, {hi}] (0 = off)"
+                );
+            }
+        }
         Ok(())
     }
 }
@@ -86,12 +109,17 @@ struct Params {
     top_p: f32,
     rep_penalty: f32,
     counter: u32,
+    presence: f32,
+    frequency: f32,
+    _p0: u32,
+    _p1: u32,
 }
 
 /// How `Params` mirrors `SampleParams` (checked against naga in tests/shaders.rs).
 pub(crate) fn uniform_layout() -> super::UniformLayout {
     super::uniform_layout!(Params as "SampleParams" in [shaders::SAMPLE] {
-        vocab, row, top_k, seed, temperature, top_p, rep_penalty, counter
+        vocab, row, top_k, seed, temperature, top_p, rep_penalty, counter, presence, frequency,
+        _p0, _p1
     })
 }
 
@@ -107,6 +135,14 @@ pub struct Sampler {
     pub seen: wgpu::Buffer,
     /// The chosen token id, `[1]` u32, or [`NONFINITE`].
     pub result: wgpu::Buffer,
+    /// Bitmask of the tokens the next choice may take.
+    allowed: wgpu::Buffer,
+    /// Whether `allowed` holds every token (no constraint): kept so that an
+    /// unconstrained generation writes it once, not every step.
+    all_allowed: std::sync::atomic::AtomicBool,
+    /// Times each token was chosen since `reset_seen` (the presence and
+    /// frequency penalties).
+    counts: wgpu::Buffer,
     vocab: u32,
 }
 
@@ -116,18 +152,29 @@ impl Sampler {
         let params = gpu.uniform("sample-params", &Params::zeroed());
         let seen = gpu.storage("seen", vocab.div_ceil(32) as u64 * 4);
         let result = gpu.storage("sampled", 16);
-        let group = gpu.bind_group(&pipeline, &[&params, logits, &seen, &result]);
+        let words = vocab.div_ceil(32);
+        let allowed = gpu.storage_from("allowed", &vec![u32::MAX; words]);
+        let counts = gpu.storage("counts", vocab as u64 * 4);
+        let group = gpu.bind_group(
+            &pipeline,
+            &[&params, logits, &seen, &result, &allowed, &counts],
+        );
         Ok(Sampler {
             pipeline,
             group,
             params,
             seen,
             result,
+            allowed,
+            all_allowed: std::sync::atomic::AtomicBool::new(true),
+            counts,
             vocab: vocab as u32,
         })
     }
 
-    /// Replaces the seen-token set (the prompt's tokens at the start of a generation).
+    /// Starts a generation: `tokens` (the prompt's) are the seen set of
+    /// the repetition penalty, and no token has been chosen yet (the
+    /// presence and frequency penalties).
     pub fn reset_seen(&self, gpu: &Gpu, tokens: &[u32]) {
         let mut mask = vec![0u32; (self.vocab as usize).div_ceil(32)];
         for &t in tokens {
@@ -136,6 +183,46 @@ impl Sampler {
             }
         }
         gpu.write(&self.seen, 0, bytemuck::cast_slice(&mask));
+        gpu.write(
+            &self.counts,
+            0,
+            bytemuck::cast_slice(&vec![0u32; self.vocab as usize]),
+        );
+    }
+
+    /// The tokens the next choice may take: a bitmask of `ceil(vocab / 32)`
+    /// words (bit `t % 32` of word `t / 32` for token t), or None for every
+    /// token. A mask with no token set is refused: the shader would have
+    /// nothing to choose.
+    pub fn set_allowed(&self, gpu: &Gpu, mask: Option<&[u32]>) -> Result<()> {
+        use std::sync::atomic::Ordering::Relaxed;
+        let words = (self.vocab as usize).div_ceil(32);
+        match mask {
+            None if self.all_allowed.load(Relaxed) => {}
+            None => {
+                gpu.write(
+                    &self.allowed,
+                    0,
+                    bytemuck::cast_slice(&vec![u32::MAX; words]),
+                );
+                self.all_allowed.store(true, Relaxed);
+            }
+            Some(mask) => {
+                anyhow::ensure!(
+                    mask.len() == words,
+                    "a token mask of {} words for a vocabulary of {} tokens ({words} words)",
+                    mask.len(),
+                    self.vocab
+                );
+                anyhow::ensure!(
+                    mask.iter().any(|&w| w != 0),
+                    "the token mask allows no token"
+                );
+                gpu.write(&self.allowed, 0, bytemuck::cast_slice(mask));
+                self.all_allowed.store(false, Relaxed);
+            }
+        }
+        Ok(())
     }
 
     /// Writes the parameters for sampling row `row` of the logits at step `counter`.
@@ -149,6 +236,10 @@ impl Sampler {
             top_p: s.top_p,
             rep_penalty: s.repetition_penalty,
             counter,
+            presence: s.presence_penalty,
+            frequency: s.frequency_penalty,
+            _p0: 0,
+            _p1: 0,
         };
         gpu.write(&self.params, 0, bytemuck::bytes_of(&p));
     }
@@ -165,19 +256,38 @@ pub fn pcg(v: u32) -> u32 {
     (word >> 22) ^ word
 }
 
+/// What the sampler knows besides the logits and the settings: the seen
+/// set (repetition penalty), the times each token was chosen (presence and
+/// frequency penalties) and the allowed set (None: every token).
+#[derive(Clone, Copy, Default)]
+pub struct History<'a> {
+    pub seen: &'a [u32],
+    /// (token, times chosen), tokens not listed chosen 0 times.
+    pub counts: &'a [(u32, u32)],
+    /// The ids of the tokens that may be chosen.
+    pub allowed: Option<&'a [u32]>,
+}
+
 /// CPU reference with exact (sorted) top-k / top-p sets.
-pub fn reference(logits: &[f32], seen: &[u32], s: &SamplingParams, counter: u32) -> u32 {
+pub fn reference(logits: &[f32], h: History, s: &SamplingParams, counter: u32) -> u32 {
     let adj: Vec<f64> = logits
         .iter()
         .enumerate()
         .map(|(i, &x)| {
+            let i = i as u32;
+            if h.allowed.is_some_and(|a| !a.contains(&i)) {
+                return f64::NEG_INFINITY;
+            }
             let mut x = x as f64;
-            if s.repetition_penalty != 1.0 && seen.contains(&(i as u32)) {
+            if s.repetition_penalty != 1.0 && h.seen.contains(&i) {
                 x = if x > 0.0 {
                     x / s.repetition_penalty as f64
                 } else {
                     x * s.repetition_penalty as f64
                 };
+            }
+            if let Some(&(_, c)) = h.counts.iter().find(|(t, c)| *t == i && *c > 0) {
+                x -= s.frequency_penalty as f64 * c as f64 + s.presence_penalty as f64;
             }
             if s.temperature > 0.0 {
                 x /= s.temperature as f64;
@@ -192,10 +302,11 @@ pub fn reference(logits: &[f32], seen: &[u32], s: &SamplingParams, counter: u32)
     let m = adj[argmax];
     let mut order: Vec<usize> = (0..adj.len()).collect();
     order.sort_by(|&a, &b| adj[b].partial_cmp(&adj[a]).unwrap());
+    let allowed = adj.iter().filter(|x| x.is_finite()).count();
     let mut keep = if s.top_k > 0 {
-        (s.top_k as usize).min(adj.len())
+        (s.top_k as usize).min(allowed)
     } else {
-        adj.len()
+        allowed
     };
     if s.top_p < 1.0 {
         let total: f64 = order[..keep].iter().map(|&i| (adj[i] - m).exp()).sum();
@@ -211,13 +322,13 @@ pub fn reference(logits: &[f32], seen: &[u32], s: &SamplingParams, counter: u32)
     let thr = adj[order[keep - 1]];
     let z: f64 = adj
         .iter()
-        .filter(|&&x| x >= thr)
+        .filter(|&&x| x >= thr && x.is_finite())
         .map(|x| (x - m).exp())
         .sum();
     let r = (pcg((s.seed ^ (s.seed >> 32)) as u32 ^ pcg(counter)) >> 8) as f64 / 16777216.0;
     let mut u = r * z;
     for (i, &x) in adj.iter().enumerate() {
-        if x >= thr {
+        if x >= thr && x.is_finite() {
             let w = (x - m).exp();
             if u < w {
                 return i as u32;
@@ -233,13 +344,36 @@ pub(crate) mod tests {
     use super::*;
     use crate::kernels::testutil::*;
 
-    fn run(gpu: &Gpu, logits: &[f32], seen: &[u32], s: &SamplingParams, counter: u32) -> u32 {
+    /// The bitmask of a set of token ids.
+    pub(crate) fn bitmask(ids: &[u32], vocab: usize) -> Vec<u32> {
+        let mut mask = vec![0u32; vocab.div_ceil(32)];
+        for &t in ids {
+            mask[t as usize / 32] |= 1 << (t % 32);
+        }
+        mask
+    }
+
+    fn run(gpu: &Gpu, logits: &[f32], h: History, s: &SamplingParams, counter: u32) -> u32 {
         let lb = gpu.storage_from("logits", logits);
         let sm = Sampler::new(gpu, logits.len(), &lb).unwrap();
-        sm.reset_seen(gpu, seen);
+        sm.reset_seen(gpu, h.seen);
+        let mut counts = vec![0u32; logits.len()];
+        for &(t, c) in h.counts {
+            counts[t as usize] = c;
+        }
+        gpu.write(&sm.counts, 0, bytemuck::cast_slice(&counts));
+        let mask = h.allowed.map(|a| bitmask(a, logits.len()));
+        sm.set_allowed(gpu, mask.as_deref()).unwrap();
         sm.set_params(gpu, s, 0, counter);
         run_pass(gpu, |pass| sm.encode(pass));
         gpu.read::<u32>(&sm.result, 0, 1).unwrap()[0]
+    }
+
+    fn seen(ids: &[u32]) -> History<'_> {
+        History {
+            seen: ids,
+            ..Default::default()
+        }
     }
 
     #[cfg_attr(test, test)]
@@ -248,14 +382,17 @@ pub(crate) mod tests {
         let mut l = rand_vec(1000, 1, 3.0);
         l[700] = 10.0;
         l[300] = 10.0;
-        assert_eq!(run(&gpu, &l, &[], &SamplingParams::default(), 0), 300);
+        assert_eq!(run(&gpu, &l, seen(&[]), &SamplingParams::default(), 0), 300);
         // Length 1 and a penalty that moves the maximum.
-        assert_eq!(run(&gpu, &[0.5], &[], &SamplingParams::default(), 0), 0);
+        assert_eq!(
+            run(&gpu, &[0.5], seen(&[]), &SamplingParams::default(), 0),
+            0
+        );
         let pen = SamplingParams {
             repetition_penalty: 2.0,
             ..Default::default()
         };
-        assert_eq!(run(&gpu, &[4.0, 3.0, -1.0], &[0], &pen, 0), 1);
+        assert_eq!(run(&gpu, &[4.0, 3.0, -1.0], seen(&[0]), &pen, 0), 1);
     }
 
     /// A NaN or an infinity anywhere in the row gives NONFINITE in every
@@ -269,18 +406,19 @@ pub(crate) mod tests {
             top_p: 0.9,
             repetition_penalty: 1.3,
             seed: 7,
+            ..Default::default()
         };
         for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
             for at in [0usize, 517, 999] {
                 let mut l = rand_vec(1000, 2, 3.0);
                 l[at] = bad;
                 for s in [SamplingParams::default(), sampled] {
-                    assert_eq!(run(&gpu, &l, &[1], &s, 0), NONFINITE, "{bad} at {at}");
+                    assert_eq!(run(&gpu, &l, seen(&[1]), &s, 0), NONFINITE, "{bad} at {at}");
                 }
             }
         }
         let l = rand_vec(1000, 2, 3.0);
-        assert_ne!(run(&gpu, &l, &[], &sampled, 0), NONFINITE);
+        assert_ne!(run(&gpu, &l, seen(&[]), &sampled, 0), NONFINITE);
     }
 
     #[cfg_attr(test, test)]
@@ -320,6 +458,18 @@ pub(crate) mod tests {
                 repetition_penalty: f32::INFINITY,
                 ..ok
             },
+            SamplingParams {
+                presence_penalty: 2.5,
+                ..ok
+            },
+            SamplingParams {
+                frequency_penalty: -2.01,
+                ..ok
+            },
+            SamplingParams {
+                frequency_penalty: f32::NAN,
+                ..ok
+            },
         ] {
             assert!(bad.validate().is_err(), "{bad:?}");
         }
@@ -354,6 +504,7 @@ pub(crate) mod tests {
                 top_p: 0.5,
                 repetition_penalty: 1.3,
                 seed: 9,
+                ..Default::default()
             },
             SamplingParams {
                 temperature: 1.0,
@@ -364,14 +515,153 @@ pub(crate) mod tests {
         ];
         for (i, s) in cases.iter().enumerate() {
             for counter in 0..3 {
-                let got = run(&gpu, &l, &seen, s, counter);
-                let want = reference(&l, &seen, s, counter);
+                let h = History {
+                    seen: &seen,
+                    ..Default::default()
+                };
+                let got = run(&gpu, &l, h, s, counter);
+                let want = reference(&l, h, s, counter);
                 assert_eq!(got, want, "case {i} counter {counter}");
             }
         }
     }
 
+    /// Random logits and allowed sets (one token, a few, most, scattered
+    /// over an awkward vocabulary), with and without the penalties, in
+    /// every mode: the GPU's choice is the reference's, and always allowed.
+    #[cfg_attr(test, test)]
+    fn masked_sampling_matches_reference() {
+        let gpu = gpu();
+        let vocab = 10_007;
+        let l = rand_vec(vocab, 11, 6.0);
+        let mut rng = 0x9e37_79b9u32;
+        let mut pick = |n: usize| -> Vec<u32> {
+            let mut ids: Vec<u32> = (0..n)
+                .map(|_| {
+                    rng = pcg(rng);
+                    rng % vocab as u32
+                })
+                .collect();
+            ids.sort_unstable();
+            ids.dedup();
+            ids
+        };
+        let sets = [
+            vec![4321],
+            pick(3),
+            pick(60),
+            pick(9000),
+            vec![0, vocab as u32 - 1],
+        ];
+        let seen_ids = pick(500);
+        let counts: Vec<(u32, u32)> = pick(300).into_iter().map(|t| (t, 1 + t % 4)).collect();
+        let modes = [
+            SamplingParams::GREEDY,
+            SamplingParams {
+                temperature: 0.9,
+                seed: 4,
+                ..Default::default()
+            },
+            SamplingParams {
+                temperature: 1.1,
+                top_k: 20,
+                top_p: 0.8,
+                repetition_penalty: 1.2,
+                presence_penalty: 0.7,
+                frequency_penalty: 0.4,
+                seed: 8,
+            },
+            SamplingParams {
+                temperature: 1.0,
+                top_k: 100,
+                seed: 2,
+                ..Default::default()
+            },
+        ];
+        for (i, set) in sets.iter().enumerate() {
+            for (j, s) in modes.iter().enumerate() {
+                for counter in 0..2 {
+                    let h = History {
+                        seen: &seen_ids,
+                        counts: &counts,
+                        allowed: Some(set),
+                    };
+                    let got = run(&gpu, &l, h, s, counter);
+                    let want = reference(&l, h, s, counter);
+                    assert_eq!(got, want, "set {i} mode {j} counter {counter}");
+                    assert!(set.contains(&got), "set {i} mode {j}: {got} is not allowed");
+                }
+            }
+        }
+        // One allowed token is chosen whatever its logit.
+        let mut low = l.clone();
+        low[4321] = -50.0;
+        let only = History {
+            allowed: Some(&[4321]),
+            ..Default::default()
+        };
+        for s in &modes {
+            assert_eq!(run(&gpu, &low, only, s, 0), 4321);
+        }
+        // An empty mask is refused before the shader sees it.
+        let lb = gpu.storage_from("logits", &l);
+        let sm = Sampler::new(&gpu, vocab, &lb).unwrap();
+        assert!(sm
+            .set_allowed(&gpu, Some(&vec![0; vocab.div_ceil(32)]))
+            .is_err());
+    }
+
+    /// The presence and frequency penalties move the choice as OpenAI
+    /// defines them, and count the tokens the sampler itself chose.
+    #[cfg_attr(test, test)]
+    fn presence_and_frequency_penalties_match_reference() {
+        let gpu = gpu();
+        let l = rand_vec(3001, 12, 4.0);
+        let counts: Vec<(u32, u32)> = (0..3001u32).step_by(3).map(|t| (t, t % 5)).collect();
+        for (presence, frequency) in [(1.5, 0.0), (0.0, 0.9), (-1.0, 2.0), (2.0, -0.5)] {
+            for temperature in [0.0, 0.8] {
+                let s = SamplingParams {
+                    temperature,
+                    presence_penalty: presence,
+                    frequency_penalty: frequency,
+                    seed: 6,
+                    ..Default::default()
+                };
+                let h = History {
+                    counts: &counts,
+                    ..Default::default()
+                };
+                let (got, want) = (run(&gpu, &l, h, &s, 1), reference(&l, h, &s, 1));
+                assert_eq!(
+                    got, want,
+                    "presence {presence} frequency {frequency} t {temperature}"
+                );
+            }
+        }
+        // The sampler counts its own choices: greedy with a large frequency
+        // penalty on two near-equal maxima alternates between them.
+        let mut l = vec![0.0f32; 64];
+        l[10] = 5.0;
+        l[20] = 4.9;
+        let lb = gpu.storage_from("logits", &l);
+        let sm = Sampler::new(&gpu, l.len(), &lb).unwrap();
+        sm.reset_seen(&gpu, &[]);
+        let s = SamplingParams {
+            frequency_penalty: 0.2,
+            ..Default::default()
+        };
+        let mut chosen = vec![];
+        for counter in 0..4 {
+            sm.set_params(&gpu, &s, 0, counter);
+            run_pass(&gpu, |pass| sm.encode(pass));
+            chosen.push(gpu.read::<u32>(&sm.result, 0, 1).unwrap()[0]);
+        }
+        assert_eq!(chosen, [10, 20, 10, 20]);
+    }
+
     crate::kernels::checks::register![
+        masked_sampling_matches_reference,
+        presence_and_frequency_penalties_match_reference,
         greedy_takes_the_first_maximum,
         non_finite_logits_give_no_token,
         validate_refuses_degenerate_settings,

@@ -435,7 +435,10 @@ pub fn parse_prompt(body: &Map<String, Value>) -> Result<String, ApiError> {
 /// OpenAI's finish reason for a stop.
 pub fn finish_reason(stop: StopReason) -> &'static str {
     match stop {
-        StopReason::Eos | StopReason::StopString | StopReason::Cancelled => "stop",
+        StopReason::Eos
+        | StopReason::StopString
+        | StopReason::Cancelled
+        | StopReason::ConstraintComplete => "stop",
         StopReason::MaxTokens | StopReason::ContextFull => "length",
     }
 }

@@ -359,6 +359,7 @@ fn start(
             stop_at_eos: true,
             on_prompt: None,
             submit_ahead: SubmitAhead::Auto,
+            constraint: None,
         },
         cache: Some(cache),
         events: tx,

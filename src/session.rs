@@ -87,6 +87,16 @@ impl Llm {
         Session::new(self.model.clone(), self.tokenizer.clone(), opts)
     }
 
+    /// Compiles `constraint` for this model's tokenizer, as a generation
+    /// would, to refuse a bad one before anything is queued
+    /// ([`ErrorKind::InvalidConstraint`], naming what does not compile).
+    pub fn check_constraint(&self, constraint: &Constraint) -> Result<()> {
+        let vocab = self.model.config.vocab_size;
+        ConstraintState::new(constraint, &self.tokenizer, vocab)
+            .map(drop)
+            .map_err(|e| Error::classify(e, ErrorKind::InvalidConstraint))
+    }
+
     /// Token ids of a chat rendered with the model's template, ready for the
     /// assistant's answer.
     pub fn chat_prompt(&self, messages: &[Message]) -> Result<Vec<u32>> {

@@ -7,6 +7,7 @@ use axum::response::{IntoResponse, Response};
 use serde_json::{json, Map, Value};
 
 use crate::cache::CacheOptions;
+use crate::constraint::Constraint;
 use crate::eviction::Policy;
 use crate::kernels::sample::SamplingParams;
 use crate::session::{Generation, StopReason};
@@ -36,6 +37,19 @@ impl ApiError {
             code: None,
             retry_after: None,
         }
+    }
+
+    /// The error of a field inside the object at `prefix`: its param (and
+    /// the field's name in the message) become `prefix.field`.
+    pub fn param_in(mut self, prefix: &str) -> Self {
+        if let Some(p) = self.param.take() {
+            let full = format!("{prefix}.{p}");
+            self.message = self
+                .message
+                .replacen(&format!("'{p}'"), &format!("'{full}'"), 1);
+            self.param = Some(full);
+        }
+        self
     }
 
     pub fn with_code(mut self, code: &'static str) -> Self {
@@ -81,6 +95,9 @@ pub struct Generate {
     pub stop: Vec<String>,
     pub stream: bool,
     pub include_usage: bool,
+    /// What the output must match, and the request field that asked for it
+    /// (named by the error when it does not compile).
+    pub constraint: Option<(Constraint, &'static str)>,
 }
 
 /// The body as a JSON object.
@@ -129,24 +146,70 @@ fn number_in(
     }
 }
 
+/// `response_format`: `{"type": "text"}` (any text), `{"type":
+/// "json_object"}` (a JSON object) or `{"type": "json_schema",
+/// "json_schema": {"name", "schema", "strict", "description"}}` (JSON valid
+/// under the schema; enforced whether `strict` is true or not).
+fn parse_response_format(body: &Map<String, Value>) -> Result<Option<Constraint>, ApiError> {
+    const KEY: &str = "response_format";
+    let format = match body.get(KEY) {
+        None | Some(Value::Null) => return Ok(None),
+        Some(Value::Object(o)) => o,
+        Some(_) => {
+            return Err(ApiError::invalid(
+                Some(KEY),
+                "'response_format' must be an object",
+            ))
+        }
+    };
+    match format.get("type").and_then(Value::as_str) {
+        Some("text") => Ok(None),
+        Some("json_object") => Ok(Some(Constraint::json_object())),
+        Some("json_schema") => {
+            let param = "response_format.json_schema";
+            let Some(Value::Object(spec)) = format.get("json_schema") else {
+                return Err(ApiError::invalid(
+                    Some(param),
+                    "'response_format.json_schema' must be an object: {\"name\": ..., \"schema\": {...}}",
+                ));
+            };
+            let name =
+                field(spec, "name", "a string", Value::as_str).map_err(|e| e.param_in(param))?;
+            if !name.is_some_and(|n| {
+                (1..=64).contains(&n.len())
+                    && n.chars()
+                        .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+            }) {
+                return Err(ApiError::invalid(
+                    Some("response_format.json_schema.name"),
+                    "'response_format.json_schema.name' must be 1 to 64 letters, digits, '_' or '-'",
+                ));
+            }
+            field(spec, "strict", "a boolean", Value::as_bool).map_err(|e| e.param_in(param))?;
+            field(spec, "description", "a string", Value::as_str).map_err(|e| e.param_in(param))?;
+            match spec.get("schema") {
+                Some(schema @ Value::Object(_)) => Ok(Some(Constraint::json_schema(schema))),
+                _ => Err(ApiError::invalid(
+                    Some("response_format.json_schema.schema"),
+                    "'response_format.json_schema.schema' must be a JSON schema (an object)",
+                )),
+            }
+        }
+        _ => Err(ApiError::invalid(
+            Some("response_format.type"),
+            "'response_format.type' must be \"text\", \"json_object\" or \"json_schema\"",
+        )),
+    }
+}
+
 /// The OpenAI fields that ask for what sieve does not do yet (issue #54:
-/// structured output, tools, log-probabilities, logit biases): a 400 naming
-/// the field wherever a value asks for something, so that no client
-/// believes it was done. Values that ask for nothing (a `text` response
-/// format, no tools, `tool_choice` "none" or "auto" without tools, zero
-/// top log-probabilities, an empty bias map) pass.
+/// tools, log-probabilities, logit biases): a 400 naming the field
+/// wherever a value asks for something, so that no client believes it was
+/// done. Values that ask for nothing (no tools, `tool_choice` "none" or
+/// "auto" without tools, zero top log-probabilities, an empty bias map)
+/// pass.
 fn refuse_what_is_not_honoured(body: &Map<String, Value>) -> Result<(), ApiError> {
     let refuse = |key: &str, why: &str| Err(ApiError::invalid(Some(key), format!("'{key}' {why}")));
-    match body.get("response_format") {
-        None | Some(Value::Null) => {}
-        Some(v) if v.get("type").and_then(Value::as_str) == Some("text") => {}
-        Some(_) => {
-            return refuse(
-                "response_format",
-                "is not supported yet: sieve does not constrain its output to a JSON object or schema (only {\"type\": \"text\"})",
-            )
-        }
-    }
     let no_tools = match body.get("tools") {
         None | Some(Value::Null) => true,
         Some(Value::Array(tools)) if tools.is_empty() => true,
@@ -187,14 +250,8 @@ pub fn parse_generate(body: &Map<String, Value>) -> Result<Generate, ApiError> {
             "only one choice per request is supported ('n' must be 1)",
         ));
     }
-    for key in ["frequency_penalty", "presence_penalty"] {
-        if number_in(body, key, -2.0, 2.0)?.is_some_and(|x| x != 0.0) {
-            return Err(ApiError::invalid(
-                Some(key),
-                format!("'{key}' is not supported (only 0)"),
-            ));
-        }
-    }
+    let presence_penalty = number_in(body, "presence_penalty", -2.0, 2.0)?.unwrap_or(0.0);
+    let frequency_penalty = number_in(body, "frequency_penalty", -2.0, 2.0)?.unwrap_or(0.0);
     if field(body, "logprobs", "a boolean", Value::as_bool)? == Some(true) {
         return Err(ApiError::invalid(
             Some("logprobs"),
@@ -202,6 +259,7 @@ pub fn parse_generate(body: &Map<String, Value>) -> Result<Generate, ApiError> {
         ));
     }
     refuse_what_is_not_honoured(body)?;
+    let constraint = parse_response_format(body)?.map(|c| (c, "response_format"));
     let mut max_tokens = None;
     for key in ["max_completion_tokens", "max_tokens"] {
         let v = field(body, key, "a positive integer", |v| {
@@ -271,6 +329,8 @@ pub fn parse_generate(body: &Map<String, Value>) -> Result<Generate, ApiError> {
     let sampling = SamplingParams {
         temperature: temperature as f32,
         top_p: top_p as f32,
+        presence_penalty: presence_penalty as f32,
+        frequency_penalty: frequency_penalty as f32,
         seed,
         ..SamplingParams::GREEDY
     };
@@ -280,6 +340,7 @@ pub fn parse_generate(body: &Map<String, Value>) -> Result<Generate, ApiError> {
         stop,
         stream,
         include_usage,
+        constraint,
     })
 }
 
@@ -573,6 +634,26 @@ mod tests {
         assert_eq!(ok.stop, vec!["x".to_string()]);
         assert!(ok.stream && ok.include_usage);
         assert_eq!(ok.sampling.temperature, 0.0);
+        assert!(ok.constraint.is_none());
+        let penalties = json!({"presence_penalty": 0.5, "frequency_penalty": -1.5});
+        let g = parse_generate(&body(penalties)).unwrap();
+        assert_eq!(g.sampling.presence_penalty, 0.5);
+        assert_eq!(g.sampling.frequency_penalty, -1.5);
+        let schema = json!({"type": "object", "properties": {"a": {"type": "integer"}}});
+        for (format, want) in [
+            (
+                json!({"type": "json_object"}),
+                Some(Constraint::json_object()),
+            ),
+            (
+                json!({"type": "json_schema", "json_schema": {"name": "p-1", "schema": schema, "strict": true}}),
+                Some(Constraint::json_schema(&schema)),
+            ),
+            (json!({"type": "text"}), None),
+        ] {
+            let g = parse_generate(&body(json!({ "response_format": format }))).unwrap();
+            assert_eq!(g.constraint.map(|(c, _)| c), want);
+        }
         // Values of the not-yet-supported fields that ask for nothing pass.
         parse_generate(&body(json!({
             "response_format": {"type": "text"}, "tools": [], "tool_choice": "auto",
@@ -593,14 +674,32 @@ mod tests {
             (json!({"stop": [1]}), "stop"),
             (json!({"stop": ["a", "b", "c", "d", "e"]}), "stop"),
             (json!({"stream": "yes"}), "stream"),
-            (json!({"presence_penalty": 0.5}), "presence_penalty"),
+            (json!({"presence_penalty": 2.5}), "presence_penalty"),
+            (json!({"frequency_penalty": "1"}), "frequency_penalty"),
+            (json!({"response_format": "json"}), "response_format"),
             (
-                json!({"response_format": {"type": "json_object"}}),
-                "response_format",
+                json!({"response_format": {"type": "xml"}}),
+                "response_format.type",
             ),
             (
-                json!({"response_format": {"type": "json_schema", "json_schema": {"name": "p", "schema": {}}}}),
-                "response_format",
+                json!({"response_format": {"type": "json_schema"}}),
+                "response_format.json_schema",
+            ),
+            (
+                json!({"response_format": {"type": "json_schema", "json_schema": {"schema": {}}}}),
+                "response_format.json_schema.name",
+            ),
+            (
+                json!({"response_format": {"type": "json_schema", "json_schema": {"name": "a b", "schema": {}}}}),
+                "response_format.json_schema.name",
+            ),
+            (
+                json!({"response_format": {"type": "json_schema", "json_schema": {"name": "p", "schema": [1]}}}),
+                "response_format.json_schema.schema",
+            ),
+            (
+                json!({"response_format": {"type": "json_schema", "json_schema": {"name": "p", "strict": "yes", "schema": {}}}}),
+                "response_format.json_schema.strict",
             ),
             (
                 json!({"tools": [{"type": "function", "function": {"name": "get_weather"}}]}),

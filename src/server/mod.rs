@@ -313,6 +313,11 @@ fn start(
                 .map_err(|e| ApiError::invalid(Some("prompt"), e.to_string()))?
         }
     };
+    if let Some((constraint, param)) = &generate.constraint {
+        (loaded.llm)
+            .check_constraint(constraint)
+            .map_err(|e| ApiError::invalid(Some(param), e.to_string()))?;
+    }
     let cache = api::parse_cache(&body, &app.opts.cache, app.opts.max_context)?;
     let bounded = cache.policy != Policy::Full;
     let max_context = app.opts.max_context;
@@ -359,7 +364,7 @@ fn start(
             stop_at_eos: true,
             on_prompt: None,
             submit_ahead: SubmitAhead::Auto,
-            constraint: None,
+            constraint: generate.constraint.as_ref().map(|(c, _)| c.clone()),
         },
         cache: Some(cache),
         events: tx,

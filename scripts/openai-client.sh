@@ -10,9 +10,11 @@ bin=target/release/sieve
 deps=target/openai-client-deps
 out=target/openai-client
 mkdir -p "$out"
-if ! PYTHONPATH="$deps" python3 -c "import openai" 2>/dev/null; then
+# jsonschema validates the structured outputs (an implementation
+# independent of sieve's).
+if ! PYTHONPATH="$deps" python3 -c "import openai, jsonschema" 2>/dev/null; then
   python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore \
-    --target "$deps" openai
+    --target "$deps" openai jsonschema
 fi
 pids=()
 trap 'kill "${pids[@]}" 2>/dev/null || true' EXIT

@@ -31,7 +31,9 @@ pub enum Constraint {
     /// objects, arrays, strings with patterns and formats, numbers with
     /// bounds, enums, `anyOf`, `$defs` with `#/...` references; `oneOf` is
     /// read as `anyOf`). The output is one JSON value, written with ", "
-    /// and ": " between items and no other white space.
+    /// and ": " between items and no other white space. An integer the
+    /// schema leaves unbounded stays within JSON's exact range, ±(2^53 - 1)
+    /// (see [`bound_integers`]).
     JsonSchema(Value),
     /// Any JSON object (OpenAI's `json_object` response format).
     JsonObject,
@@ -75,6 +77,7 @@ impl Constraint {
         Ok(match self {
             Constraint::JsonSchema(schema) => {
                 let mut schema = schema.clone();
+                bound_integers(&mut schema);
                 let Some(obj) = schema.as_object_mut() else {
                     bail!("a JSON schema is an object, not {schema}");
                 };
@@ -94,6 +97,44 @@ impl Constraint {
             Constraint::Regex(rx) => TopLevelGrammar::from_regex(rx),
             Constraint::Grammar(lark) => TopLevelGrammar::from_lark(lark.clone()),
         })
+    }
+}
+
+/// JavaScript's `Number.MAX_SAFE_INTEGER`: the largest integer every JSON
+/// parser that reads numbers as doubles keeps exact.
+const MAX_SAFE_INTEGER: i64 = (1 << 53) - 1;
+
+/// Gives every `"type": "integer"` of a schema without a bound the bounds
+/// ±(2^53 - 1), so at most 16 digits. Unbounded, a small model can write
+/// digits until `max_tokens` (SmolLM2-135M answered a city's population
+/// with "1111111111..." for 80 tokens), a number no parser would keep
+/// exactly anyway; llama.cpp's schema converter caps integers at 16 digits
+/// for the same reason. Values inside `enum`, `const`, `default` and
+/// `examples` are data, not schemas, and are left alone.
+pub fn bound_integers(schema: &mut Value) {
+    match schema {
+        Value::Object(obj) => {
+            let integer = match obj.get("type") {
+                Some(Value::String(t)) => t == "integer",
+                Some(Value::Array(ts)) => ts.iter().any(|t| t == "integer"),
+                _ => false,
+            };
+            if integer {
+                if !obj.contains_key("maximum") && !obj.contains_key("exclusiveMaximum") {
+                    obj.insert("maximum".into(), MAX_SAFE_INTEGER.into());
+                }
+                if !obj.contains_key("minimum") && !obj.contains_key("exclusiveMinimum") {
+                    obj.insert("minimum".into(), (-MAX_SAFE_INTEGER).into());
+                }
+            }
+            for (key, v) in obj.iter_mut() {
+                if !matches!(key.as_str(), "enum" | "const" | "default" | "examples") {
+                    bound_integers(v);
+                }
+            }
+        }
+        Value::Array(items) => items.iter_mut().for_each(bound_integers),
+        _ => {}
     }
 }
 
@@ -337,6 +378,34 @@ fn token_env(hf: &tokenizers::Tokenizer, eos: &[u32]) -> anyhow::Result<TokEnv> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Unbounded integers get JSON's exact range, wherever they are; bounds
+    /// given are kept, and data (enum, const) is not touched.
+    #[test]
+    fn unbounded_integers_get_the_exact_range() {
+        let mut schema = serde_json::json!({"type": "object", "properties": {
+            "a": {"type": "integer"},
+            "b": {"type": ["integer", "null"], "minimum": 0},
+            "c": {"type": "array", "items": {"type": "integer", "exclusiveMaximum": 10}},
+            "type": {"enum": [{"type": "integer"}]},
+            "d": {"anyOf": [{"$ref": "#/$defs/n"}]}},
+            "$defs": {"n": {"type": "integer"}}});
+        bound_integers(&mut schema);
+        let max = MAX_SAFE_INTEGER;
+        let p = &schema["properties"];
+        assert_eq!(
+            (&p["a"]["minimum"], &p["a"]["maximum"]),
+            (&(-max).into(), &max.into())
+        );
+        assert_eq!(
+            (&p["b"]["minimum"], &p["b"]["maximum"]),
+            (&0.into(), &max.into())
+        );
+        assert_eq!(p["c"]["items"].get("maximum"), None);
+        assert_eq!(p["c"]["items"]["minimum"], -max);
+        assert_eq!(p["type"]["enum"][0], serde_json::json!({"type": "integer"}));
+        assert_eq!(schema["$defs"]["n"]["maximum"], max);
+    }
 
     #[test]
     fn descriptions_name_the_kind() {

@@ -466,6 +466,40 @@ fn bad_requests_get_their_status_and_error_object() {
             Some("context_length_exceeded"),
         ),
         (
+            json!({"messages": user, "response_format": {"type": "json_schema",
+                "json_schema": {"name": "x", "schema": {"type": "object", "properties": {"a": {"type": "nope"}}}}}})
+            .to_string()
+            .into(),
+            400,
+            Some("response_format"),
+            None,
+        ),
+        (
+            json!({"messages": user, "response_format": {"type": "json_schema",
+                "json_schema": {"name": "x", "schema": {"$ref": "#/$defs/gone"}}}})
+            .to_string()
+            .into(),
+            400,
+            Some("response_format"),
+            None,
+        ),
+        (
+            json!({"messages": user, "response_format": {"type": "yaml"}})
+                .to_string()
+                .into(),
+            400,
+            Some("response_format.type"),
+            None,
+        ),
+        (
+            json!({"messages": user, "frequency_penalty": -3})
+                .to_string()
+                .into(),
+            400,
+            Some("frequency_penalty"),
+            None,
+        ),
+        (
             json!({"messages": [{"role": "user", "content": "x".repeat(5000)}]})
                 .to_string()
                 .into(),
@@ -540,6 +574,102 @@ fn bad_requests_get_their_status_and_error_object() {
         &json!({"prompt": "Hello", "max_tokens": 3, "temperature": 0}),
     );
     assert_eq!(status, 200, "{text}");
+}
+
+/// `response_format` holds (a schema, any JSON object), whole and
+/// streamed, with `finish_reason: "stop"` when the output is complete, and
+/// "length" when max_tokens cuts it; penalties give the answer a session
+/// gives with them.
+#[test]
+fn response_formats_and_penalties_are_honoured() {
+    let server = Server::start(&[]);
+    let schema = json!({"type": "object", "properties": {
+        "name": {"type": "string", "maxLength": 12},
+        "tags": {"type": "array", "items": {"enum": ["a", "b"]}, "minItems": 1, "maxItems": 3}},
+        "required": ["name", "tags"], "additionalProperties": false});
+    let validator = jsonschema::validator_for(&schema).unwrap();
+    let schema_format = json!({"type": "json_schema",
+        "json_schema": {"name": "thing", "schema": schema, "strict": true}});
+    for (format, seed) in [
+        (&schema_format, 1),
+        (&schema_format, 2),
+        (&json!({"type": "json_object"}), 3),
+    ] {
+        let body = json!({"messages": [{"role": "user", "content": "A thing, as JSON."}],
+            "response_format": format, "temperature": 0.9, "seed": seed, "max_tokens": 80});
+        let (status, _, text) = server.post("/v1/chat/completions", &body);
+        assert_eq!(status, 200, "{text}");
+        let v: Value = serde_json::from_str(&text).unwrap();
+        let content = text_of(&v, "chat");
+        let finish = v["choices"][0]["finish_reason"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        // Any object may go on past max_tokens with random weights.
+        if format == &schema_format || finish == "stop" {
+            assert_eq!(finish, "stop", "{text}");
+            let parsed: Value =
+                serde_json::from_str(&content).unwrap_or_else(|e| panic!("{content:?}: {e}"));
+            assert!(parsed.is_object(), "{content}");
+            assert!(
+                format != &schema_format || validator.is_valid(&parsed),
+                "{content}"
+            );
+        }
+        // Streamed: the same text, and the same finish.
+        let mut streamed = body.clone();
+        streamed["stream"] = json!(true);
+        let (status, _, text) = server.post("/v1/chat/completions", &streamed);
+        assert_eq!(status, 200, "{text}");
+        let (chunks, done) = sse_chunks(&text);
+        assert!(done, "{text}");
+        let pieces: String = (chunks.iter())
+            .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
+            .collect();
+        assert_eq!(pieces, content);
+        let streamed_finish = chunks
+            .iter()
+            .find_map(|c| c["choices"][0]["finish_reason"].as_str());
+        assert_eq!(streamed_finish, Some(finish.as_str()));
+    }
+    let cut = json!({"prompt": "x", "response_format": schema_format, "max_tokens": 2});
+    let (status, _, text) = server.post("/v1/completions", &cut);
+    assert_eq!(status, 200, "{text}");
+    let v: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(v["choices"][0]["finish_reason"], "length", "{text}");
+    assert_eq!(v["usage"]["completion_tokens"], 2, "{text}");
+
+    // Penalties: the answer of a session with the same settings.
+    let llm = Llm::load(&tiny_text_model(), &LoadOptions::default()).unwrap();
+    let prompt = llm.tokenizer.encode("Count:").unwrap();
+    let sampling = sieve::SamplingParams {
+        presence_penalty: 1.5,
+        frequency_penalty: 0.5,
+        ..Default::default()
+    };
+    let mut session = llm
+        .session(SessionOptions {
+            max_context: 128,
+            prefill_chunk: 64,
+            cache: None,
+        })
+        .unwrap();
+    let opts = GenerateOptions {
+        max_new_tokens: 24,
+        sampling,
+        ..Default::default()
+    };
+    let want = session.generate(&prompt, &opts, |_| true).unwrap();
+    let plain = alone(&llm, &prompt, 24).0;
+    assert_ne!(want.text, plain, "the penalties change this answer");
+    let body = json!({"prompt": "Count:", "max_tokens": 24, "temperature": 0,
+        "presence_penalty": 1.5, "frequency_penalty": 0.5});
+    let (status, _, text) = server.post("/v1/completions", &body);
+    assert_eq!(status, 200, "{text}");
+    assert_eq!(
+        text_of(&serde_json::from_str(&text).unwrap(), "text"),
+        want.text
+    );
 }
 
 #[test]

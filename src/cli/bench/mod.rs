@@ -5,6 +5,7 @@
 //! contexts (`context.rs`).
 
 mod batch;
+mod constraint;
 mod context;
 mod eviction;
 
@@ -88,6 +89,12 @@ pub struct BenchArgs {
     /// token a step), timed at each --depths depth; empty = none.
     #[arg(long, value_delimiter = ',')]
     pub batch: Vec<usize>,
+    /// Constrained decoding: each JSON schema of this file (a list of
+    /// {"name", "prompt", "schema"}, as tests/data/schemas.json) answered
+    /// greedily under the schema and without it, side by side, with the
+    /// masks' host time per token. Needs the model's tokenizer.
+    #[arg(long)]
+    pub schemas: Option<PathBuf>,
 }
 
 /// Peak resident memory of this process (VmHWM), where the OS reports it.
@@ -186,6 +193,10 @@ pub fn run(model: &std::sync::Arc<Model>, a: &BenchArgs) -> Result<serde_json::V
         })
         .collect();
     let batched_evicting = batch::sweep(model, &a.batch, &setups, a.generate)?;
+    let constrained = match &a.schemas {
+        Some(path) => constraint::sweep(model, path)?,
+        None => serde_json::Value::Null,
+    };
     let gpu_bytes = model.weight_bytes + e.buffer_bytes;
     let rss = peak_rss_bytes();
     println!(
@@ -221,6 +232,7 @@ pub fn run(model: &std::sync::Arc<Model>, a: &BenchArgs) -> Result<serde_json::V
         "batched_decode": batched,
         "batched_decode_with_eviction": batched_evicting,
         "kernel_breakdown": kernels,
+        "constrained_decode": constrained,
     }))
 }
 

@@ -81,14 +81,7 @@ impl Constraint {
                 let Some(obj) = schema.as_object_mut() else {
                     bail!("a JSON schema is an object, not {schema}");
                 };
-                obj.entry("x-guidance").or_insert_with(|| {
-                    serde_json::json!({
-                        "item_separator": ", ",
-                        "key_separator": ": ",
-                        "whitespace_flexible": false,
-                        "coerce_one_of": true,
-                    })
-                });
+                obj.entry("x-guidance").or_insert_with(json_options);
                 TopLevelGrammar::from_json_schema(schema)
             }
             Constraint::JsonObject => {
@@ -98,6 +91,16 @@ impl Constraint {
             Constraint::Grammar(lark) => TopLevelGrammar::from_lark(lark.clone()),
         })
     }
+}
+
+/// sieve's llguidance options for a JSON schema (its `x-guidance`).
+pub(crate) fn json_options() -> Value {
+    serde_json::json!({
+        "item_separator": ", ",
+        "key_separator": ": ",
+        "whitespace_flexible": false,
+        "coerce_one_of": true,
+    })
 }
 
 /// JavaScript's `Number.MAX_SAFE_INTEGER`: the largest integer every JSON

@@ -79,6 +79,7 @@ pub mod shaders;
 mod spirv;
 pub mod synthetic;
 pub mod tokenizer;
+pub mod tools;
 pub mod weights;
 
 pub use cache::CacheOptions;

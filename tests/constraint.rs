@@ -390,3 +390,98 @@ fn bad_constraints_are_refused_and_cuts_end_with_max_tokens() {
     assert_eq!((g.stats.stop, g.ids.len()), (StopReason::MaxTokens, 3));
     assert!(g.text.starts_with('{'), "{:?}", g.text);
 }
+
+fn weather_tools(choice: sieve::tools::ToolChoice, parallel: bool) -> sieve::tools::ToolSet {
+    use sieve::tools::{Tool, ToolSet};
+    ToolSet {
+        tools: vec![
+            Tool {
+                name: "get_weather".into(),
+                description: Some("The weather in a city".into()),
+                parameters: serde_json::json!({"type": "object", "properties": {
+                    "city": {"type": "string", "maxLength": 20},
+                    "unit": {"enum": ["celsius", "fahrenheit"]}},
+                    "required": ["city", "unit"], "additionalProperties": false}),
+            },
+            Tool {
+                name: "get_time".into(),
+                description: None,
+                parameters: serde_json::json!({"type": "object", "properties": {
+                    "zone": {"type": "integer", "minimum": -12, "maximum": 14}},
+                    "required": ["zone"], "additionalProperties": false}),
+            },
+        ],
+        choice,
+        parallel,
+    }
+}
+
+/// Tool-call grammars: a required choice gives only calls, each a tool of
+/// the set with arguments valid under its parameters; a named choice calls
+/// that tool; auto gives text or calls, and whatever follows `<tool_call>`
+/// is a valid call. Greedy and sampled on the random tiny model.
+#[test]
+fn tool_call_grammars_hold() {
+    use sieve::tools::{parse, ToolChoice};
+    let llm = tiny_llama();
+    let validators: Vec<_> = weather_tools(ToolChoice::Auto, true)
+        .tools
+        .iter()
+        .map(|t| {
+            (
+                t.name.clone(),
+                jsonschema::validator_for(&t.parameters).unwrap(),
+            )
+        })
+        .collect();
+    let choices = [
+        (ToolChoice::Required, true),
+        (ToolChoice::Required, false),
+        (ToolChoice::Named("get_time".into()), false),
+        (ToolChoice::Auto, true),
+    ];
+    for (choice, parallel) in choices {
+        let set = weather_tools(choice.clone(), parallel);
+        let constraint = set.constraint().unwrap();
+        llm.check_constraint(&constraint).unwrap();
+        for (k, sampling) in [SamplingParams::GREEDY, sampled(21)]
+            .into_iter()
+            .enumerate()
+        {
+            let mut s = llm.session(SessionOptions::default()).unwrap();
+            let opts = GenerateOptions {
+                max_new_tokens: 100,
+                sampling,
+                constraint: Some(constraint.clone()),
+                ..Default::default()
+            };
+            let g = s
+                .generate(&tiny_prompt(30 + k as u32), &opts, |_| true)
+                .unwrap();
+            let what = format!(
+                "{choice:?} parallel {parallel} run {k}: {:?} {:?}",
+                g.stats.stop, g.text
+            );
+            let (content, calls) = parse(&g.text);
+            if choice != ToolChoice::Auto {
+                // Random weights may call again and again when they may.
+                assert!(parallel || g.stats.stop != StopReason::MaxTokens, "{what}");
+                assert_eq!(content, None, "{what}");
+                assert!(!calls.is_empty(), "{what}");
+                assert!(parallel || calls.len() == 1, "{what}");
+            }
+            for call in &calls {
+                if let ToolChoice::Named(name) = &choice {
+                    assert_eq!(&call.name, name, "{what}");
+                }
+                let (_, v) = validators
+                    .iter()
+                    .find(|(n, _)| *n == call.name)
+                    .expect(&what);
+                let args: Value = serde_json::from_str(&call.arguments).unwrap();
+                assert!(v.is_valid(&args), "{what}");
+            }
+        }
+    }
+    assert_eq!(weather_tools(ToolChoice::None, true).constraint(), None);
+}

@@ -175,10 +175,11 @@ impl ToolSet {
     }
 }
 
-/// The calls in a model's answer, and the text before the first one (None
-/// when there is only white space). Text after the last call is dropped
-/// (Hermes models end their turn there). A call whose JSON does not parse
-/// as `{"name", "arguments"}` is left in the text, not made a call.
+/// The calls in a model's answer, and the text before the first one (its
+/// trailing white space dropped; None when nothing is left). Without calls
+/// the text is returned whole. Text after the last call is dropped
+/// (Hermes models end their turn there). A `<tool_call>` whose JSON does
+/// not parse as `{"name", "arguments"}` and all after it stay text.
 pub fn parse(text: &str) -> (Option<String>, Vec<ToolCall>) {
     let mut calls = vec![];
     let mut content_end = text.len();
@@ -204,7 +205,10 @@ pub fn parse(text: &str) -> (Option<String>, Vec<ToolCall>) {
         offset += consumed;
         rest = &rest[consumed..];
     }
-    let content = text[..content_end].trim();
+    if calls.is_empty() {
+        return ((!text.is_empty()).then(|| text.to_string()), calls);
+    }
+    let content = text[..content_end].trim_end();
     let content = (!content.is_empty()).then(|| content.to_string());
     (content, calls)
 }
@@ -252,7 +256,7 @@ mod tests {
                 }
             ]
         );
-        assert_eq!(parse("just text"), (Some("just text".into()), vec![]));
+        assert_eq!(parse("just text "), (Some("just text ".into()), vec![]));
         let broken = "<tool_call>\n{\"name\": 3}\n</tool_call>";
         assert_eq!(parse(broken), (Some(broken.into()), vec![]));
         let unclosed = "<tool_call>\n{\"name\": \"f\", \"arguments\": {}}";

@@ -130,8 +130,7 @@ for what, kw, status, code in [
     ("context", {"messages": user("word " * 5000)}, 400, "context_length_exceeded"),
 ] + ([] if OTHER else [
     # What sieve does not do yet is refused, not ignored (other servers do it).
-    ("tools", {"messages": user("Weather in Paris?"), "tools": [{"type": "function", "function": {
-        "name": "get_weather", "parameters": {"type": "object", "properties": {}}}}]}, 400, None),
+    ("top_logprobs", {"messages": user("Hi"), "logprobs": True, "top_logprobs": 2}, 400, None),
 ]):
     try:
         client.chat.completions.create(**{**GREEDY, **kw})
@@ -189,6 +188,49 @@ try:
     check(False, "a schema that cannot compile: accepted")
 except openai.BadRequestError as e:
     check(e.body.get("param") == "response_format", f"a schema that cannot compile: {e.body}")
+
+# Tools: a loop (a call, its result in a tool message, the final answer),
+# with tool_choice "required" whole and a named function streamed through
+# the client's stream helper, which assembles the call from its chunks.
+TOOLS = [{"type": "function", "function": {
+    "name": "get_weather", "description": "The current weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 30}},
+                   "required": ["city"], "additionalProperties": False}}}]
+ask = user("What is the weather in Paris?")
+# (One call each: free to call again, SmolLM2 goes on calling to max_tokens.)
+r = chat(client, ask, tools=TOOLS, tool_choice="required", parallel_tool_calls=False,
+         max_tokens=60)
+calls = r.choices[0].message.tool_calls or []
+check(r.choices[0].finish_reason == "tool_calls" and len(calls) >= 1
+      and calls[0].function.name == "get_weather"
+      and isinstance(json.loads(calls[0].function.arguments).get("city"), str),
+      f"tool_choice required: {r.choices[0].message}")
+print("  call:", calls[0].function.name, calls[0].function.arguments)
+loop = ask + [{"role": "assistant", "content": None,
+               "tool_calls": [c.model_dump() for c in calls]}] + [
+    {"role": "tool", "tool_call_id": c.id, "content": json.dumps({"temperature_c": 18, "sky": "sunny"})}
+    for c in calls]
+final = chat(client, loop, tools=TOOLS, max_tokens=40)
+check(final.choices[0].finish_reason in ("stop", "length", "tool_calls"),
+      f"the answer after the tool's result: {final.choices[0].message}")
+print("  after the result:", repr(final.choices[0].message.content),
+      final.choices[0].message.tool_calls)
+with client.chat.completions.stream(
+        messages=ask, tools=TOOLS, max_tokens=60, parallel_tool_calls=False,
+        tool_choice={"type": "function", "function": {"name": "get_weather"}}, **GREEDY) as s:
+    for _ in s:
+        pass
+    streamed = s.get_final_completion()
+scalls = streamed.choices[0].message.tool_calls or []
+check(streamed.choices[0].finish_reason == "tool_calls" and len(scalls) == 1
+      and scalls[0].function.name == "get_weather"
+      and json.loads(scalls[0].function.arguments) == json.loads(calls[0].function.arguments),
+      f"a named function, streamed: {streamed.choices[0].message}")
+try:
+    chat(client, ask, tools=TOOLS, tool_choice={"type": "function", "function": {"name": "nope"}})
+    check(False, "tool_choice naming a missing tool: accepted")
+except openai.BadRequestError as e:
+    check(e.body.get("param") == "tool_choice", f"tool_choice naming a missing tool: {e.body}")
 
 # A client that leaves mid-stream: its sequence ends and frees its cache.
 cancelled = 0 if OTHER else metric("sieve_requests_cancelled_total")

@@ -38,7 +38,11 @@ impl Server {
     fn start_with(model: &std::path::Path, args: &[&str]) -> Server {
         let mut child = Command::new(env!("CARGO_BIN_EXE_sieve"))
             .args(["serve", "--model", model.to_str().unwrap(), "--port", "0"])
-            .args(["--max-context", "128", "--alias", "tiny"])
+            .args(["--alias", "tiny"])
+            .args(match args.contains(&"--max-context") {
+                true => vec![],
+                false => vec!["--max-context", "128"],
+            })
             .args(args)
             .env("NODEVICE_SELECT", "1")
             .stdout(Stdio::piped())
@@ -670,6 +674,116 @@ fn response_formats_and_penalties_are_honoured() {
         text_of(&serde_json::from_str(&text).unwrap(), "text"),
         want.text
     );
+}
+
+/// Tools: a required or named choice gives `message.tool_calls` (ids, a
+/// listed name, arguments valid under the tool's parameters) with
+/// `finish_reason: "tool_calls"`, and the same calls streamed as
+/// `delta.tool_calls` chunks; the call's result goes back in a `tool`
+/// message; bad tools and calls are 400s naming the field.
+#[test]
+fn tool_calls_are_made_and_streamed() {
+    // The tools' system message takes about 240 tokens.
+    let server = Server::start(&["--max-context", "512"]);
+    let params = json!({"type": "object", "properties": {
+        "city": {"type": "string", "maxLength": 12}, "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+        "required": ["city", "days"], "additionalProperties": false});
+    let validator = jsonschema::validator_for(&params).unwrap();
+    let tools = json!([
+        {"type": "function", "function": {"name": "forecast", "description": "Weather", "parameters": params}},
+        {"type": "function", "function": {"name": "noop"}},
+    ]);
+    let question = json!([{"role": "user", "content": "Weather in Paris?"}]);
+    for (choice, seed) in [
+        (json!("required"), 1),
+        (
+            json!({"type": "function", "function": {"name": "forecast"}}),
+            2,
+        ),
+    ] {
+        let body = json!({"messages": question, "tools": tools, "tool_choice": choice,
+            "parallel_tool_calls": false, "temperature": 0.8, "seed": seed, "max_tokens": 60});
+        let (status, _, text) = server.post("/v1/chat/completions", &body);
+        assert_eq!(status, 200, "{text}");
+        let v: Value = serde_json::from_str(&text).unwrap();
+        let choice0 = &v["choices"][0];
+        assert_eq!(choice0["finish_reason"], "tool_calls", "{text}");
+        let calls = choice0["message"]["tool_calls"].as_array().unwrap();
+        assert_eq!(calls.len(), 1, "{text}");
+        let f = &calls[0]["function"];
+        let args: Value = serde_json::from_str(f["arguments"].as_str().unwrap()).unwrap();
+        match f["name"].as_str().unwrap() {
+            "forecast" => assert!(validator.is_valid(&args), "{text}"),
+            "noop" => assert!(choice == "required" && args.is_object(), "{text}"),
+            other => panic!("{other}: {text}"),
+        }
+        assert!(calls[0]["id"]
+            .as_str()
+            .is_some_and(|id| id.starts_with("call_")));
+        // Streamed: the same call, in a delta.tool_calls chunk.
+        let mut streamed = body.clone();
+        streamed["stream"] = json!(true);
+        let (status, _, text) = server.post("/v1/chat/completions", &streamed);
+        assert_eq!(status, 200, "{text}");
+        let (chunks, done) = sse_chunks(&text);
+        assert!(done, "{text}");
+        let deltas: Vec<&Value> = (chunks.iter())
+            .filter_map(|c| c["choices"][0]["delta"]["tool_calls"].as_array())
+            .flatten()
+            .collect();
+        assert_eq!(deltas.len(), 1, "{text}");
+        assert_eq!(deltas[0]["function"], *f, "{text}");
+        assert_eq!(deltas[0]["index"], 0);
+        let finish = chunks
+            .iter()
+            .find_map(|c| c["choices"][0]["finish_reason"].as_str());
+        assert_eq!(finish, Some("tool_calls"));
+        // The call and its result go back; the next answer is text.
+        let id = calls[0]["id"].clone();
+        let next = json!({"messages": [
+            question[0],
+            {"role": "assistant", "content": null, "tool_calls": calls},
+            {"role": "tool", "tool_call_id": id, "content": "{\"forecast\": \"sunny\"}"}],
+            "tools": tools, "tool_choice": "none", "max_tokens": 5, "temperature": 0});
+        let (status, _, text) = server.post("/v1/chat/completions", &next);
+        assert_eq!(status, 200, "{text}");
+        let v: Value = serde_json::from_str(&text).unwrap();
+        assert!(v["choices"][0]["message"]["content"].is_string(), "{text}");
+        assert!(
+            v["choices"][0]["message"].get("tool_calls").is_none(),
+            "{text}"
+        );
+    }
+    let bad_params = json!([{"type": "function", "function": {"name": "f",
+        "parameters": {"type": "object", "properties": {"a": {"type": "nope"}}}}}]);
+    for (body, path, param) in [
+        (
+            json!({"messages": question, "tools": bad_params, "tool_choice": "required"}),
+            "/v1/chat/completions",
+            "tools[0].function.parameters",
+        ),
+        (
+            json!({"prompt": "x", "tools": tools}),
+            "/v1/completions",
+            "tools",
+        ),
+        (
+            json!({"messages": question, "tools": tools,
+            "tool_choice": {"type": "function", "function": {"name": "missing"}}}),
+            "/v1/chat/completions",
+            "tool_choice",
+        ),
+        (
+            json!({"messages": [question[0], {"role": "tool", "tool_call_id": "call_9", "content": "x"}]}),
+            "/v1/chat/completions",
+            "messages[1].tool_call_id",
+        ),
+    ] {
+        let (status, _, text) = server.post(path, &body);
+        assert_eq!(status, 400, "{text}");
+        let e: Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(e["error"]["param"], param, "{text}");
+    }
 }
 
 #[test]

@@ -41,6 +41,7 @@ fn sampled(seed: u64) -> Vec<u32> {
             top_p: 0.95,
             repetition_penalty: 1.1,
             seed,
+            ..Default::default()
         },
         stop_at_eos: false,
         ..Default::default()
@@ -528,6 +529,7 @@ fn decode_steps_submitted_ahead_change_nothing() {
         top_p: 0.9,
         repetition_penalty: 1.2,
         seed: 3,
+        ..Default::default()
     };
     let base = GenerateOptions {
         max_new_tokens: 20,
@@ -689,6 +691,7 @@ fn bounded_cache_decode_submitted_ahead_changes_nothing() {
             top_p: 0.9,
             repetition_penalty: 1.2,
             seed: 5,
+            ..Default::default()
         },
         ..greedy.clone()
     };

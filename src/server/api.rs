@@ -12,6 +12,7 @@ use crate::eviction::Policy;
 use crate::kernels::sample::SamplingParams;
 use crate::session::{Generation, StopReason};
 use crate::tokenizer::Message;
+use crate::tools::ToolSet;
 
 /// An error as OpenAI sends it: a status and
 /// `{"error": {"message", "type", "param", "code"}}`.
@@ -98,6 +99,8 @@ pub struct Generate {
     /// What the output must match, and the request field that asked for it
     /// (named by the error when it does not compile).
     pub constraint: Option<(Constraint, &'static str)>,
+    /// The tools the model may call (None: no call may be made).
+    pub tools: Option<ToolSet>,
 }
 
 /// The body as a JSON object.
@@ -202,34 +205,13 @@ fn parse_response_format(body: &Map<String, Value>) -> Result<Option<Constraint>
     }
 }
 
-/// The OpenAI fields that ask for what sieve does not do yet (issue #54:
-/// tools, log-probabilities, logit biases): a 400 naming the field
-/// wherever a value asks for something, so that no client believes it was
-/// done. Values that ask for nothing (no tools, `tool_choice` "none" or
-/// "auto" without tools, zero top log-probabilities, an empty bias map)
-/// pass.
+/// The OpenAI fields that ask for what sieve does not do yet
+/// (log-probabilities, logit biases): a 400 naming the field wherever a
+/// value asks for something, so that no client believes it was done.
+/// Values that ask for nothing (zero top log-probabilities, an empty bias
+/// map) pass.
 fn refuse_what_is_not_honoured(body: &Map<String, Value>) -> Result<(), ApiError> {
     let refuse = |key: &str, why: &str| Err(ApiError::invalid(Some(key), format!("'{key}' {why}")));
-    let no_tools = match body.get("tools") {
-        None | Some(Value::Null) => true,
-        Some(Value::Array(tools)) if tools.is_empty() => true,
-        Some(_) => return refuse("tools", "are not supported yet: sieve does not call tools"),
-    };
-    match body.get("tool_choice") {
-        None | Some(Value::Null) => {}
-        Some(Value::String(c)) if c == "none" || (c == "auto" && no_tools) => {}
-        Some(_) => {
-            return refuse(
-                "tool_choice",
-                "asks for a tool call, which sieve does not make yet",
-            )
-        }
-    }
-    for key in ["functions", "function_call"] {
-        if !matches!(body.get(key), None | Some(Value::Null)) {
-            return refuse(key, "(OpenAI's older form of tools) is not supported");
-        }
-    }
     if field(body, "top_logprobs", "an integer", Value::as_u64)?.is_some_and(|n| n > 0) {
         return refuse("top_logprobs", "is not supported yet");
     }
@@ -259,7 +241,19 @@ pub fn parse_generate(body: &Map<String, Value>) -> Result<Generate, ApiError> {
         ));
     }
     refuse_what_is_not_honoured(body)?;
-    let constraint = parse_response_format(body)?.map(|c| (c, "response_format"));
+    let tools = super::tools::parse_tools(body)?;
+    let format = parse_response_format(body)?;
+    let constraint = match (format, tools.as_ref().and_then(ToolSet::constraint)) {
+        (Some(_), Some(_)) => {
+            return Err(ApiError::invalid(
+                Some("response_format"),
+                "'response_format' cannot be combined with tools the model may call (tool_choice \"none\" or no tools)",
+            ))
+        }
+        (Some(format), None) => Some((format, "response_format")),
+        (None, Some(calls)) => Some((calls, "tools")),
+        (None, None) => None,
+    };
     let mut max_tokens = None;
     for key in ["max_completion_tokens", "max_tokens"] {
         let v = field(body, key, "a positive integer", |v| {
@@ -341,6 +335,7 @@ pub fn parse_generate(body: &Map<String, Value>) -> Result<Generate, ApiError> {
         stream,
         include_usage,
         constraint,
+        tools,
     })
 }
 
@@ -416,8 +411,11 @@ pub fn parse_cache(
     Ok(opts)
 }
 
-/// The messages of a chat request: roles system (or developer), user and
-/// assistant, content a string or a list of text parts.
+/// The chat's messages. An assistant message may carry `tool_calls`
+/// (then its content may be null) and a `tool` message answers one of
+/// them by `tool_call_id`: both are rendered as the model reads them in
+/// the Hermes format (`crate::tools`), a run of tool results as one user
+/// message.
 pub fn parse_messages(body: &Map<String, Value>) -> Result<Vec<Message>, ApiError> {
     let Some(Value::Array(items)) = body.get("messages") else {
         return Err(ApiError::invalid(
@@ -431,44 +429,81 @@ pub fn parse_messages(body: &Map<String, Value>) -> Result<Vec<Message>, ApiErro
             "'messages' must hold at least one message",
         ));
     }
-    items
-        .iter()
-        .enumerate()
-        .map(|(i, m)| {
-            let param = format!("messages[{i}]");
-            let bad = |what: &str| ApiError::invalid(Some(&param), format!("{param}: {what}"));
-            let m = m
-                .as_object()
-                .ok_or_else(|| bad("a message must be an object"))?;
-            let role = match m.get("role").and_then(Value::as_str) {
-                Some("system" | "developer") => "system",
-                Some("user") => "user",
-                Some("assistant") => "assistant",
-                Some(other) => {
-                    return Err(bad(&format!(
-                        "role '{other}' is not supported (system, developer, user or assistant)"
-                    )))
-                }
-                None => return Err(bad("'role' must be a string")),
-            };
-            let content = match m.get("content") {
-                Some(Value::String(s)) => s.clone(),
-                Some(Value::Array(parts)) => parts
-                    .iter()
-                    .map(|p| match (p.get("type"), p.get("text")) {
-                        (Some(Value::String(t)), Some(Value::String(text))) if t == "text" => {
-                            Some(text.as_str())
-                        }
-                        _ => None,
-                    })
-                    .collect::<Option<Vec<_>>>()
-                    .ok_or_else(|| bad("only text content parts are supported"))?
-                    .concat(),
-                _ => return Err(bad("'content' must be a string or a list of text parts")),
-            };
-            Ok(Message::new(role, &content))
-        })
-        .collect()
+    let mut messages: Vec<Message> = vec![];
+    let mut call_ids: Vec<String> = vec![];
+    // Whether the last message holds tool results (the next joins it).
+    let mut last_was_tool = false;
+    for (i, m) in items.iter().enumerate() {
+        let param = format!("messages[{i}]");
+        let bad = |what: &str| ApiError::invalid(Some(&param), format!("{param}: {what}"));
+        let m = m
+            .as_object()
+            .ok_or_else(|| bad("a message must be an object"))?;
+        let role = match m.get("role").and_then(Value::as_str) {
+            Some("system" | "developer") => "system",
+            Some("user") => "user",
+            Some("assistant") => "assistant",
+            Some("tool") => "tool",
+            Some(other) => {
+                return Err(bad(&format!(
+                    "role '{other}' is not supported (system, developer, user, assistant or tool)"
+                )))
+            }
+            None => return Err(bad("'role' must be a string")),
+        };
+        let calls = match m.get("tool_calls") {
+            Some(calls) if role == "assistant" && !calls.is_null() => {
+                super::tools::parse_calls(calls, &format!("{param}.tool_calls"))?
+            }
+            None | Some(Value::Null) => vec![],
+            Some(_) => return Err(bad("only an assistant message carries 'tool_calls'")),
+        };
+        let content = match m.get("content") {
+            Some(Value::String(s)) => s.clone(),
+            Some(Value::Array(parts)) => parts
+                .iter()
+                .map(|p| match (p.get("type"), p.get("text")) {
+                    (Some(Value::String(t)), Some(Value::String(text))) if t == "text" => {
+                        Some(text.as_str())
+                    }
+                    _ => None,
+                })
+                .collect::<Option<Vec<_>>>()
+                .ok_or_else(|| bad("only text content parts are supported"))?
+                .concat(),
+            None | Some(Value::Null) if !calls.is_empty() => String::new(),
+            _ => return Err(bad("'content' must be a string or a list of text parts")),
+        };
+        if role == "tool" {
+            let id = m.get("tool_call_id").and_then(Value::as_str);
+            if !id.is_some_and(|id| call_ids.iter().any(|c| c == id)) {
+                return Err(ApiError::invalid(
+                    Some(&format!("{param}.tool_call_id")),
+                    format!("{param}: a tool message must answer a call of an earlier assistant message by its id ('tool_call_id' {id:?})"),
+                ));
+            }
+            let response = crate::tools::render_response(&content);
+            match messages.last_mut().filter(|_| last_was_tool) {
+                Some(last) => last.content = format!("{}\n{response}", last.content),
+                None => messages.push(Message::new("user", &response)),
+            }
+            last_was_tool = true;
+            continue;
+        }
+        last_was_tool = false;
+        if calls.is_empty() {
+            messages.push(Message::new(role, &content));
+        } else {
+            let content = (!content.is_empty()).then_some(content.as_str());
+            let (ids, calls): (Vec<String>, Vec<_>) = calls.into_iter().unzip();
+            call_ids.extend(ids);
+            messages.push(Message::new(
+                "assistant",
+                &crate::tools::render_calls(content, &calls),
+            ));
+        }
+    }
+    Ok(messages)
 }
 
 /// The prompt of a text completion: a string, or a list of one string.
@@ -501,6 +536,15 @@ pub fn finish_reason(stop: StopReason) -> &'static str {
         | StopReason::Cancelled
         | StopReason::ConstraintComplete => "stop",
         StopReason::MaxTokens | StopReason::ContextFull => "length",
+    }
+}
+
+/// The finish reason of an answer that made tool calls or not: OpenAI's
+/// "tool_calls" when it did and ended by itself.
+fn finish_reason_with_calls(stop: StopReason, called: bool) -> &'static str {
+    match finish_reason(stop) {
+        "stop" if called => "tool_calls",
+        other => other,
     }
 }
 
@@ -568,6 +612,8 @@ pub struct Envelope {
     pub model: String,
     /// The cache the request ran with: {"policy", "budget"}.
     pub cache: Value,
+    /// Whether the answer may hold tool calls (read out of its text).
+    pub tools: bool,
 }
 
 impl Envelope {
@@ -581,9 +627,14 @@ impl Envelope {
 
     /// The whole answer of a request that does not stream.
     pub fn response(&self, g: &Generation) -> Value {
-        let choice = self
+        let mut choice = self
             .kind
             .choice(Some(&g.text), Some(finish_reason(g.stats.stop)), false);
+        if self.tools {
+            let (message, called) = super::tools::message(&self.id, &g.text);
+            choice["message"] = message;
+            choice["finish_reason"] = json!(finish_reason_with_calls(g.stats.stop, called));
+        }
         let mut v = self.object(false, vec![choice]);
         v["usage"] = usage(g);
         v
@@ -601,9 +652,17 @@ impl Envelope {
         self.object(true, vec![self.kind.choice(Some(text), None, true)])
     }
 
-    /// The chunk that ends a stream's choice.
-    pub fn finish_chunk(&self, stop: StopReason) -> Value {
-        let choice = self.kind.choice(None, Some(finish_reason(stop)), true);
+    /// The chunk that ends a stream's choice (`called`: it sent tool calls).
+    pub fn finish_chunk(&self, stop: StopReason, called: bool) -> Value {
+        let finish = finish_reason_with_calls(stop, called);
+        let choice = self.kind.choice(None, Some(finish), true);
+        self.object(true, vec![choice])
+    }
+
+    /// A chunk with one tool call (`delta.tool_calls`).
+    pub fn call_chunk(&self, call: Value) -> Value {
+        let choice = json!({"index": 0, "delta": {"tool_calls": [call]},
+            "finish_reason": null, "logprobs": null});
         self.object(true, vec![choice])
     }
 
@@ -701,9 +760,40 @@ mod tests {
                 json!({"response_format": {"type": "json_schema", "json_schema": {"name": "p", "strict": "yes", "schema": {}}}}),
                 "response_format.json_schema.strict",
             ),
+            (json!({"tools": {"name": "f"}}), "tools"),
+            (json!({"tools": [{"name": "get_weather"}]}), "tools[0]"),
             (
-                json!({"tools": [{"type": "function", "function": {"name": "get_weather"}}]}),
-                "tools",
+                json!({"tools": [{"type": "function", "function": {"name": "get weather"}}]}),
+                "tools[0].function.name",
+            ),
+            (
+                json!({"tools": [{"type": "function", "function": {"name": "f", "parameters": [1]}}]}),
+                "tools[0].function.parameters",
+            ),
+            (
+                json!({"tools": [{"type": "function", "function": {"name": "f"}},
+                    {"type": "function", "function": {"name": "f"}}]}),
+                "tools[1].function.name",
+            ),
+            (
+                json!({"tools": [{"type": "function", "function": {"name": "f"}}],
+                    "tool_choice": {"type": "function", "function": {"name": "g"}}}),
+                "tool_choice",
+            ),
+            (
+                json!({"tools": [{"type": "function", "function": {"name": "f"}}],
+                    "tool_choice": "always"}),
+                "tool_choice",
+            ),
+            (
+                json!({"tools": [{"type": "function", "function": {"name": "f"}}],
+                    "response_format": {"type": "json_object"}}),
+                "response_format",
+            ),
+            (
+                json!({"tools": [{"type": "function", "function": {"name": "f"}}],
+                    "parallel_tool_calls": "no"}),
+                "parallel_tool_calls",
             ),
             (json!({"tool_choice": "required"}), "tool_choice"),
             (
@@ -727,6 +817,30 @@ mod tests {
 
     #[test]
     fn messages_are_checked_with_their_index() {
+        let call = |id: &str| {
+            json!({"id": id, "type": "function",
+                "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}})
+        };
+        // A call and its two results: the call as the model writes it, the
+        // results as one user message.
+        let m = parse_messages(&body(json!({"messages": [
+            {"role": "user", "content": "Weather?"},
+            {"role": "assistant", "content": null, "tool_calls": [call("a"), call("b")]},
+            {"role": "tool", "tool_call_id": "a", "content": "sunny"},
+            {"role": "tool", "tool_call_id": "b", "content": "rain"},
+        ]})))
+        .unwrap();
+        assert_eq!(m.len(), 3);
+        let (_, calls) = crate::tools::parse(&m[1].content);
+        assert_eq!(calls.len(), 2);
+        assert_eq!(calls[0].arguments, "{\"city\":\"Paris\"}");
+        assert_eq!(
+            (m[2].role.as_str(), m[2].content.as_str()),
+            (
+                "user",
+                "<tool_response>\nsunny\n</tool_response>\n<tool_response>\nrain\n</tool_response>"
+            )
+        );
         let m = parse_messages(&body(json!({"messages": [
             {"role": "developer", "content": "Be brief."},
             {"role": "user", "content": [{"type": "text", "text": "Hi "}, {"type": "text", "text": "there"}]},
@@ -741,6 +855,28 @@ mod tests {
             (json!({"messages": []}), "messages"),
             (
                 json!({"messages": [{"role": "tool", "content": "x"}]}),
+                "messages[0].tool_call_id",
+            ),
+            (
+                json!({"messages": [{"role": "assistant", "content": null, "tool_calls": [call("c1")]},
+                    {"role": "tool", "tool_call_id": "c2", "content": "x"}]}),
+                "messages[1].tool_call_id",
+            ),
+            (
+                json!({"messages": [{"role": "assistant", "tool_calls": [{"id": "c1"}]}]}),
+                "messages[0].tool_calls",
+            ),
+            (
+                json!({"messages": [{"role": "assistant", "tool_calls": [{"id": "c1", "type": "function",
+                    "function": {"name": "f", "arguments": "{not json"}}]}]}),
+                "messages[0].tool_calls",
+            ),
+            (
+                json!({"messages": [{"role": "user", "content": "x", "tool_calls": [call("c1")]}]}),
+                "messages[0]",
+            ),
+            (
+                json!({"messages": [{"role": "wizard", "content": "x"}]}),
                 "messages[0]",
             ),
             (json!({"messages": [{"role": "user"}]}), "messages[0]"),

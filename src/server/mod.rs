@@ -10,6 +10,7 @@
 //! until it is, and so does every completion request.
 
 mod api;
+mod tools;
 mod worker;
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -296,9 +297,21 @@ fn start(
     let loaded = app.loaded()?;
     let body = api::parse_body(&bytes)?;
     let generate = api::parse_generate(&body)?;
+    if let Some((constraint, param)) = &generate.constraint {
+        check_constraint(&loaded.llm, constraint, param, generate.tools.as_ref())?;
+    }
     let prompt = match kind {
+        Kind::Text if generate.tools.is_some() => {
+            return Err(ApiError::invalid(
+                Some("tools"),
+                "'tools' are for chat completions (/v1/chat/completions)",
+            ))
+        }
         Kind::Chat => {
-            let messages = api::parse_messages(&body)?;
+            let mut messages = api::parse_messages(&body)?;
+            if let Some(tools) = &generate.tools {
+                tools::add_system_prompt(&mut messages, tools);
+            }
             loaded
                 .llm
                 .chat_prompt(&messages)
@@ -313,11 +326,6 @@ fn start(
                 .map_err(|e| ApiError::invalid(Some("prompt"), e.to_string()))?
         }
     };
-    if let Some((constraint, param)) = &generate.constraint {
-        (loaded.llm)
-            .check_constraint(constraint)
-            .map_err(|e| ApiError::invalid(Some(param), e.to_string()))?;
-    }
     let cache = api::parse_cache(&body, &app.opts.cache, app.opts.max_context)?;
     let bounded = cache.policy != Policy::Full;
     let max_context = app.opts.max_context;
@@ -389,8 +397,28 @@ fn start(
             true => json!({"policy": cache.policy.name(), "budget": cache.budget}),
             false => json!({"policy": "full", "budget": null}),
         },
+        tools: generate.tools.is_some(),
     };
     Ok((envelope, generate, rx))
+}
+
+/// Compiles a request's constraint before it is queued: a 400 naming
+/// `param`, or for tools the parameters of the first tool whose calls do
+/// not compile.
+fn check_constraint(
+    llm: &Llm,
+    constraint: &crate::constraint::Constraint,
+    param: &str,
+    tools: Option<&crate::tools::ToolSet>,
+) -> Result<(), ApiError> {
+    for (i, tool) in tools.iter().flat_map(|t| t.tools.iter()).enumerate() {
+        let calls = crate::constraint::Constraint::json_schema(&tool.call_schema());
+        if let Err(e) = llm.check_constraint(&calls) {
+            let param = format!("tools[{i}].function.parameters");
+            return Err(ApiError::invalid(Some(&param), format!("'{param}': {e}")));
+        }
+    }
+    (llm.check_constraint(constraint)).map_err(|e| ApiError::invalid(Some(param), e.to_string()))
 }
 
 /// The error of a failed generation of a request of `kind`.
@@ -442,6 +470,16 @@ fn stream(
             return;
         }
         let mut generation: Option<Generation> = None;
+        // With tools the text is split into content and calls.
+        let mut calls = envelope.tools.then(tools::ToolStream::default);
+        let deltas = |d: Vec<tools::Delta>| -> Vec<Value> {
+            d.into_iter()
+                .map(|d| match d {
+                    tools::Delta::Content(t) => envelope.text_chunk(&t),
+                    tools::Delta::Call(c) => envelope.call_chunk(c),
+                })
+                .collect()
+        };
         loop {
             // A client that goes drops the stream: stop reading events, so
             // that the worker sees the request gone (even before a token).
@@ -450,17 +488,26 @@ fn stream(
                 _ = tx.closed() => return,
             };
             let Some(event) = event else { break };
-            let chunk = match event {
-                Event::Text(t) => envelope.text_chunk(&t),
-                Event::Done(g) => {
-                    let chunk = envelope.finish_chunk(g.stats.stop);
+            let chunks = match (event, calls.as_mut()) {
+                (Event::Text(t), None) => vec![envelope.text_chunk(&t)],
+                (Event::Text(t), Some(c)) => deltas(c.push(&envelope.id, &t)),
+                (Event::Done(g), c) => {
+                    let mut chunks = vec![];
+                    let mut called = false;
+                    if let Some(c) = c {
+                        chunks = deltas(c.finish());
+                        called = c.called();
+                    }
+                    chunks.push(envelope.finish_chunk(g.stats.stop, called));
                     generation = Some(g);
-                    chunk
+                    chunks
                 }
-                Event::Failed(e) => failure(e, envelope.kind).body(),
+                (Event::Failed(e), _) => vec![failure(e, envelope.kind).body()],
             };
-            if !send(chunk).await {
-                return;
+            for chunk in chunks {
+                if !send(chunk).await {
+                    return;
+                }
             }
         }
         if let (Some(g), true) = (&generation, generate.include_usage) {

@@ -480,6 +480,7 @@ fn stop_words(stop: StopReason) -> &'static str {
         StopReason::MaxTokens => "max tokens reached",
         StopReason::Cancelled => "stopped",
         StopReason::ContextFull => "context full",
+        StopReason::ConstraintComplete => "done",
     }
 }
 

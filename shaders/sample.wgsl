@@ -10,12 +10,20 @@
 // marked in `seen` for the repetition penalty of later steps and counted in
 // `counts`. A row holding a NaN or an infinity yields NONFINITE (0xffffffff)
 // instead of a token, and marks nothing.
+// With p.top_logprobs > 0 it also reports log-probabilities under the
+// distribution it sampled from (after the allowed set, the penalties and the
+// temperature; before top-k and top-p): the chosen token's, and the
+// p.top_logprobs - 1 most likely tokens' (ties to the lower id; allowed ones
+// only, id 0xffffffff past the last).
 //
 // Bindings (group 0):
 //   0 p       uniform SampleParams
 //   1 logits  storage read  [rows, vocab] f32  (row p.row is used)
 //   2 seen    storage rw    [ceil(vocab/32)] u32 bitmask of tokens seen so far
-//   3 result  storage rw    [1] u32
+//   3 result  storage rw    [4 + 2 * MAX_TOP] u32: the token; then, with
+//                           top_logprobs: the log of the normalizer, the
+//                           token's log-probability, the count n of top
+//                           entries, n (id, log-probability) pairs (f32 bits)
 //   4 allowed storage read  [ceil(vocab/32)] u32 bitmask of the tokens that may
 //                           be chosen (all ones without a constraint)
 //   5 counts  storage rw    [vocab] u32 times each token was chosen
@@ -31,7 +39,7 @@ struct SampleParams {
     counter: u32,      // step number, mixed into the random stream
     presence: f32,     // 0 = off
     frequency: f32,    // 0 = off
-    _p0: u32,
+    top_logprobs: u32, // 0 = off, else 1 + the number of top entries
     _p1: u32,
 }
 
@@ -56,6 +64,9 @@ var<workgroup> chosen: u32;
 var<workgroup> nonfinite: atomic<u32>;
 
 const NONFINITE: u32 = 0xffffffffu;
+// The most top entries reported (OpenAI's limit).
+const MAX_TOP: u32 = 20u;
+var<workgroup> top_ids: array<u32, MAX_TOP>;
 
 // NaN or infinity, by the exponent bits: WGSL lets implementations assume
 // finite floats, so comparisons such as x != x may be folded away.
@@ -274,6 +285,11 @@ fn main(@builtin(local_invocation_index) lid: u32) {
         }
     }
     workgroupBarrier();
+    // Before the choice is marked in `seen` and `counts`, which `adjusted`
+    // reads.
+    if (p.top_logprobs > 0u) {
+        report_logprobs(m, lid);
+    }
     if (lid == 0u) {
         if (atomicLoad(&nonfinite) != 0u) {
             result[0] = NONFINITE;
@@ -283,5 +299,71 @@ fn main(@builtin(local_invocation_index) lid: u32) {
         result[0] = c;
         seen[c / 32u] = seen[c / 32u] | (1u << (c % 32u));
         counts[c] += 1u;
+    }
+}
+
+// The reduction's winner of (value, id) pairs: the larger value, then the
+// lower id.
+fn reduce_argmax(x: f32, i: u32, lid: u32) -> u32 {
+    workgroupBarrier();
+    red_f[lid] = x;
+    red_i[lid] = i;
+    workgroupBarrier();
+    for (var s = WG / 2u; s > 0u; s = s / 2u) {
+        if (lid < s) {
+            let o = red_f[lid + s];
+            let oi = red_i[lid + s];
+            if (o > red_f[lid] || (o == red_f[lid] && oi < red_i[lid])) {
+                red_f[lid] = o;
+                red_i[lid] = oi;
+            }
+        }
+        workgroupBarrier();
+    }
+    return workgroupUniformLoad(&red_i[0]);
+}
+
+// Writes result[1..]: the log of the normalizer of the adjusted logits,
+// the chosen token's log-probability and the top entries.
+fn report_logprobs(m: f32, lid: u32) {
+    var mass = 0.0;
+    for (var v = lid; v < bounded(p.vocab); v += WG) {
+        mass += exp(adjusted(v) - m);
+    }
+    let lse = m + log(reduce_sum(mass, lid));
+    let n_top = min(p.top_logprobs - 1u, MAX_TOP);
+    for (var k = 0u; k < n_top; k++) {
+        var best = NEG;
+        var best_i = NONFINITE;
+        for (var v = lid; v < bounded(p.vocab); v += WG) {
+            let x = adjusted(v);
+            var taken = false;
+            for (var j = 0u; j < k; j++) {
+                taken = taken || top_ids[j] == v;
+            }
+            if (x > best && !taken) {
+                best = x;
+                best_i = v;
+            }
+        }
+        let i = reduce_argmax(best, best_i, lid);
+        if (lid == 0u) {
+            top_ids[k] = i;
+        }
+        workgroupBarrier();
+    }
+    if (lid == 0u) {
+        result[1] = bitcast<u32>(lse);
+        result[2] = bitcast<u32>(adjusted(chosen) - lse);
+        result[3] = n_top;
+        for (var k = 0u; k < n_top; k++) {
+            let i = top_ids[k];
+            result[4u + 2u * k] = i;
+            var lp = NEG;
+            if (i != NONFINITE) {
+                lp = adjusted(i) - lse;
+            }
+            result[5u + 2u * k] = bitcast<u32>(lp);
+        }
     }
 }

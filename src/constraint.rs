@@ -251,6 +251,24 @@ impl TokenizerEnv for TokenBytes {
 pub(crate) type FactoryCell = OnceLock<Result<Arc<ParserFactory>, String>>;
 
 impl Tokenizer {
+    /// The bytes of token `id` (a special token's text without
+    /// llguidance's marker; empty for an id outside the vocabulary or when
+    /// the tokenizer's bytes are unknown).
+    pub fn token_bytes(&self, id: u32) -> Vec<u8> {
+        let Ok(factory) = self.constraint_factory() else {
+            return self.decode(&[id]).unwrap_or_default().into_bytes();
+        };
+        let trie = factory.tok_env().tok_trie();
+        if id as usize >= trie.vocab_size() {
+            return vec![];
+        }
+        let bytes = trie.token(id);
+        bytes
+            .strip_prefix(&[TokTrie::SPECIAL_TOKEN_MARKER])
+            .unwrap_or(bytes)
+            .to_vec()
+    }
+
     /// The parser factory every constraint of this tokenizer compiles with.
     pub(crate) fn constraint_factory(&self) -> anyhow::Result<Arc<ParserFactory>> {
         self.constraint_factory

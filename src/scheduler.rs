@@ -36,6 +36,7 @@ use crate::constraint::ConstraintState;
 use crate::engine::{Batch, Engine, EngineOptions, KvCache, SeqStep};
 use crate::error::{bail_kind, Error, ErrorKind, Result};
 use crate::eviction::Policy;
+use crate::kernels::sample::TokenLogprobs;
 use crate::model::Model;
 use crate::session::{
     CancelToken, GenerateOptions, Generation, GenerationStats, Llm, StopReason, StopText,
@@ -164,6 +165,10 @@ struct Sequence {
     on_text: Box<dyn FnMut(&str) -> bool + Send>,
     /// Its constraint, fed each emitted token.
     constraint: Option<ConstraintState>,
+    /// Log-probabilities (`GenerateOptions::logprobs`): of the emitted
+    /// tokens, and of the one sampled and not yet emitted.
+    logprobs: Vec<TokenLogprobs>,
+    next_logprobs: Option<TokenLogprobs>,
     cancel: CancelToken,
     started: Instant,
     prefill_seconds: f64,
@@ -310,6 +315,7 @@ impl Scheduler {
             );
         }
         opts.sampling.validate()?;
+        crate::session::check_logprobs(&opts)?;
         let constraint = (opts.constraint.as_ref())
             .map(|c| ConstraintState::new(c, &self.tokenizer, vocab))
             .transpose()?;
@@ -337,7 +343,7 @@ impl Scheduler {
             true => self.take_parked(prompt, &cache_opts),
             false => None,
         };
-        let (block, engine, cache, cached) = match reused {
+        let (block, mut engine, cache, cached) = match reused {
             Some((p, n)) => (p.block, p.engine, p.cache, n),
             None => {
                 let block = self.free_block();
@@ -354,6 +360,7 @@ impl Scheduler {
         engine.reset_seen(prompt);
         // A reused engine may hold its last sequence's mask.
         engine.set_allowed(None)?;
+        engine.set_logprobs(opts.logprobs);
         let id = SequenceId(self.next_id);
         self.next_id += 1;
         self.sequences.push(Sequence {
@@ -372,6 +379,8 @@ impl Scheduler {
             ids: vec![],
             on_text,
             constraint,
+            logprobs: vec![],
+            next_logprobs: None,
             cancel: CancelToken::default(),
             started: Instant::now(),
             prefill_seconds: 0.0,
@@ -535,6 +544,10 @@ impl Scheduler {
                 }
             };
             s.ids.push(next);
+            if s.opts.logprobs.is_some() {
+                let lp = s.next_logprobs.take().unwrap_or_default();
+                s.logprobs.push(lp);
+            }
             parts.push(Part {
                 index: i,
                 ids: vec![next],
@@ -643,6 +656,7 @@ impl Scheduler {
                 };
             }
             if let Some(next) = token {
+                s.next_logprobs = s.engine.take_logprobs();
                 if matches!(s.phase, Phase::Prompt { .. }) {
                     s.prefill_seconds = s.started.elapsed().as_secs_f64();
                     s.decode_started = Some(Instant::now());
@@ -679,6 +693,7 @@ impl Scheduler {
                 stop,
             },
             ids: s.ids,
+            logprobs: s.logprobs,
         };
         // A cancelled sequence's cache may hold part of a step's tokens.
         if self.opts.reuse && stop != StopReason::Cancelled {

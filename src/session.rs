@@ -26,7 +26,7 @@ use crate::constraint::{Constraint, ConstraintState};
 use crate::device::DeviceProfile;
 use crate::engine::{Engine, StepIds, Submitted};
 use crate::eviction::Policy;
-use crate::kernels::sample::SamplingParams;
+use crate::kernels::sample::{SamplingParams, TokenLogprobs, MAX_TOP_LOGPROBS};
 use crate::model::{LoadOptions, Model};
 use crate::progress::Progress;
 use crate::tokenizer::{Message, StreamDecoder, Tokenizer};
@@ -154,6 +154,20 @@ pub struct GenerateOptions {
     /// inside, and the generation stops when it is complete
     /// ([`StopReason::ConstraintComplete`]). None: any text.
     pub constraint: Option<Constraint>,
+    /// Report each emitted token's log-probability and this many most
+    /// likely alternatives (at most 20; `Generation::logprobs`). None: no.
+    pub logprobs: Option<usize>,
+}
+
+/// Refuses more top log-probabilities than the sampler reports.
+pub(crate) fn check_logprobs(opts: &GenerateOptions) -> anyhow::Result<()> {
+    if let Some(n) = opts.logprobs.filter(|&n| n > MAX_TOP_LOGPROBS) {
+        bail_kind!(
+            ErrorKind::InvalidOptions,
+            "{n} top log-probabilities asked for; at most {MAX_TOP_LOGPROBS}"
+        );
+    }
+    Ok(())
 }
 
 /// Submitting decode steps ahead: each step is submitted while the GPU
@@ -199,6 +213,7 @@ impl Default for GenerateOptions {
             on_prompt: None,
             submit_ahead: SubmitAhead::Auto,
             constraint: None,
+            logprobs: None,
         }
     }
 }
@@ -261,6 +276,9 @@ pub struct Generation {
     pub text: String,
     /// Every emitted token id; all of them are in the session's history.
     pub ids: Vec<u32>,
+    /// With `GenerateOptions::logprobs`: each emitted token's
+    /// log-probability and top alternatives (one per id); else empty.
+    pub logprobs: Vec<TokenLogprobs>,
     pub stats: GenerationStats,
 }
 
@@ -312,6 +330,10 @@ pub struct Session {
     out_of_step: Option<String>,
     /// The running generation's constraint.
     constraint: Option<ConstraintState>,
+    /// The running generation's log-probabilities: of the tokens emitted,
+    /// and of the one sampled and not yet emitted.
+    emitted_logprobs: Vec<TokenLogprobs>,
+    next_logprobs: Option<TokenLogprobs>,
 }
 
 /// What [`Session::chat`] remembers: the messages, and the text of the
@@ -363,6 +385,8 @@ impl Session {
             chat: Chat::default(),
             out_of_step: None,
             constraint: None,
+            emitted_logprobs: vec![],
+            next_logprobs: None,
         })
     }
 
@@ -555,6 +579,8 @@ impl Session {
         self.constraint = (opts.constraint.as_ref())
             .map(|c| ConstraintState::new(c, &self.tokenizer, vocab))
             .transpose()?;
+        self.engine.set_logprobs(opts.logprobs);
+        self.emitted_logprobs.clear();
         let t0 = Instant::now();
         let fed = self.feed_prompt(prompt, opts);
         let mask_seconds = |s: &Self| s.constraint.as_ref().map_or(0.0, |c| c.mask_seconds);
@@ -573,6 +599,7 @@ impl Session {
                 return Ok(Generation {
                     text: String::new(),
                     ids: vec![],
+                    logprobs: vec![],
                     stats,
                 });
             }
@@ -595,6 +622,7 @@ impl Session {
                 stop,
             },
             ids,
+            logprobs: std::mem::take(&mut self.emitted_logprobs),
         })
     }
 
@@ -611,6 +639,7 @@ impl Session {
             bail_kind!(ErrorKind::InvalidOptions, "the prompt is empty");
         }
         opts.sampling.validate()?;
+        check_logprobs(opts)?;
         let max = self.max_context();
         if let Some(max) = max.filter(|&m| self.tokens.len() + prompt.len() > m) {
             bail_kind!(
@@ -667,6 +696,7 @@ impl Session {
                 progress.report((i * chunk + piece.len()).min(prompt.len()), prompt.len());
             }
         }
+        self.next_logprobs = self.engine.take_logprobs();
         Ok(Ok(next.expect("a sampling feed returns a token")))
     }
 
@@ -717,6 +747,10 @@ impl Session {
                 return Ok(end);
             }
             ids.push(next);
+            if opts.logprobs.is_some() {
+                let lp = self.next_logprobs.take().unwrap_or_default();
+                self.emitted_logprobs.push(lp);
+            }
             let stopped = match text.push(&self.tokenizer, next, on_text) {
                 Ok(stopped) => stopped,
                 Err(e) => return Err(self.fail_with_ahead(ahead.take(), e)),
@@ -748,6 +782,7 @@ impl Session {
                         .feed(&mut self.engine, &[next], pos, out, |_, _| Ok(()))?;
                     self.tokens.push(next);
                     next = t.expect("a sampling feed returns a token");
+                    self.next_logprobs = self.engine.take_logprobs();
                     if let Some(stop) = stopped.or(self.cancelled()) {
                         return Ok(stop);
                     }
@@ -779,6 +814,7 @@ impl Session {
                 Ok(t) => t.expect("a sampling step returns a token"),
                 Err(e) => return Err(self.fail_with_ahead(ahead.take(), e)),
             };
+            self.next_logprobs = self.engine.take_logprobs();
             self.tokens.push(next);
             if let Err(e) = self.cache.record_fed(&self.engine, next, pos) {
                 return Err(self.fail_with_ahead(ahead.take(), e));

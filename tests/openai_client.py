@@ -47,6 +47,10 @@ def metric(name):
     raise AssertionError(f"{name} not in /metrics")
 
 
+class Nothing:
+    content = None
+
+
 def check(ok, what):
     if not ok:
         if not OTHER:
@@ -129,8 +133,9 @@ for what, kw, status, code in [
     ("role wizard", {"messages": [{"role": "wizard", "content": "x"}]}, 400, None),
     ("context", {"messages": user("word " * 5000)}, 400, "context_length_exceeded"),
 ] + ([] if OTHER else [
-    # What sieve does not do yet is refused, not ignored (other servers do it).
-    ("top_logprobs", {"messages": user("Hi"), "logprobs": True, "top_logprobs": 2}, 400, None),
+    # What sieve does not do is refused, not ignored (other servers do it).
+    ("logit_bias", {"messages": user("Hi"), "logit_bias": {"100": 5}}, 400, None),
+    ("top_logprobs 21", {"messages": user("Hi"), "logprobs": True, "top_logprobs": 21}, 400, None),
 ]):
     try:
         client.chat.completions.create(**{**GREEDY, **kw})
@@ -188,6 +193,29 @@ try:
     check(False, "a schema that cannot compile: accepted")
 except openai.BadRequestError as e:
     check(e.body.get("param") == "response_format", f"a schema that cannot compile: {e.body}")
+
+# Log-probabilities: one entry per token, the top ones sorted with the
+# greedy choice first, whole and streamed (the stream helper gathers them).
+r = chat(client, user(QUESTION), max_tokens=12, logprobs=True, top_logprobs=4)
+entries = r.choices[0].logprobs.content
+check(len(entries) == r.usage.completion_tokens
+      and "".join(e.token for e in entries) == r.choices[0].message.content
+      and all(e.top_logprobs[0].token == e.token
+              and [t.logprob for t in e.top_logprobs] == sorted(
+                  (t.logprob for t in e.top_logprobs), reverse=True)
+              for e in entries),
+      f"logprobs: {entries[:2]}")
+with client.chat.completions.stream(messages=user(QUESTION), max_tokens=12, logprobs=True,
+                                    top_logprobs=4, **GREEDY) as s:
+    for _ in s:
+        pass
+    sfinal = s.get_final_completion()
+# (Within float noise: the second request finds the first one's cache and
+# feeds its prompt in other steps.)
+streamed_lps = [e.logprob for e in (sfinal.choices[0].logprobs or Nothing).content or []]
+check(len(streamed_lps) == len(entries)
+      and all(abs(a - e.logprob) < 1e-3 for a, e in zip(streamed_lps, entries)),
+      f"streamed logprobs = whole: {streamed_lps} vs {[e.logprob for e in entries]}")
 
 # Tools: a loop (a call, its result in a tool message, the final answer),
 # with tool_choice "required" whole and a named function streamed through

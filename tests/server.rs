@@ -786,6 +786,66 @@ fn tool_calls_are_made_and_streamed() {
     }
 }
 
+/// Log-probabilities: a chat answer's `logprobs.content` has one entry
+/// per generated token (their texts make the answer), the top entries
+/// sorted with the greedy choice first; the stream carries the same entries
+/// in its last chunk; a text completion gives the legacy form.
+#[test]
+fn logprobs_are_reported_whole_and_streamed() {
+    let server = Server::start(&[]);
+    let body = json!({"messages": [{"role": "user", "content": "Hello"}], "max_tokens": 8,
+        "temperature": 0, "logprobs": true, "top_logprobs": 3});
+    let (status, _, text) = server.post("/v1/chat/completions", &body);
+    assert_eq!(status, 200, "{text}");
+    let v: Value = serde_json::from_str(&text).unwrap();
+    let content = v["choices"][0]["logprobs"]["content"]
+        .as_array()
+        .unwrap()
+        .clone();
+    assert_eq!(
+        content.len() as u64,
+        v["usage"]["completion_tokens"].as_u64().unwrap()
+    );
+    let joined: String = content
+        .iter()
+        .map(|e| e["token"].as_str().unwrap())
+        .collect();
+    assert_eq!(joined, text_of(&v, "chat"));
+    for e in &content {
+        let top = e["top_logprobs"].as_array().unwrap();
+        assert_eq!(top.len(), 3);
+        assert_eq!(top[0]["token"], e["token"], "{e}");
+        assert!(
+            (top[0]["logprob"].as_f64().unwrap() - e["logprob"].as_f64().unwrap()).abs() < 1e-6
+        );
+        let lps: Vec<f64> = top.iter().map(|t| t["logprob"].as_f64().unwrap()).collect();
+        assert!(lps.windows(2).all(|w| w[0] >= w[1]), "{e}");
+        assert!(e["bytes"].is_array());
+    }
+    let mut streamed = body.clone();
+    streamed["stream"] = json!(true);
+    let (_, _, text) = server.post("/v1/chat/completions", &streamed);
+    let (chunks, _) = sse_chunks(&text);
+    let sent: Vec<Value> = (chunks.iter())
+        .filter_map(|c| c["choices"][0]["logprobs"]["content"].as_array())
+        .flatten()
+        .cloned()
+        .collect();
+    assert_eq!(sent, content);
+    let legacy = json!({"prompt": "Hello", "max_tokens": 6, "temperature": 0, "logprobs": 2});
+    let (status, _, text) = server.post("/v1/completions", &legacy);
+    assert_eq!(status, 200, "{text}");
+    let v: Value = serde_json::from_str(&text).unwrap();
+    let lp = &v["choices"][0]["logprobs"];
+    assert_eq!(lp["tokens"].as_array().unwrap().len(), 6, "{text}");
+    assert_eq!(lp["token_logprobs"].as_array().unwrap().len(), 6, "{text}");
+    assert!(
+        lp["top_logprobs"][0].as_object().unwrap().len() == 2,
+        "{text}"
+    );
+    assert_eq!(lp["text_offset"][0], 0);
+}
+
 #[test]
 fn an_api_key_is_required_when_set() {
     let server = Server::start(&["--api-key", "sesame"]);

@@ -168,6 +168,7 @@ pub fn main(a: RunArgs) -> Result<()> {
         on_prompt: None,
         submit_ahead: SubmitAhead::Auto,
         constraint,
+        logprobs: None,
     };
     let mut stdout = std::io::stdout().lock();
     let out = session.generate(&ids, &opts, |piece| {

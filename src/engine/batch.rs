@@ -315,10 +315,7 @@ impl Batch {
         drop(pass);
         let mut staged = Vec::with_capacity(seqs.len());
         for ((engine, s), &(_, n)) in seqs.iter_mut().zip(&rows) {
-            let sampler = &engine.sampler.result;
-            let staging = s
-                .sample
-                .map(|_| engine.sample_staging.stage(&mut enc, sampler, 4));
+            let staging = s.sample.map(|_| engine.stage_sample(&mut enc));
             staged.push((staging, engine.signals.stage_deltas(&mut enc, n)));
         }
         let index = gpu.queue.submit([enc.finish()]);

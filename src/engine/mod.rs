@@ -35,7 +35,7 @@ use crate::kernels::prepared_x::FusedInput;
 use crate::kernels::rmsnorm::RmsNorm;
 use crate::kernels::rope_kv::RopeKv;
 use crate::kernels::runtime::Runtime;
-use crate::kernels::sample::{Sampler, SamplingParams};
+use crate::kernels::sample::{Sampler, SamplingParams, TokenLogprobs, RESULT_BYTES};
 use crate::kernels::silu_mul::SiluMul;
 use crate::kernels::{Rows, Step};
 use crate::model::Model;
@@ -136,8 +136,9 @@ pub enum StepIds<'a> {
 #[derive(Debug)]
 pub struct Submitted {
     index: wgpu::SubmissionIndex,
-    /// The readback buffer holding its sampled token, if it samples.
-    staging: Option<usize>,
+    /// The readback buffer holding its sampled token, if it samples, and
+    /// the bytes staged (the token, and its log-probabilities when asked).
+    staging: Option<(usize, u64)>,
     /// The readback buffer holding its EpiKV signal, if layers are tracked.
     delta_staging: Option<usize>,
     /// Whether it saved the policy state it changes (`Engine::undo` restores it).
@@ -192,6 +193,8 @@ pub struct Engine {
     sampler: Sampler,
     /// Where sampled tokens are read back.
     sample_staging: Readbacks,
+    /// The log-probabilities the last completed sampling step reported.
+    last_logprobs: Option<TokenLogprobs>,
     /// Whether the last submitted step sampled (`StepIds::LastSampled` reads its token).
     last_step_sampled: bool,
     compactor: Option<Compactor>,
@@ -339,7 +342,7 @@ impl Engine {
             }
             None => None,
         };
-        let sample_staging = Readbacks::new(&gpu, "sampled-token", 4);
+        let sample_staging = Readbacks::new(&gpu, "sampled-token", RESULT_BYTES);
         Ok(Engine {
             model,
             opts,
@@ -351,6 +354,7 @@ impl Engine {
             lm_head,
             sampler,
             sample_staging,
+            last_logprobs: None,
             last_step_sampled: false,
             compactor,
             signals,
@@ -398,6 +402,25 @@ impl Engine {
     /// Marks `tokens` as seen for the repetition penalty (the prompt).
     pub fn reset_seen(&self, tokens: &[u32]) {
         self.sampler.reset_seen(&self.model.gpu, tokens);
+    }
+
+    /// Whether sampling steps also report log-probabilities, with how many
+    /// top entries (None: no); read back with [`Engine::take_logprobs`].
+    pub fn set_logprobs(&mut self, top: Option<usize>) {
+        self.sampler.set_logprobs(top);
+        self.last_logprobs = None;
+    }
+
+    /// The log-probabilities of the last completed step's sampled token,
+    /// when asked for (`set_logprobs`).
+    pub fn take_logprobs(&mut self) -> Option<TokenLogprobs> {
+        self.last_logprobs.take()
+    }
+
+    /// Copies the sampler's result (what a choice filled) for reading back.
+    pub(crate) fn stage_sample(&mut self, enc: &mut wgpu::CommandEncoder) -> (usize, u64) {
+        let n = self.sampler.result_bytes();
+        (self.sample_staging.stage(enc, &self.sampler.result, n), n)
     }
 
     /// The tokens the next sampling step may choose (a constraint's mask,
@@ -493,9 +516,7 @@ impl Engine {
         if let Some(pr) = self.profiler.as_ref() {
             pr.resolve(&mut enc);
         }
-        let staging = out
-            .sample
-            .map(|_| self.sample_staging.stage(&mut enc, &self.sampler.result, 4));
+        let staging = out.sample.map(|_| self.stage_sample(&mut enc));
         let delta_staging = self.signals.stage_deltas(&mut enc, n);
         let index = gpu.queue.submit([enc.finish()]);
         self.last_record_seconds = recording.elapsed().as_secs_f64();
@@ -674,11 +695,13 @@ impl Engine {
     pub fn complete(&mut self, s: Submitted) -> Result<Option<u32>> {
         let gpu = self.model.gpu.clone();
         let token = match s.staging {
-            Some(k) => {
+            Some((k, n)) => {
                 let bytes = gpu
-                    .map_and_read_after(self.sample_staging.buffer(k), 4, Some(s.index.clone()))
+                    .map_and_read_after(self.sample_staging.buffer(k), n, Some(s.index.clone()))
                     .context("reading the sampled token")?;
-                Some(u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]))
+                let words: Vec<u32> = bytemuck::pod_collect_to_vec(&bytes);
+                self.last_logprobs = TokenLogprobs::from_result(&words);
+                Some(words[0])
             }
             None => {
                 crate::platform::wait_for_gpu(&gpu.device, &gpu.queue, Some(s.index.clone()))?;

@@ -111,7 +111,7 @@ struct Params {
     counter: u32,
     presence: f32,
     frequency: f32,
-    _p0: u32,
+    top_logprobs: u32,
     _p1: u32,
 }
 
@@ -119,13 +119,46 @@ struct Params {
 pub(crate) fn uniform_layout() -> super::UniformLayout {
     super::uniform_layout!(Params as "SampleParams" in [shaders::SAMPLE] {
         vocab, row, top_k, seed, temperature, top_p, rep_penalty, counter, presence, frequency,
-        _p0, _p1
+        top_logprobs, _p1
     })
 }
 
 /// What the sampler returns instead of a token when the logit row holds a
 /// NaN or an infinity (`NONFINITE` in sample.wgsl).
 pub const NONFINITE: u32 = u32::MAX;
+
+/// The most top entries a choice reports with its log-probability
+/// (`MAX_TOP` in sample.wgsl; OpenAI's limit).
+pub const MAX_TOP_LOGPROBS: usize = 20;
+
+/// Bytes of the sampler's result: the token, and what log-probabilities
+/// it reports (sample.wgsl's binding 3).
+pub const RESULT_BYTES: u64 = 4 * (4 + 2 * MAX_TOP_LOGPROBS as u64);
+
+/// A sampled token's log-probability under the distribution it was drawn
+/// from (after the allowed set, the penalties and the temperature; before
+/// top-k and top-p), and the most likely tokens' (most likely first, ties
+/// to the lower id).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct TokenLogprobs {
+    pub logprob: f32,
+    pub top: Vec<(u32, f32)>,
+}
+
+impl TokenLogprobs {
+    /// Reads the result words past the token (`RESULT_BYTES` layout).
+    pub fn from_result(words: &[u32]) -> Option<TokenLogprobs> {
+        let n = (*words.get(3)? as usize).min(MAX_TOP_LOGPROBS);
+        let pairs = words.get(4..4 + 2 * n)?;
+        Some(TokenLogprobs {
+            logprob: f32::from_bits(words[2]),
+            top: (pairs.chunks(2))
+                .filter(|p| p[0] != NONFINITE)
+                .map(|p| (p[0], f32::from_bits(p[1])))
+                .collect(),
+        })
+    }
+}
 
 pub struct Sampler {
     pipeline: Arc<wgpu::ComputePipeline>,
@@ -143,6 +176,8 @@ pub struct Sampler {
     /// Times each token was chosen since `reset_seen` (the presence and
     /// frequency penalties).
     counts: wgpu::Buffer,
+    /// 0: no log-probabilities; else 1 + the top entries reported.
+    top_logprobs: std::sync::atomic::AtomicU32,
     vocab: u32,
 }
 
@@ -151,7 +186,7 @@ impl Sampler {
         let pipeline = gpu.pipeline(&shaders::SAMPLE, None, "main", &[])?;
         let params = gpu.uniform("sample-params", &Params::zeroed());
         let seen = gpu.storage("seen", vocab.div_ceil(32) as u64 * 4);
-        let result = gpu.storage("sampled", 16);
+        let result = gpu.storage("sampled", RESULT_BYTES);
         let words = vocab.div_ceil(32);
         let allowed = gpu.storage_from("allowed", &vec![u32::MAX; words]);
         let counts = gpu.storage("counts", vocab as u64 * 4);
@@ -168,6 +203,7 @@ impl Sampler {
             allowed,
             all_allowed: std::sync::atomic::AtomicBool::new(true),
             counts,
+            top_logprobs: Default::default(),
             vocab: vocab as u32,
         })
     }
@@ -225,6 +261,23 @@ impl Sampler {
         Ok(())
     }
 
+    /// Whether each choice also reports log-probabilities, with how many
+    /// top entries (None: no; at most `MAX_TOP_LOGPROBS`).
+    pub fn set_logprobs(&self, top: Option<usize>) {
+        let v = top.map_or(0, |n| 1 + n.min(MAX_TOP_LOGPROBS) as u32);
+        self.top_logprobs
+            .store(v, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Bytes of `result` a choice fills: the token, and its
+    /// log-probabilities when asked for.
+    pub fn result_bytes(&self) -> u64 {
+        match self.top_logprobs.load(std::sync::atomic::Ordering::Relaxed) {
+            0 => 4,
+            n => 16 + 8 * (n as u64 - 1),
+        }
+    }
+
     /// Writes the parameters for sampling row `row` of the logits at step `counter`.
     pub fn set_params(&self, gpu: &Gpu, s: &SamplingParams, row: u32, counter: u32) {
         let p = Params {
@@ -238,7 +291,7 @@ impl Sampler {
             counter,
             presence: s.presence_penalty,
             frequency: s.frequency_penalty,
-            _p0: 0,
+            top_logprobs: self.top_logprobs.load(std::sync::atomic::Ordering::Relaxed),
             _p1: 0,
         };
         gpu.write(&self.params, 0, bytemuck::bytes_of(&p));
@@ -268,9 +321,10 @@ pub struct History<'a> {
     pub allowed: Option<&'a [u32]>,
 }
 
-/// CPU reference with exact (sorted) top-k / top-p sets.
-pub fn reference(logits: &[f32], h: History, s: &SamplingParams, counter: u32) -> u32 {
-    let adj: Vec<f64> = logits
+/// The logits as the sampler sees them (`adjusted` in sample.wgsl):
+/// -infinity outside the allowed set, penalties, temperature.
+fn adjusted(logits: &[f32], h: History, s: &SamplingParams) -> Vec<f64> {
+    logits
         .iter()
         .enumerate()
         .map(|(i, &x)| {
@@ -294,7 +348,12 @@ pub fn reference(logits: &[f32], h: History, s: &SamplingParams, counter: u32) -
             }
             x
         })
-        .collect();
+        .collect()
+}
+
+/// CPU reference with exact (sorted) top-k / top-p sets.
+pub fn reference(logits: &[f32], h: History, s: &SamplingParams, counter: u32) -> u32 {
+    let adj = adjusted(logits, h, s);
     let argmax = (0..adj.len()).fold(0, |b, i| if adj[i] > adj[b] { i } else { b });
     if s.temperature == 0.0 {
         return argmax as u32;
@@ -337,6 +396,29 @@ pub fn reference(logits: &[f32], h: History, s: &SamplingParams, counter: u32) -
         }
     }
     argmax as u32
+}
+
+/// CPU reference of the log-probabilities a choice of `token` reports:
+/// log-softmax of the adjusted logits (allowed set, penalties,
+/// temperature), the top `n` by value then id.
+pub fn reference_logprobs(
+    logits: &[f32],
+    h: History,
+    s: &SamplingParams,
+    token: u32,
+    n: usize,
+) -> TokenLogprobs {
+    let adj = adjusted(logits, h, s);
+    let m = adj.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    let lse = m + adj.iter().map(|x| (x - m).exp()).sum::<f64>().ln();
+    let mut order: Vec<usize> = (0..adj.len()).filter(|&i| adj[i].is_finite()).collect();
+    order.sort_by(|&a, &b| adj[b].partial_cmp(&adj[a]).unwrap().then(a.cmp(&b)));
+    TokenLogprobs {
+        logprob: (adj[token as usize] - lse) as f32,
+        top: (order.iter().take(n))
+            .map(|&i| (i as u32, (adj[i] - lse) as f32))
+            .collect(),
+    }
 }
 
 #[cfg(any(test, feature = "kernel-checks"))]
@@ -659,7 +741,84 @@ pub(crate) mod tests {
         assert_eq!(chosen, [10, 20, 10, 20]);
     }
 
+    /// The reported log-probabilities against the reference: the chosen
+    /// token's, and the top entries (ids and values), with a mask, the
+    /// penalties and a temperature; 0, 5 and 20 top entries; fewer allowed
+    /// tokens than entries asked for.
+    #[cfg_attr(test, test)]
+    fn logprobs_match_reference() {
+        let gpu = gpu();
+        let vocab = 5003;
+        let l = rand_vec(vocab, 13, 5.0);
+        let allowed: Vec<u32> = (0..vocab as u32).filter(|t| t % 7 != 3).collect();
+        let few = [11u32, 400, 4999];
+        let counts = [(5u32, 2u32), (17, 1)];
+        let cases = [
+            (SamplingParams::GREEDY, None, 5),
+            (SamplingParams::GREEDY, Some(&few[..]), 20),
+            (
+                SamplingParams {
+                    temperature: 0.7,
+                    top_k: 30,
+                    repetition_penalty: 1.3,
+                    presence_penalty: 0.5,
+                    frequency_penalty: 0.25,
+                    seed: 3,
+                    ..Default::default()
+                },
+                Some(&allowed[..]),
+                20,
+            ),
+            (sampled_default(), None, 0),
+        ];
+        for (i, (s, allowed, n)) in cases.into_iter().enumerate() {
+            let h = History {
+                seen: &[5, 9, 17],
+                counts: &counts,
+                allowed,
+            };
+            let lb = gpu.storage_from("logits", &l);
+            let sm = Sampler::new(&gpu, vocab, &lb).unwrap();
+            sm.reset_seen(&gpu, h.seen);
+            let mut c = vec![0u32; vocab];
+            for &(t, k) in h.counts {
+                c[t as usize] = k;
+            }
+            gpu.write(&sm.counts, 0, bytemuck::cast_slice(&c));
+            let mask = h.allowed.map(|a| bitmask(a, vocab));
+            sm.set_allowed(&gpu, mask.as_deref()).unwrap();
+            sm.set_logprobs(Some(n));
+            sm.set_params(&gpu, &s, 0, 1);
+            run_pass(&gpu, |pass| sm.encode(pass));
+            let words = gpu
+                .read::<u32>(&sm.result, 0, RESULT_BYTES as usize / 4)
+                .unwrap();
+            let token = words[0];
+            assert_eq!(token, reference(&l, h, &s, 1), "case {i}");
+            let got = TokenLogprobs::from_result(&words).unwrap();
+            let want = reference_logprobs(&l, h, &s, token, n);
+            assert!(
+                (got.logprob - want.logprob).abs() < 1e-4,
+                "case {i}: {got:?} vs {want:?}"
+            );
+            assert_eq!(got.top.len(), want.top.len(), "case {i}");
+            for ((gi, gv), (wi, wv)) in got.top.iter().zip(&want.top) {
+                assert_eq!(gi, wi, "case {i}");
+                assert!((gv - wv).abs() < 1e-4, "case {i}: {gv} vs {wv}");
+            }
+        }
+    }
+
+    fn sampled_default() -> SamplingParams {
+        SamplingParams {
+            temperature: 1.0,
+            seed: 1,
+            ..Default::default()
+        }
+    }
+
     crate::kernels::checks::register![
+        logprobs_match_reference,
         masked_sampling_matches_reference,
         presence_and_frequency_penalties_match_reference,
         greedy_takes_the_first_maximum,

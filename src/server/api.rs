@@ -10,8 +10,10 @@ use crate::cache::CacheOptions;
 use crate::constraint::Constraint;
 use crate::eviction::Policy;
 use crate::kernels::sample::SamplingParams;
+use crate::kernels::sample::TokenLogprobs;
 use crate::session::{Generation, StopReason};
 use crate::tokenizer::Message;
+use crate::tokenizer::Tokenizer;
 use crate::tools::ToolSet;
 
 /// An error as OpenAI sends it: a status and
@@ -101,6 +103,9 @@ pub struct Generate {
     pub constraint: Option<(Constraint, &'static str)>,
     /// The tools the model may call (None: no call may be made).
     pub tools: Option<ToolSet>,
+    /// Log-probabilities asked for, with this many top entries
+    /// ([`parse_logprobs`]).
+    pub logprobs: Option<usize>,
 }
 
 /// The body as a JSON object.
@@ -205,16 +210,11 @@ fn parse_response_format(body: &Map<String, Value>) -> Result<Option<Constraint>
     }
 }
 
-/// The OpenAI fields that ask for what sieve does not do yet
-/// (log-probabilities, logit biases): a 400 naming the field wherever a
-/// value asks for something, so that no client believes it was done.
-/// Values that ask for nothing (zero top log-probabilities, an empty bias
-/// map) pass.
+/// The OpenAI field that asks for what sieve does not do (logit biases): a
+/// 400 naming it wherever a value asks for something, so that no client
+/// believes it was done. An empty bias map passes.
 fn refuse_what_is_not_honoured(body: &Map<String, Value>) -> Result<(), ApiError> {
     let refuse = |key: &str, why: &str| Err(ApiError::invalid(Some(key), format!("'{key}' {why}")));
-    if field(body, "top_logprobs", "an integer", Value::as_u64)?.is_some_and(|n| n > 0) {
-        return refuse("top_logprobs", "is not supported yet");
-    }
     match body.get("logit_bias") {
         None | Some(Value::Null) => {}
         Some(Value::Object(m)) if m.is_empty() => {}
@@ -234,12 +234,6 @@ pub fn parse_generate(body: &Map<String, Value>) -> Result<Generate, ApiError> {
     }
     let presence_penalty = number_in(body, "presence_penalty", -2.0, 2.0)?.unwrap_or(0.0);
     let frequency_penalty = number_in(body, "frequency_penalty", -2.0, 2.0)?.unwrap_or(0.0);
-    if field(body, "logprobs", "a boolean", Value::as_bool)? == Some(true) {
-        return Err(ApiError::invalid(
-            Some("logprobs"),
-            "'logprobs' is not supported",
-        ));
-    }
     refuse_what_is_not_honoured(body)?;
     let tools = super::tools::parse_tools(body)?;
     let format = parse_response_format(body)?;
@@ -336,6 +330,7 @@ pub fn parse_generate(body: &Map<String, Value>) -> Result<Generate, ApiError> {
         include_usage,
         constraint,
         tools,
+        logprobs: None,
     })
 }
 
@@ -548,6 +543,93 @@ fn finish_reason_with_calls(stop: StopReason, called: bool) -> &'static str {
     }
 }
 
+/// `logprobs` and `top_logprobs`: a chat completion takes `logprobs: true`
+/// and `top_logprobs` in 0..=20 (which needs `logprobs`); a text completion
+/// takes `logprobs` as the number of top entries, 0..=5 (OpenAI's legacy
+/// form). The number of top entries, or None when not asked for.
+pub fn parse_logprobs(body: &Map<String, Value>, kind: Kind) -> Result<Option<usize>, ApiError> {
+    let top = field(body, "top_logprobs", "an integer from 0 to 20", |v| {
+        v.as_u64().filter(|&n| n <= 20)
+    })?;
+    match kind {
+        Kind::Chat => {
+            let on = field(body, "logprobs", "a boolean", Value::as_bool)?.unwrap_or(false);
+            if top.is_some() && !on {
+                return Err(ApiError::invalid(
+                    Some("top_logprobs"),
+                    "'top_logprobs' needs 'logprobs': true",
+                ));
+            }
+            Ok(on.then_some(top.unwrap_or(0) as usize))
+        }
+        Kind::Text => {
+            if top.is_some() {
+                return Err(ApiError::invalid(
+                    Some("top_logprobs"),
+                    "'top_logprobs' is for chat completions; a text completion's 'logprobs' is the number of top entries",
+                ));
+            }
+            let n = field(body, "logprobs", "an integer from 0 to 5", |v| {
+                v.as_u64().filter(|&n| n <= 5)
+            })?;
+            Ok(n.map(|n| n as usize))
+        }
+    }
+}
+
+/// A token's text and bytes as the log-probabilities show them.
+fn token_text(tokenizer: &Tokenizer, id: u32) -> (String, Vec<u8>) {
+    let bytes = tokenizer.token_bytes(id);
+    (String::from_utf8_lossy(&bytes).into_owned(), bytes)
+}
+
+/// The `logprobs` of a choice: chat's `{"content": [...]}` or a text
+/// completion's `{"tokens", "token_logprobs", "top_logprobs",
+/// "text_offset"}`, for `ids` and their log-probabilities.
+pub fn logprobs_json(
+    kind: Kind,
+    tokenizer: &Tokenizer,
+    ids: &[u32],
+    lps: &[TokenLogprobs],
+) -> Value {
+    match kind {
+        Kind::Chat => {
+            let entry = |id: u32, lp: f32| {
+                let (token, bytes) = token_text(tokenizer, id);
+                json!({"token": token, "logprob": lp, "bytes": bytes})
+            };
+            let content: Vec<Value> = (ids.iter().zip(lps))
+                .map(|(&id, lp)| {
+                    let mut e = entry(id, lp.logprob);
+                    e["top_logprobs"] = lp.top.iter().map(|&(t, v)| entry(t, v)).collect();
+                    e
+                })
+                .collect();
+            json!({"content": content, "refusal": null})
+        }
+        Kind::Text => {
+            let mut offset = 0;
+            let (mut tokens, mut offsets) = (vec![], vec![]);
+            for &id in ids {
+                let (token, _) = token_text(tokenizer, id);
+                offsets.push(offset);
+                offset += token.len();
+                tokens.push(token);
+            }
+            let top: Vec<Value> = (lps.iter())
+                .map(|lp| {
+                    let m: Map<String, Value> = (lp.top.iter())
+                        .map(|&(t, v)| (token_text(tokenizer, t).0, json!(v)))
+                        .collect();
+                    Value::Object(m)
+                })
+                .collect();
+            json!({"tokens": tokens, "token_logprobs": lps.iter().map(|l| l.logprob).collect::<Vec<_>>(),
+                "top_logprobs": top, "text_offset": offsets})
+        }
+    }
+}
+
 /// The `usage` object.
 pub fn usage(g: &Generation) -> Value {
     let cached = g.stats.cached_tokens;
@@ -604,7 +686,7 @@ impl Kind {
 }
 
 /// What every response and chunk of one request repeats.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct Envelope {
     pub kind: Kind,
     pub id: String,
@@ -614,6 +696,9 @@ pub struct Envelope {
     pub cache: Value,
     /// Whether the answer may hold tool calls (read out of its text).
     pub tools: bool,
+    /// The tokenizer, when the answer reports log-probabilities (the
+    /// tokens' text).
+    pub logprobs: Option<std::sync::Arc<Tokenizer>>,
 }
 
 impl Envelope {
@@ -635,6 +720,9 @@ impl Envelope {
             choice["message"] = message;
             choice["finish_reason"] = json!(finish_reason_with_calls(g.stats.stop, called));
         }
+        if let Some(t) = &self.logprobs {
+            choice["logprobs"] = logprobs_json(self.kind, t, &g.ids, &g.logprobs);
+        }
         let mut v = self.object(false, vec![choice]);
         v["usage"] = usage(g);
         v
@@ -652,10 +740,15 @@ impl Envelope {
         self.object(true, vec![self.kind.choice(Some(text), None, true)])
     }
 
-    /// The chunk that ends a stream's choice (`called`: it sent tool calls).
-    pub fn finish_chunk(&self, stop: StopReason, called: bool) -> Value {
-        let finish = finish_reason_with_calls(stop, called);
-        let choice = self.kind.choice(None, Some(finish), true);
+    /// The chunk that ends a stream's choice (`called`: it sent tool
+    /// calls). It carries the log-probabilities of every token when they
+    /// were asked for: the text streams in pieces that are not tokens.
+    pub fn finish_chunk(&self, g: &Generation, called: bool) -> Value {
+        let finish = finish_reason_with_calls(g.stats.stop, called);
+        let mut choice = self.kind.choice(None, Some(finish), true);
+        if let Some(t) = &self.logprobs {
+            choice["logprobs"] = logprobs_json(self.kind, t, &g.ids, &g.logprobs);
+        }
         self.object(true, vec![choice])
     }
 
@@ -801,8 +894,6 @@ mod tests {
                 "tool_choice",
             ),
             (json!({"functions": [{"name": "f"}]}), "functions"),
-            (json!({"top_logprobs": 3}), "top_logprobs"),
-            (json!({"top_logprobs": "3"}), "top_logprobs"),
             (json!({"logit_bias": {"50256": -100}}), "logit_bias"),
             (
                 json!({"stream_options": {"include_usage": 1}}),
@@ -811,6 +902,43 @@ mod tests {
         ] {
             let e = parse_generate(&body(bad.clone())).unwrap_err();
             assert_eq!(e.status, StatusCode::BAD_REQUEST, "{bad}");
+            assert_eq!(e.param.as_deref(), Some(param), "{bad}: {}", e.message);
+        }
+    }
+
+    #[test]
+    fn logprobs_take_each_api_form() {
+        let parse = |v: Value, kind| parse_logprobs(&body(v), kind);
+        assert_eq!(parse(json!({}), Kind::Chat).unwrap(), None);
+        assert_eq!(
+            parse(json!({"logprobs": true}), Kind::Chat).unwrap(),
+            Some(0)
+        );
+        let both = json!({"logprobs": true, "top_logprobs": 20});
+        assert_eq!(parse(both, Kind::Chat).unwrap(), Some(20));
+        assert_eq!(parse(json!({"logprobs": 3}), Kind::Text).unwrap(), Some(3));
+        for (bad, kind, param) in [
+            (json!({"top_logprobs": 2}), Kind::Chat, "top_logprobs"),
+            (
+                json!({"logprobs": true, "top_logprobs": 21}),
+                Kind::Chat,
+                "top_logprobs",
+            ),
+            (
+                json!({"logprobs": true, "top_logprobs": "3"}),
+                Kind::Chat,
+                "top_logprobs",
+            ),
+            (json!({"logprobs": 2}), Kind::Chat, "logprobs"),
+            (json!({"logprobs": true}), Kind::Text, "logprobs"),
+            (json!({"logprobs": 6}), Kind::Text, "logprobs"),
+            (
+                json!({"logprobs": 1, "top_logprobs": 1}),
+                Kind::Text,
+                "top_logprobs",
+            ),
+        ] {
+            let e = parse(bad.clone(), kind).unwrap_err();
             assert_eq!(e.param.as_deref(), Some(param), "{bad}: {}", e.message);
         }
     }

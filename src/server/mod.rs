@@ -296,7 +296,8 @@ fn start(
     let bytes = body_bytes(body, app.opts.body_limit)?;
     let loaded = app.loaded()?;
     let body = api::parse_body(&bytes)?;
-    let generate = api::parse_generate(&body)?;
+    let mut generate = api::parse_generate(&body)?;
+    generate.logprobs = api::parse_logprobs(&body, kind)?;
     if let Some((constraint, param)) = &generate.constraint {
         check_constraint(&loaded.llm, constraint, param, generate.tools.as_ref())?;
     }
@@ -373,6 +374,7 @@ fn start(
             on_prompt: None,
             submit_ahead: SubmitAhead::Auto,
             constraint: generate.constraint.as_ref().map(|(c, _)| c.clone()),
+            logprobs: generate.logprobs,
         },
         cache: Some(cache),
         events: tx,
@@ -398,6 +400,7 @@ fn start(
             false => json!({"policy": "full", "budget": null}),
         },
         tools: generate.tools.is_some(),
+        logprobs: (generate.logprobs.is_some()).then(|| loaded.llm.tokenizer.clone()),
     };
     Ok((envelope, generate, rx))
 }
@@ -498,7 +501,7 @@ fn stream(
                         chunks = deltas(c.finish());
                         called = c.called();
                     }
-                    chunks.push(envelope.finish_chunk(g.stats.stop, called));
+                    chunks.push(envelope.finish_chunk(&g, called));
                     generation = Some(g);
                     chunks
                 }

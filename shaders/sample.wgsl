@@ -53,7 +53,8 @@ struct SampleParams {
 const WG: u32 = 256u;
 const NEG: f32 = -3.0e38;
 // 30 halvings of the logit range; also keeps the per-invocation loop count
-// under lavapipe's 65535 limit for vocabularies up to ~200k.
+// under lavapipe's 65535 limit for vocabularies up to ~200k (about 190k with
+// top-k, top-p and 20 top log-probabilities; sample.rs checks 151,936).
 const ITERS: u32 = 30u;
 
 var<workgroup> red_f: array<f32, WG>;
@@ -332,16 +333,19 @@ fn report_logprobs(m: f32, lid: u32) {
     }
     let lse = m + log(reduce_sum(mass, lid));
     let n_top = min(p.top_logprobs - 1u, MAX_TOP);
+    // Entry k is the best (value, id) after entry k - 1 in the order
+    // (value descending, id ascending): one pass over the vocabulary per
+    // entry, so n_top * vocab / WG iterations per invocation (lavapipe ends
+    // an invocation after 65,535).
+    var prev_x = 3.4e38;
+    var prev_i = 0u;
     for (var k = 0u; k < n_top; k++) {
         var best = NEG;
         var best_i = NONFINITE;
         for (var v = lid; v < bounded(p.vocab); v += WG) {
             let x = adjusted(v);
-            var taken = false;
-            for (var j = 0u; j < k; j++) {
-                taken = taken || top_ids[j] == v;
-            }
-            if (x > best && !taken) {
+            let after = x < prev_x || (x == prev_x && v > prev_i);
+            if (after && x > NEG && (x > best || (x == best && v < best_i))) {
                 best = x;
                 best_i = v;
             }
@@ -350,7 +354,12 @@ fn report_logprobs(m: f32, lid: u32) {
         if (lid == 0u) {
             top_ids[k] = i;
         }
-        workgroupBarrier();
+        if (i == NONFINITE) {
+            prev_x = NEG;
+        } else {
+            prev_x = adjusted(i);
+        }
+        prev_i = i;
     }
     if (lid == 0u) {
         result[1] = bitcast<u32>(lse);

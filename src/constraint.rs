@@ -296,7 +296,8 @@ impl Tokenizer {
 /// constraint may end). As `toktrie_hf_tokenizers::ByteTokenizer`: a
 /// byte-level vocabulary maps its characters back to bytes, a byte-fallback
 /// one (SentencePiece) reads `<0xNN>` tokens as bytes and its space
-/// character as a space; special tokens get llguidance's marker byte.
+/// character as a space; special tokens (and added ones written `<...>`)
+/// get llguidance's marker byte, other added tokens are their text.
 fn token_env(hf: &tokenizers::Tokenizer, eos: &[u32]) -> anyhow::Result<TokEnv> {
     use tokenizers::DecoderWrapper;
     fn decoder_kind(
@@ -335,12 +336,10 @@ fn token_env(hf: &tokenizers::Tokenizer, eos: &[u32]) -> anyhow::Result<TokEnv> 
         bail!("its decoder is neither byte-level nor byte-fallback, so the bytes of its tokens are unknown");
     }
     let vocab = hf.get_vocab_size(true);
-    let specials: std::collections::HashSet<u32> = hf
-        .get_added_tokens_decoder()
-        .into_iter()
-        .filter(|(_, t)| t.special || (t.content.starts_with('<') && t.content.ends_with('>')))
-        .map(|(id, _)| id)
-        .collect();
+    let added = hf.get_added_tokens_decoder();
+    let special = |t: &tokenizers::AddedToken| {
+        t.special || (t.content.starts_with('<') && t.content.ends_with('>'))
+    };
     // Byte-level vocabularies write byte b as the character GPT-2 maps it to.
     let mut char_to_byte = std::collections::HashMap::new();
     let mut next = 0x100u32;
@@ -359,10 +358,14 @@ fn token_env(hf: &tokenizers::Tokenizer, eos: &[u32]) -> anyhow::Result<TokEnv> 
         let Some(name) = hf.id_to_token(id) else {
             continue;
         };
-        *word = if specials.contains(&id) {
+        *word = if let Some(t) = added.get(&id).filter(|t| special(t)) {
             let mut bytes = vec![TokTrie::SPECIAL_TOKEN_MARKER];
-            bytes.extend_from_slice(name.as_bytes());
+            bytes.extend_from_slice(t.content.as_bytes());
             bytes
+        } else if let Some(t) = added.get(&id) {
+            // An added token is its text as it is, not in the vocabulary's
+            // byte spelling.
+            t.content.as_bytes().to_vec()
         } else if let Some(hex) = name
             .strip_prefix("<0x")
             .and_then(|h| h.strip_suffix('>'))
@@ -392,8 +395,52 @@ fn token_env(hf: &tokenizers::Tokenizer, eos: &[u32]) -> anyhow::Result<TokEnv> 
     let trie = TokTrie::from(&info, &words).with_eos_tokens(&eos);
     Ok(Arc::new(TokenBytes {
         trie,
-        tokenizer: hf.clone(),
+        tokenizer: without_prefix_space(hf),
     }))
+}
+
+/// `hf` without the space SentencePiece tokenizers put before the text
+/// (a `Prepend` normalizer, a Metaspace pre-tokenizer's prepend scheme), as
+/// llguidance's bridge has it: llguidance tokenizes pieces of the output
+/// (a forced `{"`), which must come out as they do inside the text, not as
+/// a text's first word.
+fn without_prefix_space(hf: &tokenizers::Tokenizer) -> tokenizers::Tokenizer {
+    use tokenizers::normalizers::Sequence as Normalizers;
+    use tokenizers::pre_tokenizers::metaspace::PrependScheme;
+    use tokenizers::pre_tokenizers::sequence::Sequence as PreTokenizers;
+    use tokenizers::{NormalizerWrapper, PreTokenizerWrapper};
+    fn normalizer(n: NormalizerWrapper) -> Option<NormalizerWrapper> {
+        match n {
+            NormalizerWrapper::Prepend(_) => None,
+            NormalizerWrapper::Sequence(seq) => {
+                let kept: Vec<_> = (seq.as_ref().iter().cloned())
+                    .filter_map(normalizer)
+                    .collect();
+                (!kept.is_empty()).then(|| NormalizerWrapper::Sequence(Normalizers::new(kept)))
+            }
+            n => Some(n),
+        }
+    }
+    fn pre_tokenizer(p: PreTokenizerWrapper) -> PreTokenizerWrapper {
+        match p {
+            PreTokenizerWrapper::Metaspace(mut m) => {
+                m.set_prepend_scheme(PrependScheme::Never);
+                PreTokenizerWrapper::Metaspace(m)
+            }
+            PreTokenizerWrapper::Sequence(seq) => PreTokenizerWrapper::Sequence(
+                PreTokenizers::new(seq.as_ref().iter().cloned().map(pre_tokenizer).collect()),
+            ),
+            p => p,
+        }
+    }
+    let mut t = hf.clone();
+    if let Some(n) = hf.get_normalizer().cloned() {
+        t.with_normalizer(normalizer(n));
+    }
+    if let Some(p) = hf.get_pre_tokenizer().cloned() {
+        t.with_pre_tokenizer(Some(pre_tokenizer(p)));
+    }
+    t
 }
 
 #[cfg(test)]
@@ -426,6 +473,50 @@ mod tests {
         assert_eq!(p["c"]["items"]["minimum"], -max);
         assert_eq!(p["type"]["enum"][0], serde_json::json!({"type": "integer"}));
         assert_eq!(schema["$defs"]["n"]["maximum"], max);
+    }
+
+    /// A SentencePiece tokenizer that puts a space before its text (a
+    /// Metaspace pre-tokenizer with prepend scheme "first", as sieve builds
+    /// Llama 2's from a GGUF): the pieces llguidance tokenizes come out as
+    /// they are inside a text ("{" alone, not "▁{"), so a JSON object may
+    /// start with "{".
+    #[test]
+    fn sentencepiece_pieces_are_tokenized_without_the_prefix_space() {
+        let mut vocab = serde_json::Map::new();
+        let words = [
+            "<unk>", "<s>", "</s>", "▁", "{", "▁{", "}", "\"", "a", ":", "1",
+        ];
+        for (i, w) in words.iter().enumerate() {
+            vocab.insert(w.to_string(), i.into());
+        }
+        for b in 0..=255u32 {
+            vocab.insert(format!("<0x{b:02X}>"), (words.len() as u32 + b).into());
+        }
+        let json = serde_json::json!({
+            "version": "1.0", "truncation": null, "padding": null,
+            "added_tokens": [
+                {"id": 0, "content": "<unk>", "single_word": false, "lstrip": false, "rstrip": false, "normalized": false, "special": true},
+                {"id": 1, "content": "<s>", "single_word": false, "lstrip": false, "rstrip": false, "normalized": false, "special": true},
+                {"id": 2, "content": "</s>", "single_word": false, "lstrip": false, "rstrip": false, "normalized": false, "special": true}],
+            "normalizer": null,
+            "pre_tokenizer": {"type": "Metaspace", "replacement": "▁", "prepend_scheme": "first", "split": false},
+            "post_processor": null,
+            "decoder": {"type": "Sequence", "decoders": [
+                {"type": "Replace", "pattern": {"String": "▁"}, "content": " "},
+                {"type": "ByteFallback"}, {"type": "Fuse"},
+                {"type": "Strip", "content": " ", "start": 1, "stop": 0}]},
+            "model": {"type": "BPE", "dropout": null, "unk_token": "<unk>",
+                "continuing_subword_prefix": null, "end_of_word_suffix": null,
+                "fuse_unk": true, "byte_fallback": true, "ignore_merges": false,
+                "vocab": vocab, "merges": [["▁", "{"]]}
+        });
+        let hf: tokenizers::Tokenizer = json.to_string().parse().unwrap();
+        // As loaded, the tokenizer writes "{" as a text's first word.
+        assert_eq!(hf.encode("{", false).unwrap().get_ids(), [5]);
+        let env = token_env(&hf, &[2]).unwrap();
+        assert_eq!(env.tokenize_bytes(b"{"), [4]);
+        assert_eq!(env.tok_trie().token(5), " {".as_bytes());
+        assert_eq!(env.tok_trie().token(11 + 0x41), b"A");
     }
 
     #[test]

@@ -132,8 +132,9 @@ impl ToolSet {
 
     /// The grammar the answer follows: None for `ToolChoice::None`;
     /// calls only (one, or several when parallel) for a required or named
-    /// choice; text with calls anywhere for `Auto` (free text until the
-    /// model writes `<tool_call>`, then a valid call).
+    /// choice; for `Auto` text with calls (free text until the model writes
+    /// `<tool_call>`, then a valid call; one at most unless parallel, and
+    /// no `<tool_call>` in the text that follows).
     pub fn constraint(&self) -> Option<Constraint> {
         let tools = self.callable();
         if tools.is_empty() {
@@ -144,13 +145,17 @@ impl ToolSet {
         match self.choice {
             ToolChoice::Auto => {
                 let many = if self.parallel { "*" } else { "?" };
-                g += &format!("start: tool_call{many} TEXT\n");
+                // Text, with a valid call wherever `<tool_call>` is
+                // written: the text after the last call (or all of it)
+                // never holds `<tool_call>`, so every one is a call.
+                g += &format!("start: tool_call{many} TAIL\n");
                 g += &format!(
                     "tool_call: lead \"\\n\" ({}) \"\\n{CALL_CLOSE}\"\n",
                     names.join(" | ")
                 );
                 g += &format!("lead[lazy]: TEXT \"{CALL_OPEN}\"\n");
                 g += "TEXT: /(.|\\n)*/\n";
+                g += &format!("TAIL: /(.|\\n)*/ & ~/(.|\\n)*{CALL_OPEN}(.|\\n)*/\n");
             }
             _ => {
                 let more = if self.parallel {

@@ -9,7 +9,7 @@
 mod common;
 use sieve::model::LoadOptions;
 use sieve::scheduler::{Scheduler, SchedulerOptions};
-use sieve::session::{GenerateOptions, Llm, SessionOptions};
+use sieve::session::{GenerateOptions, Llm, SessionOptions, SubmitAhead};
 use sieve::{Constraint, SamplingParams};
 
 fn llm() -> Llm {
@@ -33,7 +33,27 @@ fn greedy_logprobs_are_the_log_softmax_of_the_logits() {
         logprobs: Some(5),
         ..Default::default()
     };
-    let g = s.generate(&prompt, &opts, |_| true).unwrap();
+    // Steps submitted ahead (a GPU's default) read each step's values from
+    // its own staging buffer: the same as one at a time.
+    let ahead = GenerateOptions {
+        submit_ahead: SubmitAhead::Always,
+        ..opts.clone()
+    };
+    let g = s.generate(&prompt, &ahead, |_| true).unwrap();
+    let never = GenerateOptions {
+        submit_ahead: SubmitAhead::Never,
+        ..opts.clone()
+    };
+    s.reset();
+    let g1 = s.generate(&prompt, &never, |_| true).unwrap();
+    assert_eq!(g.ids, g1.ids);
+    for (a, b) in g.logprobs.iter().zip(&g1.logprobs) {
+        assert!((a.logprob - b.logprob).abs() < 1e-4, "{a:?} {b:?}");
+        let ids = |l: &sieve::kernels::sample::TokenLogprobs| {
+            l.top.iter().map(|t| t.0).collect::<Vec<_>>()
+        };
+        assert_eq!(ids(a), ids(b));
+    }
     assert_eq!(g.logprobs.len(), g.ids.len());
     let (_, steps) = common::teacher_forced(&llm.model, &prompt, &g.ids, &[]);
     for (k, ((id, lp), logits)) in g.ids.iter().zip(&g.logprobs).zip(&steps).enumerate() {

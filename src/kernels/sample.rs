@@ -809,6 +809,45 @@ pub(crate) mod tests {
         }
     }
 
+    /// At Qwen 2.5's vocabulary of 151,936, with top-k, top-p and 20 top
+    /// entries, every pass of the shader stays inside lavapipe's 65,535
+    /// iterations per invocation (past it an invocation is ended silently):
+    /// the entries and the draw are still the reference's.
+    #[cfg_attr(test, test)]
+    fn logprobs_hold_at_a_large_vocabulary() {
+        let gpu = gpu();
+        let vocab = 151_936;
+        let l = rand_vec(vocab, 14, 5.0);
+        let s = SamplingParams {
+            temperature: 0.9,
+            top_k: 40,
+            top_p: 0.9,
+            seed: 2,
+            ..Default::default()
+        };
+        let lb = gpu.storage_from("logits", &l);
+        let sm = Sampler::new(&gpu, vocab, &lb).unwrap();
+        sm.reset_seen(&gpu, &[]);
+        sm.set_logprobs(Some(MAX_TOP_LOGPROBS));
+        sm.set_params(&gpu, &s, 0, 3);
+        run_pass(&gpu, |pass| sm.encode(pass));
+        let words = gpu
+            .read::<u32>(&sm.result, 0, RESULT_BYTES as usize / 4)
+            .unwrap();
+        let h = History::default();
+        assert_eq!(words[0], reference(&l, h, &s, 3));
+        let got = TokenLogprobs::from_result(&words).unwrap();
+        let want = reference_logprobs(&l, h, &s, words[0], MAX_TOP_LOGPROBS);
+        assert_eq!(
+            got.top.iter().map(|t| t.0).collect::<Vec<_>>(),
+            want.top.iter().map(|t| t.0).collect::<Vec<_>>()
+        );
+        assert!(
+            (got.logprob - want.logprob).abs() < 1e-4,
+            "{got:?} vs {want:?}"
+        );
+    }
+
     fn sampled_default() -> SamplingParams {
         SamplingParams {
             temperature: 1.0,
@@ -819,6 +858,7 @@ pub(crate) mod tests {
 
     crate::kernels::checks::register![
         logprobs_match_reference,
+        logprobs_hold_at_a_large_vocabulary,
         masked_sampling_matches_reference,
         presence_and_frequency_penalties_match_reference,
         greedy_takes_the_first_maximum,

@@ -61,11 +61,14 @@ pub fn parse_tools(body: &Map<String, Value>) -> Result<Option<ToolSet>, ApiErro
             parameters,
         };
         if let Err(e) = tool.check() {
-            let field = if tool.parameters.is_object() {
-                "name"
-            } else {
-                "parameters"
-            };
+            // `check` looks at the name first.
+            let name_ok = Tool {
+                parameters: json!({}),
+                ..tool.clone()
+            }
+            .check()
+            .is_ok();
+            let field = if name_ok { "parameters" } else { "name" };
             return Err(bad(
                 &format!("{param}.function.{field}"),
                 &format!("is refused: {e}"),

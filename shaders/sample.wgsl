@@ -177,22 +177,10 @@ fn main(@builtin(local_invocation_index) lid: u32) {
     if (bad != 0u) {
         atomicOr(&nonfinite, 1u);
     }
-    red_f[lid] = best;
-    red_i[lid] = best_i;
-    workgroupBarrier();
-    for (var s = WG / 2u; s > 0u; s = s / 2u) {
-        if (lid < s) {
-            let o = red_f[lid + s];
-            let oi = red_i[lid + s];
-            if (o > red_f[lid] || (o == red_f[lid] && oi < red_i[lid])) {
-                red_f[lid] = o;
-                red_i[lid] = oi;
-            }
-        }
-        workgroupBarrier();
-    }
+    let arg = reduce_argmax(best, best_i, lid);
+    // The winner's value, left by the reduction (nothing writes red_f
+    // before the next barrier).
     let m = red_f[0];
-    let arg = red_i[0];
     if (lid == 0u) {
         chosen = arg;
     }

@@ -10,6 +10,7 @@
 //! until it is, and so does every completion request.
 
 mod api;
+mod error;
 mod tools;
 mod worker;
 
@@ -28,8 +29,8 @@ use axum::{Json, Router};
 use serde_json::{json, Value};
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
 
-pub use api::ApiError;
 use api::{Envelope, Generate, Kind};
+pub use error::ApiError;
 use worker::{Counters, Event, Job};
 
 use crate::cache::CacheOptions;

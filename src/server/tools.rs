@@ -6,7 +6,7 @@
 
 use serde_json::{json, Map, Value};
 
-use super::api::ApiError;
+use super::error::ApiError;
 use crate::tokenizer::Message;
 use crate::tools::{self, Tool, ToolCall, ToolChoice, ToolSet, CALL_CLOSE, CALL_OPEN};
 

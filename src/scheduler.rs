@@ -176,24 +176,15 @@ struct Sequence {
 }
 
 impl Sequence {
-    /// Feeds an emitted token (if any) to the sequence's constraint and
-    /// sets the tokens its next sampling step may choose. Returns
-    /// `ConstraintComplete` when the token completed it (that step's choice
-    /// is then free: the sequence ends after it).
-    fn constrain(&mut self, emitted: Option<u32>) -> anyhow::Result<Option<StopReason>> {
+    /// Feeds an emitted token to the sequence's constraint; whether that
+    /// completed it (the choice after it is then free: the sequence ends
+    /// after that step).
+    fn accept(&mut self, emitted: u32) -> anyhow::Result<Option<StopReason>> {
         let Some(c) = self.constraint.as_mut() else {
             return Ok(None);
         };
-        if let Some(t) = emitted {
-            c.accept(t)?;
-        }
-        if c.is_complete() {
-            self.engine.set_allowed(None)?;
-            return Ok(Some(StopReason::ConstraintComplete));
-        }
-        let mask = c.mask()?;
-        self.engine.set_allowed(Some(&mask))?;
-        Ok(None)
+        c.accept(emitted)?;
+        Ok(c.is_complete().then_some(StopReason::ConstraintComplete))
     }
 }
 
@@ -534,7 +525,7 @@ impl Scheduler {
             let emitted = make_room(s, pos, &mut self.evicted).and_then(|()| {
                 let text = s.text.as_mut().expect("a running sequence has its text");
                 let stop = text.push(&self.tokenizer, next, &mut s.on_text)?;
-                Ok(stop.or(s.constrain(Some(next))?))
+                Ok(stop.or(s.accept(next)?))
             });
             let stop_after = match emitted {
                 Ok(stop) => stop,
@@ -592,12 +583,6 @@ impl Scheduler {
             if n == 0 {
                 continue;
             }
-            if fed + n == s.prompt.len() {
-                if let Err(e) = s.constrain(None) {
-                    failed.push((i, e));
-                    continue;
-                }
-            }
             let ids = s.prompt[fed..fed + n].to_vec();
             s.waited = 0;
             parts.push(Part {
@@ -620,6 +605,7 @@ impl Scheduler {
         let mut sequences: Vec<Option<&mut Sequence>> =
             self.sequences.iter_mut().map(Some).collect();
         let mut work: Vec<(&mut Engine, SeqStep)> = Vec::with_capacity(parts.len());
+        let mut constraints: Vec<Option<&mut ConstraintState>> = Vec::with_capacity(parts.len());
         for p in parts {
             let s = sequences[p.index].take().expect("one part per sequence");
             if p.samples {
@@ -632,8 +618,21 @@ impl Scheduler {
                 logits: false,
             };
             work.push((&mut s.engine, step));
+            constraints.push(s.constraint.as_mut());
         }
-        let sampled = self.batch.step_each(&mut work)?;
+        let sampled = if constraints.iter().any(Option::is_some) {
+            // Each mask depends on the token its sequence feeds in this
+            // step: computed while the GPU runs the step's forward pass.
+            // A complete constraint leaves its last choice free.
+            self.batch.step_each_masked(&mut work, |i| {
+                match constraints[i].as_mut().filter(|c| !c.is_complete()) {
+                    Some(c) => c.mask().map(Some),
+                    None => Ok(None),
+                }
+            })?
+        } else {
+            self.batch.step_each(&mut work)?
+        };
         drop(work);
         let mut failed = vec![];
         for (p, token) in parts.iter().zip(sampled) {

@@ -727,7 +727,9 @@ impl Session {
     /// step already feeding `next` (submitted before `next` was read back);
     /// it is undone when `next` is not emitted. A step that needs a refresh
     /// first waits for the one before (nothing is submitted ahead of a
-    /// refresh).
+    /// refresh). With a constraint, each step's sampling is submitted after
+    /// its forward pass: the mask depends on `next`, and the host computes
+    /// it while the GPU runs the layers.
     fn decode(
         &mut self,
         mut next: u32,
@@ -738,9 +740,7 @@ impl Session {
         on_text: &mut impl FnMut(&str) -> bool,
     ) -> anyhow::Result<StopReason> {
         let mut ahead: Option<Submitted> = None;
-        // A constrained step's mask needs the token before it on the host.
-        let submit_ahead =
-            opts.submit_ahead.enabled(&self.engine.model.gpu.profile) && self.constraint.is_none();
+        let submit_ahead = opts.submit_ahead.enabled(&self.engine.model.gpu.profile);
         loop {
             if let Some(end) = self.end_before(next, ids.len(), opts, max) {
                 self.undo_ahead(ahead.take())?;
@@ -760,45 +760,30 @@ impl Session {
                 Err(e) => return Err(self.fail_with_ahead(ahead.take(), e)),
             };
             let pos = self.tokens.len() as u32;
-            let fed = match ahead.take() {
+            let mut fed = match ahead.take() {
                 Some(step) => step,
-                None if submit_ahead => {
-                    // Nothing is in flight: a full bounded cache refreshes
-                    // here, and the steps after this one are submitted
-                    // ahead until it is full again.
-                    self.steps += 1;
-                    let out = FeedOutput::Sample(opts.sampling, self.steps);
-                    self.cache.make_room(&mut self.engine, pos)?;
-                    self.engine
-                        .submit(StepIds::Host(&[next]), &[pos], out.step_output(1))?
-                }
                 None => {
-                    // One step at a time.
-                    self.set_allowed()?;
-                    self.steps += 1;
-                    let out = FeedOutput::Sample(opts.sampling, self.steps);
-                    let t = self
-                        .cache
-                        .feed(&mut self.engine, &[next], pos, out, |_, _| Ok(()))?;
-                    self.tokens.push(next);
-                    next = t.expect("a sampling feed returns a token");
-                    self.next_logprobs = self.engine.take_logprobs();
-                    if let Some(stop) = stopped.or(self.cancelled()) {
-                        return Ok(stop);
-                    }
-                    continue;
+                    // Nothing is in flight: a full bounded cache refreshes
+                    // here (with steps submitted ahead, those after this
+                    // one are until it is full again).
+                    self.cache.make_room(&mut self.engine, pos)?;
+                    self.submit_step(StepIds::Host(&[next]), pos, opts.sampling)?
                 }
             };
+            if let Err(e) = self.submit_masked_sample(&mut fed) {
+                return Err(self.fail_with_ahead(Some(fed), e));
+            }
             // The step after `fed`, feeding the token `fed` samples, unless
             // the generation is known to end before it.
-            if stopped.is_none()
+            if submit_ahead
+                && stopped.is_none()
                 && !self.cancel.is_cancelled()
                 && self.engine.can_chain()
                 && self.cache.fits_without_refresh(&self.engine, 1)
                 && ids.len() < opts.max_new_tokens
                 && max.is_none_or(|m| self.tokens.len() + 1 < m)
             {
-                match self.submit_after(pos, opts.sampling) {
+                match self.submit_step(StepIds::LastSampled, pos + 1, opts.sampling) {
                     Ok(step) => ahead = Some(step),
                     Err(e) => {
                         // `next` was emitted: it stays fed, as in `feed`.
@@ -830,6 +815,37 @@ impl Session {
         }
     }
 
+    /// Submits a one-token decode step at `pos` that samples, with its
+    /// sampling counter; a constrained one leaves its sampling for
+    /// `submit_masked_sample`.
+    fn submit_step(
+        &mut self,
+        ids: StepIds,
+        pos: u32,
+        sampling: SamplingParams,
+    ) -> anyhow::Result<Submitted> {
+        self.steps += 1;
+        let out = FeedOutput::Sample(sampling, self.steps).step_output(1);
+        let submitted = match self.constraint {
+            Some(_) => self.engine.submit_forward(ids, &[pos], out),
+            None => self.engine.submit(ids, &[pos], out),
+        };
+        submitted.inspect_err(|_| self.steps -= 1)
+    }
+
+    /// Submits a constrained step's sampling with the mask of the tokens it
+    /// may choose (nothing to do without a constraint).
+    fn submit_masked_sample(&mut self, step: &mut Submitted) -> anyhow::Result<()> {
+        let Some(c) = self.constraint.as_mut() else {
+            return Ok(());
+        };
+        let mask = match c.is_complete() {
+            false => Some(c.mask()?),
+            true => None,
+        };
+        crate::engine::submit_samples(&mut [(&mut self.engine, step, mask.as_deref())])
+    }
+
     /// Sets the tokens the next sampling step may choose: the constraint's
     /// mask, or every token (no constraint, or one that is complete and
     /// whose generation ends after this step).
@@ -848,20 +864,6 @@ impl Session {
         };
         c.accept(token)?;
         Ok(c.is_complete().then_some(StopReason::ConstraintComplete))
-    }
-
-    fn cancelled(&self) -> Option<StopReason> {
-        self.cancel.is_cancelled().then_some(StopReason::Cancelled)
-    }
-
-    /// Submits the step at `pos + 1` that feeds the token the step at `pos`
-    /// samples (passed on on the GPU), with its sampling counter.
-    fn submit_after(&mut self, pos: u32, sampling: SamplingParams) -> anyhow::Result<Submitted> {
-        self.steps += 1;
-        let out = FeedOutput::Sample(sampling, self.steps).step_output(1);
-        self.engine
-            .submit(StepIds::LastSampled, &[pos + 1], out)
-            .inspect_err(|_| self.steps -= 1)
     }
 }
 

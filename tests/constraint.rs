@@ -16,7 +16,7 @@ use sieve::eviction::Policy;
 use sieve::kernels::sample::SamplingParams;
 use sieve::model::LoadOptions;
 use sieve::scheduler::{Scheduler, SchedulerOptions};
-use sieve::session::{GenerateOptions, Generation, Llm, SessionOptions, StopReason};
+use sieve::session::{GenerateOptions, Generation, Llm, SessionOptions, StopReason, SubmitAhead};
 use sieve::tokenizer::Message;
 use sieve::{Constraint, ErrorKind};
 
@@ -227,7 +227,10 @@ fn every_schema_holds_on_a_tiny_random_model() {
 }
 
 /// A constrained answer is the same alone in a session and among others on
-/// the scheduler (same seed), greedy and sampled.
+/// the scheduler (same seed), greedy and sampled; and the same in a session
+/// whether each step is submitted ahead of the token before it (its mask
+/// computed while the GPU runs that step's layers) or not, with the full
+/// cache and with an evicting one.
 #[test]
 fn constrained_answers_are_the_same_alone_and_batched() {
     let llm = tiny_llama();
@@ -253,6 +256,32 @@ fn constrained_answers_are_the_same_alone_and_batched() {
         let alone = s.generate(prompt, opts, |_| true).unwrap();
         assert_eq!(alone.ids, b.ids);
         assert_eq!(alone.stats.stop, b.stats.stop);
+    }
+    let tova = CacheOptions {
+        sinks: 2,
+        recent: 4,
+        ..CacheOptions::new(Policy::parse("tova").unwrap(), 24, 8)
+    };
+    for cache in [None, Some(tova)] {
+        for (prompt, opts) in &jobs {
+            let run = |submit_ahead| {
+                let mut s = llm
+                    .session(SessionOptions {
+                        max_context: 512,
+                        cache,
+                        ..Default::default()
+                    })
+                    .unwrap();
+                let opts = GenerateOptions {
+                    submit_ahead,
+                    ..opts.clone()
+                };
+                s.generate(prompt, &opts, |_| true).unwrap()
+            };
+            let (ahead, one_by_one) = (run(SubmitAhead::Always), run(SubmitAhead::Never));
+            assert_eq!(ahead.ids, one_by_one.ids, "cache {cache:?}");
+            assert!(ahead.stats.mask_seconds > 0.0);
+        }
     }
 }
 

@@ -135,13 +135,56 @@ impl Batch {
         &mut self,
         seqs: &mut [(&mut Engine, SeqStep)],
     ) -> Result<Vec<Result<Option<u32>>>> {
-        let submitted = self.submit(seqs)?;
+        self.run(seqs, None)
+    }
+
+    /// As `step_each`, each sampling sequence choosing among the tokens
+    /// `allowed(i)` returns for it (a bitmask over the vocabulary; None:
+    /// every token), computed on the host while the GPU runs the step's
+    /// forward pass; the samplers follow in a second submission. An error
+    /// from `allowed` fails that sequence alone.
+    pub fn step_each_masked(
+        &mut self,
+        seqs: &mut [(&mut Engine, SeqStep)],
+        mut allowed: impl FnMut(usize) -> Result<Option<Vec<u32>>>,
+    ) -> Result<Vec<Result<Option<u32>>>> {
+        self.run(seqs, Some(&mut allowed))
+    }
+
+    #[allow(clippy::type_complexity)]
+    fn run(
+        &mut self,
+        seqs: &mut [(&mut Engine, SeqStep)],
+        allowed: Option<&mut dyn FnMut(usize) -> Result<Option<Vec<u32>>>>,
+    ) -> Result<Vec<Result<Option<u32>>>> {
+        let mut submitted = self.submit(seqs, allowed.is_some())?;
+        let mut mask_errors: Vec<Option<anyhow::Error>> = seqs.iter().map(|_| None).collect();
+        if let Some(allowed) = allowed {
+            let masks: Vec<Option<Vec<u32>>> = (seqs.iter().enumerate())
+                .map(|(i, (_, s))| match s.sample {
+                    None => None,
+                    Some(_) => allowed(i).unwrap_or_else(|e| {
+                        mask_errors[i] = Some(e);
+                        None
+                    }),
+                })
+                .collect();
+            let mut pending: Vec<_> = (seqs.iter_mut().zip(&mut submitted).zip(&masks))
+                .filter(|((_, s), _)| s.sample_pending)
+                .map(|(((engine, _), s), mask)| (&mut **engine, s, mask.as_deref()))
+                .collect();
+            super::submit_samples(&mut pending)?;
+        }
         // Every sequence's step is completed (its readbacks freed) even
         // after one fails.
-        Ok(seqs
-            .iter_mut()
-            .zip(submitted)
-            .map(|((engine, _), s)| engine.complete(s))
+        Ok((seqs.iter_mut().zip(submitted).zip(mask_errors))
+            .map(|(((engine, _), s), mask_error)| {
+                let token = engine.complete(s);
+                match mask_error {
+                    Some(e) => Err(e),
+                    None => token,
+                }
+            })
             .collect())
     }
 
@@ -158,8 +201,13 @@ impl Batch {
     }
 
     /// Records and submits one batched step; each sequence's `Submitted`
-    /// is completed by its own engine, in the order of `seqs`.
-    fn submit(&mut self, seqs: &mut [(&mut Engine, SeqStep)]) -> Result<Vec<Submitted>> {
+    /// is completed by its own engine, in the order of `seqs`. With
+    /// `defer_sample` the samplers are left for `submit_samples`.
+    fn submit(
+        &mut self,
+        seqs: &mut [(&mut Engine, SeqStep)],
+        defer_sample: bool,
+    ) -> Result<Vec<Submitted>> {
         self.last_logits = 0..0;
         let trunk = &mut self.trunk;
         let batch = trunk.batch;
@@ -307,7 +355,7 @@ impl Batch {
                 trunk.lm_head.encode(p, n_logits as u32);
             }
             for (engine, s) in seqs.iter() {
-                if s.sample.is_some() {
+                if s.sample.is_some() && !defer_sample {
                     engine.sampler.encode(p);
                 }
             }
@@ -315,7 +363,8 @@ impl Batch {
         drop(pass);
         let mut staged = Vec::with_capacity(seqs.len());
         for ((engine, s), &(_, n)) in seqs.iter_mut().zip(&rows) {
-            let staging = s.sample.map(|_| engine.stage_sample(&mut enc));
+            let samples_now = s.sample.is_some() && !defer_sample;
+            let staging = samples_now.then(|| engine.stage_sample(&mut enc));
             staged.push((staging, engine.signals.stage_deltas(&mut enc, n)));
         }
         let index = gpu.queue.submit([enc.finish()]);
@@ -323,7 +372,7 @@ impl Batch {
         for (((engine, s), &(_, n)), (staging, delta_staging)) in
             seqs.iter_mut().zip(&rows).zip(staged)
         {
-            engine.last_step_sampled = s.sample.is_some();
+            engine.last_step_sampled = staging.is_some();
             let first_slot = engine.n_cached;
             engine.n_cached += n;
             submitted.push(Submitted {
@@ -331,6 +380,7 @@ impl Batch {
                 staging,
                 delta_staging,
                 saved_state: false,
+                sample_pending: s.sample.is_some() && defer_sample,
                 first_slot,
                 n_tokens: n,
             });

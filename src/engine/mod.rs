@@ -11,11 +11,13 @@ use std::sync::Arc;
 
 mod batch;
 mod buffers;
+mod deferred;
 mod layer;
 mod signals;
 
 pub use batch::{Batch, SeqStep};
 pub use buffers::{KvCache, SharedActivations};
+pub use deferred::submit_samples;
 
 use buffers::Activations;
 
@@ -143,6 +145,8 @@ pub struct Submitted {
     delta_staging: Option<usize>,
     /// Whether it saved the policy state it changes (`Engine::undo` restores it).
     saved_state: bool,
+    /// Whether its sampling is still to be submitted (`Engine::submit_forward`).
+    sample_pending: bool,
     first_slot: usize,
     n_tokens: usize,
 }
@@ -480,6 +484,32 @@ impl Engine {
         positions: &[u32],
         out: StepOutput,
     ) -> Result<Submitted> {
+        self.submit_inner(ids, positions, out, false)
+    }
+
+    /// As `submit` for a sampling step, but its sampling is left for
+    /// [`submit_samples`]: the host computes what the choice needs (a
+    /// constraint's token mask, which depends on the token this step feeds)
+    /// while the GPU runs the forward pass.
+    pub fn submit_forward(
+        &mut self,
+        ids: StepIds,
+        positions: &[u32],
+        out: StepOutput,
+    ) -> Result<Submitted> {
+        if out.sample.is_none() {
+            bail!("only a sampling step can leave its sampling for later");
+        }
+        self.submit_inner(ids, positions, out, true)
+    }
+
+    fn submit_inner(
+        &mut self,
+        ids: StepIds,
+        positions: &[u32],
+        out: StepOutput,
+        defer_sample: bool,
+    ) -> Result<Submitted> {
         let recording = web_time::Instant::now();
         let n = self.check_step(&ids, positions, &out)?;
         let gpu = self.model.gpu.clone();
@@ -512,15 +542,16 @@ impl Engine {
         }
         let saved_state = matches!(ids, StepIds::LastSampled);
         let (nt, start) = (n as u32, self.n_cached as u32);
-        self.encode_step(&mut enc, nt, start, &out);
+        let samples_now = out.sample.is_some() && !defer_sample;
+        self.encode_step(&mut enc, nt, start, &out, samples_now);
         if let Some(pr) = self.profiler.as_ref() {
             pr.resolve(&mut enc);
         }
-        let staging = out.sample.map(|_| self.stage_sample(&mut enc));
+        let staging = samples_now.then(|| self.stage_sample(&mut enc));
         let delta_staging = self.signals.stage_deltas(&mut enc, n);
         let index = gpu.queue.submit([enc.finish()]);
         self.last_record_seconds = recording.elapsed().as_secs_f64();
-        self.last_step_sampled = out.sample.is_some();
+        self.last_step_sampled = samples_now;
         let first_slot = self.n_cached;
         self.n_cached += n;
         Ok(Submitted {
@@ -528,6 +559,7 @@ impl Engine {
             staging,
             delta_staging,
             saved_state,
+            sample_pending: defer_sample,
             first_slot,
             n_tokens: n,
         })
@@ -612,6 +644,7 @@ impl Engine {
         nt: u32,
         start: u32,
         out: &StepOutput,
+        samples: bool,
     ) {
         let c = &self.model.config;
         let a = &self.acts;
@@ -679,7 +712,7 @@ impl Engine {
                 self.lm_head.encode(p, out.n_logits as u32);
                 mark!(p, "lm head matmul");
             }
-            if out.sample.is_some() {
+            if samples {
                 self.sampler.encode(p);
                 mark!(p, "sampling");
             }
@@ -693,6 +726,9 @@ impl Engine {
     /// wait for all of it, and on a device shared with a renderer every frame
     /// would wait behind it (on a CPU driver, seconds).
     pub fn complete(&mut self, s: Submitted) -> Result<Option<u32>> {
+        if s.sample_pending {
+            bail!("the step's sampling was never submitted (submit_samples)");
+        }
         let gpu = self.model.gpu.clone();
         let token = match s.staging {
             Some((k, n)) => {

@@ -7,7 +7,7 @@ use serde_json::{json, Value};
 use std::sync::Arc;
 
 use sieve::model::Model;
-use sieve::session::{GenerateOptions, Llm, SessionOptions, SubmitAhead};
+use sieve::session::{GenerateOptions, Llm, SessionOptions};
 use sieve::tokenizer::{Message, Tokenizer};
 use sieve::Constraint;
 
@@ -15,8 +15,9 @@ use sieve::Constraint;
 /// tests/data/schemas.json): a greedy chat answer under the schema, then
 /// the same number of tokens without it (end-of-sequence ignored), then
 /// the constrained one again (A B A, so drift over the run falls on both
-/// sides). Steps one at a time in both (a constrained step needs the token
-/// before it on the host); the constrained decode time includes its masks.
+/// sides). Both submit steps ahead where the device's default does (not on
+/// a CPU driver); the constrained decode time includes its masks, those
+/// computed while the GPU runs a step's layers too.
 pub fn sweep(model: &Arc<Model>, path: &std::path::Path) -> Result<Value> {
     let text = std::fs::read_to_string(path)
         .with_context(|| format!("--schemas {}: cannot read it", path.display()))?;
@@ -59,7 +60,6 @@ pub fn sweep(model: &Arc<Model>, path: &std::path::Path) -> Result<Value> {
             let opts = GenerateOptions {
                 max_new_tokens: n,
                 stop_at_eos: constraint.is_some(),
-                submit_ahead: SubmitAhead::Never,
                 constraint,
                 ..Default::default()
             };

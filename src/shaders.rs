@@ -255,6 +255,7 @@ shader!(SAMPLE, "sample", None);
 shader!(COMPACT, "compact", None);
 shader!(TOKEN_LOGIT, "token_logit", Weights);
 shader!(ATTN_WEIGHTS, "attn_weights", Kv);
+shader!(KEY_SCORES, "key_scores", Kv);
 shader!(EPIKV_DELTA, "epikv_delta", None);
 shader!(READ_BANDWIDTH, "read_bandwidth", None);
 shader!(READ_BANDWIDTH_TEXTURE, "read_bandwidth_texture", None);
@@ -295,6 +296,7 @@ pub fn all() -> Vec<&'static Shader> {
         &COMPACT,
         &TOKEN_LOGIT,
         &ATTN_WEIGHTS,
+        &KEY_SCORES,
         &EPIKV_DELTA,
         &READ_BANDWIDTH,
         &READ_BANDWIDTH_TEXTURE,

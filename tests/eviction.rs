@@ -558,23 +558,11 @@ fn ccs_context_matches_a_cpu_reference() {
         let n = ids.len();
         let mut got = vec![];
         for mode in [CcsMode::Fast, CcsMode::FastContext] {
-            let opts = sieve::engine::EngineOptions {
-                max_slots: n,
-                max_tokens: n,
-                max_logit_rows: 1,
-                signals: sieve::engine::Signals {
-                    counter_causal: Some(mode),
-                    ..Default::default()
-                },
+            let signals = sieve::engine::Signals {
+                counter_causal: Some(mode),
                 ..Default::default()
             };
-            let mut e = Engine::new(model.clone(), opts).unwrap();
-            e.set_capture(true);
-            let mut cache =
-                BoundedCache::new(CacheOptions::new(Policy::Full, 0, n), c.num_layers).unwrap();
-            cache
-                .feed(&mut e, ids, 0, FeedOutput::None, |_, _| Ok(()))
-                .unwrap();
+            let (mut e, _) = fed_engine(&model, ids, n, signals, |e| e.set_capture(true));
             let hidden = e.read_hidden(c.num_layers - 1, n).unwrap();
             let entries: Vec<(u32, u32, u32)> = [0usize, 5, 17, n - 2]
                 .iter()
@@ -789,4 +777,47 @@ fn window_layers_see_the_same_keys_after_evictions() {
         }
     }
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `knorm` and `keydiff` (kvpress's key-only presses, docs/POLICIES.md):
+/// at the first refresh of a bounded run on both tiny models, every
+/// unprotected entry's score is the one the engine computes from a
+/// full-cache run's keys over the same tokens (the kernel's own test checks
+/// the formula against a CPU reference), and the scores rank the entries
+/// otherwise than by position.
+#[test]
+fn key_policies_score_the_cached_keys() {
+    use sieve::kernels::key_scores::KeyScore;
+    for name in ["tiny-llama-gqa", "tiny-qwen2"] {
+        let model = load(name);
+        let s = settings(name);
+        let ids = input_ids(&s);
+        for (policy, kind) in [
+            (Policy::Knorm, KeyScore::Norm),
+            (Policy::Keydiff, KeyScore::Diff),
+        ] {
+            let (_, cache) = run(&model, &ids, golden_opts(&s, policy), 16);
+            let r = &cache.trace[0];
+            let n = r.before_position as usize;
+            let signals = sieve::engine::Signals {
+                key_scores: Some(kind),
+                ..Default::default()
+            };
+            let (mut e, _) = fed_engine(&model, &ids[..n], n, signals, |_| {});
+            let want = e.key_scores().unwrap();
+            assert_eq!(r.present.len(), n, "{name} {policy:?}");
+            for (&p, &got) in r.unprotected.iter().zip(&r.scores) {
+                let w = want[p as usize] as f64;
+                assert!(
+                    (got - w).abs() <= 1e-6 * w.abs().max(1.0),
+                    "{name} {policy:?} position {p}: {got} vs {w}"
+                );
+            }
+            let by_position = r.scores.windows(2).all(|w| w[0] <= w[1]);
+            assert!(!by_position, "{name} {policy:?}: scores rise with position");
+            let per_head = e.read_key_scores_per_head(n).unwrap();
+            let cells = per_head.len() / n;
+            assert_eq!(cells, model.config.num_layers * model.config.num_kv_heads);
+        }
+    }
 }

@@ -12,6 +12,7 @@ use super::{Activations, Engine, EngineOptions, Readbacks};
 use crate::kernels::attn_weights::{AttnWeights, WeightMode};
 use crate::kernels::compact::Gather;
 use crate::kernels::epikv_delta::LayerDelta;
+use crate::kernels::key_scores::{KeyScore, KeyScores};
 use crate::kernels::matmul::Matmul;
 use crate::kernels::paging::SlotPages;
 use crate::kernels::rmsnorm::RmsNorm;
@@ -35,6 +36,8 @@ pub struct Signals {
     /// With `attention_weights`: hold each layer's full weight matrix (heads x
     /// queries x slots) as eager attention does, to reproduce its memory.
     pub materialize: bool,
+    /// Compute kvpress's key-only scores at a refresh (K-norm, KeyDiff).
+    pub key_scores: Option<KeyScore>,
 }
 
 impl Signals {
@@ -48,6 +51,7 @@ impl Signals {
         self.attention_weights = self.attention_weights.or(other.attention_weights);
         self.counter_causal = self.counter_causal.or(other.counter_causal);
         self.materialize |= other.materialize;
+        self.key_scores = self.key_scores.or(other.key_scores);
         self
     }
 }
@@ -110,6 +114,8 @@ pub(super) struct SignalKernels {
     /// `[max_slots]` attention weight received per slot (compacted with K and V).
     slot_scores: wgpu::Buffer,
     ccs: Option<CounterCausal>,
+    /// The key-only scores, when a policy reads them.
+    keys: Option<KeyScores>,
 }
 
 impl SignalKernels {
@@ -216,6 +222,13 @@ impl SignalKernels {
             None => None,
             Some(mode) => Some(CounterCausal::new(gpu, model, mode, opts, a, bytes)?),
         };
+        let keys = match signals.key_scores {
+            Some(kind) => {
+                *bytes += KeyScores::bytes(heads, c.num_layers, max_slots);
+                Some(KeyScores::new(gpu, heads, k_cache, max_slots, kind)?)
+            }
+            None => None,
+        };
         Ok(SignalKernels {
             track_layers: signals.track_layers.clone(),
             deltas,
@@ -226,6 +239,7 @@ impl SignalKernels {
             weights,
             slot_scores,
             ccs,
+            keys,
         })
     }
 
@@ -479,6 +493,41 @@ impl Engine {
             bail!("this engine does not accumulate attention weights");
         }
         self.model.gpu.read(&self.signals.slot_scores, 0, n)
+    }
+
+    /// kvpress's key-only score (`Signals::key_scores`) of each present
+    /// cache slot, computed from the key cache now: the mean over layers
+    /// and KV heads. Each (layer, KV head)'s own scores are then in
+    /// [`Engine::read_key_scores_per_head`].
+    pub fn key_scores(&mut self) -> Result<Vec<f32>> {
+        let keys =
+            (self.signals.keys.as_ref()).context("this engine does not compute key scores")?;
+        let gpu = &self.model.gpu;
+        let n = self.n_cached;
+        keys.set_present(gpu, n);
+        let mut enc = gpu.device.create_command_encoder(&Default::default());
+        {
+            let mut pass = enc.begin_compute_pass(&Default::default());
+            keys.encode(&mut pass, n);
+        }
+        gpu.queue.submit([enc.finish()]);
+        gpu.read(&keys.score, 0, n)
+    }
+
+    /// The scores of the last `key_scores`, `[layers, KV heads, n]` for
+    /// its `n` present slots.
+    pub fn read_key_scores_per_head(&self, n: usize) -> Result<Vec<f32>> {
+        let keys =
+            (self.signals.keys.as_ref()).context("this engine does not compute key scores")?;
+        let slots = self.opts.max_slots;
+        let all: Vec<f32> =
+            self.model
+                .gpu
+                .read(&keys.per_head, 0, keys.per_head.size() as usize / 4)?;
+        Ok(all
+            .chunks(slots)
+            .flat_map(|row| row[..n].to_vec())
+            .collect())
     }
 
     /// Counter-causal logits (SPEC.md 4.2) of the given cache entries, as

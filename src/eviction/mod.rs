@@ -7,6 +7,7 @@ mod attention;
 mod ccs;
 pub mod epikv;
 pub mod hybrid;
+mod keys;
 pub mod oracle;
 mod random;
 pub mod sinks;
@@ -16,6 +17,7 @@ use anyhow::{bail, Result};
 
 use crate::engine::{CcsMode, Engine, Signals};
 use crate::kernels::attn_weights::WeightMode;
+use crate::kernels::key_scores::KeyScore;
 
 /// The policies' own parameters (`--seed`, `--epikv-window`,
 /// `--epikv-bands`, `--epikv-layers`), and the cache's sinks, which EpiKV's
@@ -98,6 +100,10 @@ pub enum Policy {
     Oracle,
     /// Every remaining query's full-cache attention (fidelity only).
     OracleRest,
+    /// kvpress's KnormPress: keep the keys of smallest norm.
+    Knorm,
+    /// kvpress's KeyDiffPress: keep the keys least like the average key.
+    Keydiff,
 }
 
 /// One policy's facts, one row each in [`POLICIES`].
@@ -105,8 +111,8 @@ struct PolicyRow {
     policy: Policy,
     /// As `--policy` takes it.
     name: &'static str,
-    /// One of SPEC.md's eight (the others are the variants and oracles of
-    /// docs/POLICIES.md).
+    /// One of SPEC.md's eight (the others are the variants, the
+    /// literature's policies and the oracles of docs/POLICIES.md).
     spec: bool,
     /// What a variant builds on: the SPEC policy it changes, or a hybrid's
     /// cheap part (whether EpiKV's signal adds to it).
@@ -127,8 +133,9 @@ const fn row(
     }
 }
 
-/// Every policy: SPEC.md's eight, then the variants and the oracles.
-const POLICIES: [PolicyRow; 16] = [
+/// Every policy: SPEC.md's eight, then the variants, the oracles and the
+/// literature's policies.
+const POLICIES: [PolicyRow; 18] = [
     row(Policy::Full, "full", true, None),
     row(Policy::Window, "window", true, None),
     row(Policy::Random, "random", true, None),
@@ -160,6 +167,8 @@ const POLICIES: [PolicyRow; 16] = [
     row(Policy::CcsSinks, "ccs-sinks", false, Some(Policy::Ccs)),
     row(Policy::Oracle, "oracle", false, None),
     row(Policy::OracleRest, "oracle-rest", false, None),
+    row(Policy::Knorm, "knorm", false, None),
+    row(Policy::Keydiff, "keydiff", false, None),
 ];
 
 impl Policy {
@@ -236,6 +245,8 @@ impl Policy {
             Policy::H2o => Box::new(attention::AttentionWeights(WeightMode::Cumulative)),
             Policy::Tova => Box::new(attention::AttentionWeights(WeightMode::LastRow)),
             Policy::Ccs => Box::new(ccs::CounterCausalSurprise(CcsMode::Fast)),
+            Policy::Knorm => Box::new(keys::KeyScorer(KeyScore::Norm)),
+            Policy::Keydiff => Box::new(keys::KeyScorer(KeyScore::Diff)),
             Policy::CcsFull => Box::new(ccs::CounterCausalSurprise(CcsMode::Full)),
             Policy::WindowSinks | Policy::CcsSinks => {
                 let inner = match self {
@@ -313,7 +324,9 @@ mod tests {
                 | Policy::WindowSinks
                 | Policy::CcsSinks
                 | Policy::Oracle
-                | Policy::OracleRest => p,
+                | Policy::OracleRest
+                | Policy::Knorm
+                | Policy::Keydiff => p,
             };
             assert_eq!(POLICIES.iter().filter(|r| r.policy == listed).count(), 1);
             assert_eq!(Policy::parse(name).unwrap(), p);
@@ -323,7 +336,7 @@ mod tests {
             }
         }
         let spec: Vec<bool> = Policy::ALL.iter().map(|(_, p)| p.is_spec()).collect();
-        assert_eq!(spec, [[true; 8], [false; 8]].concat());
+        assert_eq!(spec, [vec![true; 8], vec![false; 10]].concat());
         let e = Policy::parse("lru").unwrap_err().to_string();
         assert!(
             e.contains("unknown policy 'lru'") && e.contains("window"),

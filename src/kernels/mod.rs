@@ -10,6 +10,7 @@ pub mod compact;
 pub mod embed;
 pub mod epikv_delta;
 pub mod head_norm;
+pub mod key_scores;
 pub mod matmul;
 pub mod paging;
 pub mod prepared_x;
@@ -130,6 +131,7 @@ pub fn uniform_layouts() -> Vec<UniformLayout> {
         compact::uniform_layout(),
         epikv_delta::uniform_layout(),
         head_norm::uniform_layout(),
+        key_scores::uniform_layout(),
         matmul::uniform_layout(),
         matmul::x_copy_layout(),
         prepared_x::uniform_layout(),

@@ -405,3 +405,33 @@ pub fn chosen(model: &sieve::model::Model, op: &str) -> Vec<String> {
         .map(|t| t.labels[t.choice].clone())
         .collect()
 }
+
+/// An engine of `ids.len()` slots computing `signals`, fed `ids` through a
+/// full cache in steps of up to `step` tokens without logits; the engine and
+/// the cache (the signals' tests read what the engine computed on them).
+#[allow(dead_code)]
+pub fn fed_engine(
+    model: &std::sync::Arc<sieve::model::Model>,
+    ids: &[u32],
+    step: usize,
+    signals: sieve::engine::Signals,
+    before_feed: impl FnOnce(&mut sieve::engine::Engine),
+) -> (sieve::engine::Engine, sieve::cache::BoundedCache) {
+    use sieve::cache::{BoundedCache, CacheOptions, FeedOutput};
+    let n = ids.len();
+    let opts = sieve::engine::EngineOptions {
+        max_slots: n,
+        max_tokens: step.min(n),
+        max_logit_rows: 1,
+        signals,
+        ..Default::default()
+    };
+    let mut e = sieve::engine::Engine::new(model.clone(), opts).unwrap();
+    before_feed(&mut e);
+    let full = CacheOptions::new(sieve::eviction::Policy::Full, 0, n);
+    let mut cache = BoundedCache::new(full, model.config.num_layers).unwrap();
+    cache
+        .feed(&mut e, ids, 0, FeedOutput::None, |_, _| Ok(()))
+        .unwrap();
+    (e, cache)
+}

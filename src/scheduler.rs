@@ -620,7 +620,8 @@ impl Scheduler {
             work.push((&mut s.engine, step));
             constraints.push(s.constraint.as_mut());
         }
-        let sampled = if constraints.iter().any(Option::is_some) {
+        let masked = (constraints.iter().zip(parts)).any(|(c, p)| c.is_some() && p.samples);
+        let sampled = if masked {
             // Each mask depends on the token its sequence feeds in this
             // step: computed while the GPU runs the step's forward pass.
             // A complete constraint leaves its last choice free.

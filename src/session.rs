@@ -146,8 +146,8 @@ pub struct GenerateOptions {
     pub on_prompt: Option<Progress>,
     /// Whether each decode step is submitted while the GPU still runs the
     /// one before (see [`SubmitAhead`]). The tokens and the cache are the
-    /// same either way. A constrained generation steps one at a time (the
-    /// mask of each step needs the token before it).
+    /// same either way. A constrained step's forward pass is submitted
+    /// ahead too; its sampler follows once the host has its mask.
     pub submit_ahead: SubmitAhead,
     /// What the output must match (a JSON schema, a regular expression, a
     /// grammar): each step samples only among the tokens that keep it
@@ -771,7 +771,17 @@ impl Session {
                 }
             };
             if let Err(e) = self.submit_masked_sample(&mut fed) {
-                return Err(self.fail_with_ahead(Some(fed), e));
+                if fed.sample_pending() {
+                    return Err(self.fail_with_ahead(Some(fed), e));
+                }
+                // The mask failed and the step sampled freely: `next` was
+                // emitted and stays fed (a step fed from the host cannot be
+                // undone under a policy that keeps state), its choice dropped.
+                if self.engine.complete(fed).is_ok() {
+                    self.tokens.push(next);
+                    let _ = self.cache.record_fed(&self.engine, next, pos);
+                }
+                return Err(e);
             }
             // The step after `fed`, feeding the token `fed` samples, unless
             // the generation is known to end before it.
@@ -834,16 +844,22 @@ impl Session {
     }
 
     /// Submits a constrained step's sampling with the mask of the tokens it
-    /// may choose (nothing to do without a constraint).
+    /// may choose (nothing to do without a constraint). When the mask
+    /// fails, the step samples from every token and the error is returned
+    /// after it was submitted.
     fn submit_masked_sample(&mut self, step: &mut Submitted) -> anyhow::Result<()> {
         let Some(c) = self.constraint.as_mut() else {
             return Ok(());
         };
-        let mask = match c.is_complete() {
-            false => Some(c.mask()?),
-            true => None,
+        let masked = match c.is_complete() {
+            false => c.mask().and_then(|m| self.engine.set_allowed(Some(&m))),
+            true => self.engine.set_allowed(None),
         };
-        crate::engine::submit_samples(&mut [(&mut self.engine, step, mask.as_deref())])
+        if masked.is_err() {
+            self.engine.set_allowed(None)?;
+        }
+        crate::engine::submit_samples(&mut [(&mut self.engine, step)])?;
+        masked
     }
 
     /// Sets the tokens the next sampling step may choose: the constraint's

@@ -803,7 +803,7 @@ fn key_policies_score_the_cached_keys() {
                 key_scores: Some(kind),
                 ..Default::default()
             };
-            let (mut e, _) = fed_engine(&model, &ids[..n], n, signals, |_| {});
+            let (e, _) = fed_engine(&model, &ids[..n], n, signals, |_| {});
             let want = e.key_scores().unwrap();
             assert_eq!(r.present.len(), n, "{name} {policy:?}");
             for (&p, &got) in r.unprotected.iter().zip(&r.scores) {

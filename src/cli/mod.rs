@@ -120,8 +120,9 @@ pub struct CacheArgs {
     #[arg(long, default_value_t = 64)]
     pub recent: usize,
     /// Eviction policy: full, window, random, h2o, tova, epikv, ccs, ccs-full
-    /// (SPEC.md), or a variant (docs/POLICIES.md): epikv-robust, ccs-context,
-    /// epikv-recency, epikv-tova, window-sinks, ccs-sinks.
+    /// (SPEC.md), a variant (docs/POLICIES.md): epikv-robust, ccs-context,
+    /// epikv-recency, epikv-tova, window-sinks, ccs-sinks, or kvpress's
+    /// knorm, keydiff.
     /// Default: window with --budget, else full.
     #[arg(long)]
     pub policy: Option<String>,

@@ -142,7 +142,10 @@ impl Batch {
     /// `allowed(i)` returns for it (a bitmask over the vocabulary; None:
     /// every token), computed on the host while the GPU runs the step's
     /// forward pass; the samplers follow in a second submission. An error
-    /// from `allowed` fails that sequence alone.
+    /// from `allowed`, or a mask the sampler refuses, fails that sequence
+    /// alone (its choice is then free, and dropped). An outer error after
+    /// the forward pass (the samplers' submission) leaves every sequence
+    /// of the step out of step with its cache.
     pub fn step_each_masked(
         &mut self,
         seqs: &mut [(&mut Engine, SeqStep)],
@@ -160,18 +163,19 @@ impl Batch {
         let mut submitted = self.submit(seqs, allowed.is_some())?;
         let mut mask_errors: Vec<Option<anyhow::Error>> = seqs.iter().map(|_| None).collect();
         if let Some(allowed) = allowed {
-            let masks: Vec<Option<Vec<u32>>> = (seqs.iter().enumerate())
-                .map(|(i, (_, s))| match s.sample {
-                    None => None,
-                    Some(_) => allowed(i).unwrap_or_else(|e| {
-                        mask_errors[i] = Some(e);
-                        None
-                    }),
-                })
-                .collect();
-            let mut pending: Vec<_> = (seqs.iter_mut().zip(&mut submitted).zip(&masks))
-                .filter(|((_, s), _)| s.sample_pending)
-                .map(|(((engine, _), s), mask)| (&mut **engine, s, mask.as_deref()))
+            for (i, ((engine, _), s)) in seqs.iter_mut().zip(&submitted).enumerate() {
+                if !s.sample_pending {
+                    continue;
+                }
+                let set = allowed(i).and_then(|mask| engine.set_allowed(mask.as_deref()));
+                if let Err(e) = set {
+                    mask_errors[i] = Some(e);
+                    engine.set_allowed(None)?;
+                }
+            }
+            let mut pending: Vec<_> = (seqs.iter_mut().zip(&mut submitted))
+                .filter(|(_, s)| s.sample_pending)
+                .map(|((engine, _), s)| (&mut **engine, s))
                 .collect();
             super::submit_samples(&mut pending)?;
         }

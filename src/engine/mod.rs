@@ -158,6 +158,13 @@ pub(crate) struct Readbacks {
     next: usize,
 }
 
+impl Submitted {
+    /// Whether its sampling is still to be submitted (`submit_samples`).
+    pub fn sample_pending(&self) -> bool {
+        self.sample_pending
+    }
+}
+
 impl Readbacks {
     fn new(gpu: &Runtime, label: &str, bytes: u64) -> Self {
         Readbacks {

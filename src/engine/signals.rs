@@ -499,7 +499,7 @@ impl Engine {
     /// cache slot, computed from the key cache now: the mean over layers
     /// and KV heads. Each (layer, KV head)'s own scores are then in
     /// [`Engine::read_key_scores_per_head`].
-    pub fn key_scores(&mut self) -> Result<Vec<f32>> {
+    pub fn key_scores(&self) -> Result<Vec<f32>> {
         let keys =
             (self.signals.keys.as_ref()).context("this engine does not compute key scores")?;
         let gpu = &self.model.gpu;
@@ -520,10 +520,11 @@ impl Engine {
         let keys =
             (self.signals.keys.as_ref()).context("this engine does not compute key scores")?;
         let slots = self.opts.max_slots;
-        let all: Vec<f32> =
-            self.model
-                .gpu
-                .read(&keys.per_head, 0, keys.per_head.size() as usize / 4)?;
+        if n > slots {
+            bail!("key scores of {n} slots asked; the cache holds {slots}");
+        }
+        let cells = self.model.config.num_layers * self.model.heads().n_kv;
+        let all: Vec<f32> = self.model.gpu.read(&keys.per_head, 0, cells * slots)?;
         Ok(all
             .chunks(slots)
             .flat_map(|row| row[..n].to_vec())

@@ -22,6 +22,13 @@ impl Scorer for KeyScorer {
 
     fn score(&mut self, engine: &mut Engine, ctx: &RefreshContext) -> Result<Vec<f64>> {
         let scores = engine.key_scores()?;
+        if scores.len() != ctx.present.len() {
+            anyhow::bail!(
+                "the engine holds {} entries, the cache {}",
+                scores.len(),
+                ctx.present.len()
+            );
+        }
         Ok(ctx.unprotected.iter().map(|&i| scores[i] as f64).collect())
     }
 }

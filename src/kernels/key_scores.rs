@@ -249,6 +249,8 @@ pub(crate) mod tests {
             (2, 128, 129, 129, 100, KvFormat::F32),
             (5, 256, 90, 33, 0, KvFormat::F16),
             (2, 64, 520, 517, 256, KvFormat::F32),
+            // Present slots ending on a page boundary, pages after it.
+            (2, 32, 300, 256, 64, KvFormat::F16),
         ] {
             let h = Heads::new(n_kv, n_kv, hd, format);
             let n_layers = 2;

@@ -221,6 +221,16 @@ impl ConstraintState {
     pub fn is_complete(&self) -> bool {
         self.matcher.is_stopped()
     }
+
+    /// The mask of the next choice, or None (every token) once the output
+    /// is complete: its generation ends after that step, whose choice is
+    /// dropped.
+    pub fn next_mask(&mut self) -> anyhow::Result<Option<Vec<u32>>> {
+        match self.is_complete() {
+            false => self.mask().map(Some),
+            true => Ok(None),
+        }
+    }
 }
 
 /// llguidance's view of a tokenizer: each token's bytes in a trie, and

@@ -625,12 +625,11 @@ impl Scheduler {
             // Each mask depends on the token its sequence feeds in this
             // step: computed while the GPU runs the step's forward pass.
             // A complete constraint leaves its last choice free.
-            self.batch.step_each_masked(&mut work, |i| {
-                match constraints[i].as_mut().filter(|c| !c.is_complete()) {
-                    Some(c) => c.mask().map(Some),
+            self.batch
+                .step_each_masked(&mut work, |i| match constraints[i].as_mut() {
+                    Some(c) => c.next_mask(),
                     None => Ok(None),
-                }
-            })?
+                })?
         } else {
             self.batch.step_each(&mut work)?
         };

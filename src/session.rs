@@ -848,13 +848,10 @@ impl Session {
     /// fails, the step samples from every token and the error is returned
     /// after it was submitted.
     fn submit_masked_sample(&mut self, step: &mut Submitted) -> anyhow::Result<()> {
-        let Some(c) = self.constraint.as_mut() else {
+        if self.constraint.is_none() {
             return Ok(());
-        };
-        let masked = match c.is_complete() {
-            false => c.mask().and_then(|m| self.engine.set_allowed(Some(&m))),
-            true => self.engine.set_allowed(None),
-        };
+        }
+        let masked = self.set_allowed();
         if masked.is_err() {
             self.engine.set_allowed(None)?;
         }
@@ -866,8 +863,8 @@ impl Session {
     /// mask, or every token (no constraint, or one that is complete and
     /// whose generation ends after this step).
     fn set_allowed(&mut self) -> anyhow::Result<()> {
-        let mask = match self.constraint.as_mut().filter(|c| !c.is_complete()) {
-            Some(c) => Some(c.mask()?),
+        let mask = match self.constraint.as_mut() {
+            Some(c) => c.next_mask()?,
             None => None,
         };
         self.engine.set_allowed(mask.as_deref())

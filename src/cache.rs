@@ -39,6 +39,14 @@ pub struct CacheOptions {
     pub epikv_layers: Option<(usize, usize)>,
     /// H2O/TOVA: hold the full attention weight matrix as eager attention does.
     pub materialize: bool,
+    /// LagKV's partition size (kvpress's `lag_size`).
+    pub lag_size: usize,
+    /// SnapKV's observation window (kvpress's `window_size`).
+    pub snapkv_window: usize,
+    /// Expected Attention's query window.
+    pub ea_window: usize,
+    /// Expected Attention's future positions (kvpress's `n_future_positions`).
+    pub ea_future: usize,
 }
 
 impl CacheOptions {
@@ -54,6 +62,10 @@ impl CacheOptions {
             epikv_bands: false,
             epikv_layers: None,
             materialize: false,
+            lag_size: 128,
+            snapkv_window: 64,
+            ea_window: 64,
+            ea_future: 512,
         }
     }
 
@@ -65,6 +77,10 @@ impl CacheOptions {
             epikv_bands: self.epikv_bands,
             epikv_layers: self.epikv_layers,
             sinks: self.sinks,
+            lag_size: self.lag_size,
+            snapkv_window: self.snapkv_window,
+            ea_window: self.ea_window,
+            ea_future: self.ea_future,
         }
     }
 

@@ -256,6 +256,7 @@ shader!(COMPACT, "compact", None);
 shader!(TOKEN_LOGIT, "token_logit", Weights);
 shader!(ATTN_WEIGHTS, "attn_weights", Kv);
 shader!(KEY_SCORES, "key_scores", Kv);
+shader!(QUERY_SCORES, "query_scores", Kv);
 shader!(EPIKV_DELTA, "epikv_delta", None);
 shader!(READ_BANDWIDTH, "read_bandwidth", None);
 shader!(READ_BANDWIDTH_TEXTURE, "read_bandwidth_texture", None);
@@ -297,6 +298,7 @@ pub fn all() -> Vec<&'static Shader> {
         &TOKEN_LOGIT,
         &ATTN_WEIGHTS,
         &KEY_SCORES,
+        &QUERY_SCORES,
         &EPIKV_DELTA,
         &READ_BANDWIDTH,
         &READ_BANDWIDTH_TEXTURE,

@@ -247,12 +247,24 @@ fn bounded_caches_with_different_policies_share_steps() {
     use sieve::eviction::Policy;
     let model = load("tiny-llama-gqa", KernelSet::Gpu);
     let layers = model.config.num_layers;
+    // Windows of 8 queries: the batched steps fill the query rings.
     let cache_options = |name: &str| CacheOptions {
         sinks: 2,
         recent: 4,
+        snapkv_window: 8,
+        ea_window: 8,
         ..CacheOptions::new(Policy::parse(name).unwrap(), 20, 6)
     };
-    let names = ["window", "epikv", "tova", "h2o", "ccs", "full"];
+    let names = [
+        "window",
+        "epikv",
+        "tova",
+        "h2o",
+        "ccs",
+        "snapkv",
+        "expected-attention",
+        "full",
+    ];
     let (prompt_len, steps) = (30, 40);
     let decode = |cache: &mut BoundedCache, engine: &mut Engine, prompt: &[u32]| {
         let out = FeedOutput::Sample(SamplingParams::default(), 1);

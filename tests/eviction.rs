@@ -779,7 +779,24 @@ fn window_layers_see_the_same_keys_after_evictions() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// `knorm` and `keydiff` (kvpress's key-only presses, docs/POLICIES.md):
+/// A bounded run's first refresh `r` (nothing evicted before it) against
+/// the engine's scores `want` of every slot of a full-cache run: each
+/// unprotected entry's score equal, and not rising with position
+/// throughout (the policy ranks otherwise than the window).
+fn check_refresh_scores(r: &sieve::cache::RefreshRecord, want: &[f32], what: &str) {
+    assert_eq!(r.present.len(), want.len(), "{what}");
+    for (&p, &got) in r.unprotected.iter().zip(&r.scores) {
+        let w = want[p as usize] as f64;
+        assert!(
+            (got - w).abs() <= 1e-6 * w.abs().max(1.0),
+            "{what} position {p}: {got} vs {w}"
+        );
+    }
+    let by_position = r.scores.windows(2).all(|w| w[0] <= w[1]);
+    assert!(!by_position, "{what}: scores rise with position");
+}
+
+/// `knorm`, `keydiff` and `lagkv` (kvpress's cache-only presses, docs/POLICIES.md):
 /// at the first refresh of a bounded run on both tiny models, every
 /// unprotected entry's score is the one the engine computes from a
 /// full-cache run's keys over the same tokens (the kernel's own test checks
@@ -792,11 +809,19 @@ fn key_policies_score_the_cached_keys() {
         let model = load(name);
         let s = settings(name);
         let ids = input_ids(&s);
+        // LagKV in partitions of 16: at the refresh's 64 entries two are
+        // ranked, the rest score 1.
+        let lag = KeyScore::Lag { sinks: 4, lag: 16 };
         for (policy, kind) in [
             (Policy::Knorm, KeyScore::Norm),
             (Policy::Keydiff, KeyScore::Diff),
+            (Policy::Lagkv, lag),
         ] {
-            let (_, cache) = run(&model, &ids, golden_opts(&s, policy), 16);
+            let opts = CacheOptions {
+                lag_size: 16,
+                ..golden_opts(&s, policy)
+            };
+            let (_, cache) = run(&model, &ids, opts, 16);
             let r = &cache.trace[0];
             let n = r.before_position as usize;
             let signals = sieve::engine::Signals {
@@ -805,19 +830,78 @@ fn key_policies_score_the_cached_keys() {
             };
             let (e, _) = fed_engine(&model, &ids[..n], n, signals, |_| {});
             let want = e.key_scores().unwrap();
-            assert_eq!(r.present.len(), n, "{name} {policy:?}");
-            for (&p, &got) in r.unprotected.iter().zip(&r.scores) {
-                let w = want[p as usize] as f64;
-                assert!(
-                    (got - w).abs() <= 1e-6 * w.abs().max(1.0),
-                    "{name} {policy:?} position {p}: {got} vs {w}"
-                );
-            }
-            let by_position = r.scores.windows(2).all(|w| w[0] <= w[1]);
-            assert!(!by_position, "{name} {policy:?}: scores rise with position");
+            check_refresh_scores(r, &want, &format!("{name} {policy:?}"));
             let per_head = e.read_key_scores_per_head(n).unwrap();
             let cells = per_head.len() / n;
             assert_eq!(cells, model.config.num_layers * model.config.num_kv_heads);
+        }
+    }
+}
+
+/// `snapkv` and `expected-attention` (kvpress's SnapKVPress and
+/// ExpectedAttentionPress, docs/POLICIES.md): at the first refresh of a
+/// bounded run on both tiny models (windows of 16 queries), every
+/// unprotected entry's score is the engine's score of a full-cache run over
+/// the same tokens with the window of the 16 newest queries (Expected
+/// Attention's after the sinks' positions); SnapKV's window entries score
+/// above every other (the kernels' own tests check the formulas against a
+/// CPU reference, tests/kvpress.rs against kvpress).
+#[test]
+fn query_policies_score_from_the_newest_queries() {
+    use sieve::kernels::query_scores::{ExpectedAttention, QueryPolicy, QueryWindow, SnapKv};
+    for name in ["tiny-llama-gqa", "tiny-qwen2"] {
+        let model = load(name);
+        let s = settings(name);
+        let ids = input_ids(&s);
+        let sinks = s["sinks"].as_u64().unwrap() as u32;
+        let snapkv = QueryPolicy::SnapKv(SnapKv {
+            window: 16,
+            kernel: 5,
+        });
+        let expected = QueryPolicy::ExpectedAttention(ExpectedAttention {
+            window: 16,
+            future: 512,
+        });
+        for (policy, kind) in [
+            (Policy::Snapkv, snapkv),
+            (Policy::ExpectedAttention, expected),
+        ] {
+            let opts = CacheOptions {
+                snapkv_window: 16,
+                ea_window: 16,
+                recent: 4,
+                ..golden_opts(&s, policy)
+            };
+            let (_, cache) = run(&model, &ids, opts, 16);
+            let r = &cache.trace[0];
+            let n = r.before_position;
+            let signals = sieve::engine::Signals {
+                queries: Some(kind),
+                ..Default::default()
+            };
+            let (e, _) = fed_engine(&model, &ids[..n as usize], 16, signals, |_| {});
+            let (first, end) = match kind {
+                QueryPolicy::SnapKv(_) => (0, n - 16),
+                QueryPolicy::ExpectedAttention(_) => (sinks, n),
+            };
+            let w = QueryWindow {
+                n,
+                first,
+                end,
+                queries: 16,
+                last_pos: n - 1,
+                _p: [0; 3],
+            };
+            let want = e.query_scores(w).unwrap();
+            check_refresh_scores(r, &want, &format!("{name} {policy:?}"));
+            if policy == Policy::Snapkv {
+                let scores = || r.unprotected.iter().zip(&r.scores);
+                let older =
+                    (scores().filter(|(&p, _)| p < end).map(|(_, &s)| s)).fold(f64::MIN, f64::max);
+                let window =
+                    (scores().filter(|(&p, _)| p >= end).map(|(_, &s)| s)).fold(f64::MAX, f64::min);
+                assert!(window > older, "{name}: window {window} vs older {older}");
+            }
         }
     }
 }

@@ -122,7 +122,7 @@ pub struct CacheArgs {
     /// Eviction policy: full, window, random, h2o, tova, epikv, ccs, ccs-full
     /// (SPEC.md), a variant (docs/POLICIES.md): epikv-robust, ccs-context,
     /// epikv-recency, epikv-tova, window-sinks, ccs-sinks, or kvpress's
-    /// knorm, keydiff.
+    /// knorm, keydiff, lagkv, snapkv, expected-attention.
     /// Default: window with --budget, else full.
     #[arg(long)]
     pub policy: Option<String>,
@@ -138,6 +138,21 @@ pub struct CacheArgs {
     /// Seed of the random policy.
     #[arg(long, default_value_t = 0)]
     pub policy_seed: u64,
+    /// LagKV's partition size (kvpress's lag_size).
+    #[arg(long, default_value_t = 128)]
+    pub lag_size: usize,
+    /// SnapKV's observation window: the newest queries whose attention
+    /// scores the cache (kvpress's window_size).
+    #[arg(long, default_value_t = 64)]
+    pub snapkv_window: usize,
+    /// Expected Attention: the newest queries whose mean and covariance
+    /// predict the future ones.
+    #[arg(long, default_value_t = 64)]
+    pub ea_window: usize,
+    /// Expected Attention: the future positions the queries' rotation is
+    /// averaged over (kvpress's n_future_positions).
+    #[arg(long, default_value_t = 512)]
+    pub ea_future: usize,
     /// H2O/TOVA: build each layer's full attention weight matrix the way eager
     /// attention does (same result, quadratic memory; to reproduce the memory wall).
     #[arg(long)]
@@ -178,6 +193,10 @@ impl CacheArgs {
             epikv_bands: self.epikv_bands,
             epikv_layers: self.epikv_layers.as_ref().map(|v| (v[0], v[1])),
             materialize: self.materialize,
+            lag_size: self.lag_size,
+            snapkv_window: self.snapkv_window,
+            ea_window: self.ea_window,
+            ea_future: self.ea_future,
         };
         // The library names the options; the command line adds its flags.
         opts.validate()

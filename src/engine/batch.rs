@@ -334,6 +334,7 @@ impl Batch {
                     rope: &engine.layers[l].rope,
                     attn: &engine.layers[l].attn,
                     weights: engine.signals.weights_of(l),
+                    queries: engine.signals.queries_of(l),
                     n: n as u32,
                     start: engine.n_cached as u32,
                 })

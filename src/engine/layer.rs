@@ -5,6 +5,7 @@ use crate::kernels::attention::Attention;
 use crate::kernels::attn_weights::AttnWeights;
 use crate::kernels::head_norm::HeadNorm;
 use crate::kernels::matmul::Matmul;
+use crate::kernels::query_scores::KeepQueries;
 use crate::kernels::rmsnorm::RmsNorm;
 use crate::kernels::rope_kv::RopeKv;
 use crate::kernels::silu_mul::SiluMul;
@@ -31,10 +32,12 @@ pub(super) struct LayerKernels {
 pub(super) enum LayerAttention<'a> {
     /// The forward step: the step's rows are written to the cache from slot
     /// `start` on and attend causally; `weights` accumulates the attention
-    /// each slot receives (H2O, TOVA).
+    /// each slot receives (H2O, TOVA); `queries` keeps the queries
+    /// (SnapKV's after RoPE, Expected Attention's before).
     Causal {
         start: u32,
         weights: Option<&'a AttnWeights>,
+        queries: Option<KeepQueries<'a>>,
     },
     /// The counter-causal pass: k/v go to scratch (`rope`), never to the
     /// cache, and each query attends the entries after it among `n_present`.
@@ -63,6 +66,7 @@ pub(super) struct SeqAttention<'a> {
     pub rope: &'a RopeKv,
     pub attn: &'a Attention,
     pub weights: Option<&'a AttnWeights>,
+    pub queries: Option<KeepQueries<'a>>,
     /// Its tokens in the step, and the cache slot of the first.
     pub n: u32,
     pub start: u32,
@@ -94,9 +98,21 @@ impl LayerKernels {
         }
         let mut own_output = None;
         match attention {
-            LayerAttention::Causal { start, weights } => {
+            LayerAttention::Causal {
+                start,
+                weights,
+                queries,
+            } => {
+                if let Some(keep) = queries.filter(|k| k.before_rope()) {
+                    keep.encode(p, n);
+                    mark(p, "query ring (expected attention)");
+                }
                 self.rope.encode(p, n, start);
                 mark(p, "rope + kv write");
+                if let Some(keep) = queries.filter(|k| !k.before_rope()) {
+                    keep.encode(p, n);
+                    mark(p, "query ring (snapkv)");
+                }
                 self.attn.encode(p, n, start);
                 mark(p, "attention");
                 if let Some(w) = weights {
@@ -106,7 +122,13 @@ impl LayerKernels {
             }
             LayerAttention::Batch(seqs) => {
                 for s in seqs {
+                    if let Some(keep) = s.queries.filter(|k| k.before_rope()) {
+                        keep.encode(p, s.n);
+                    }
                     s.rope.encode(p, s.n, s.start);
+                    if let Some(keep) = s.queries.filter(|k| !k.before_rope()) {
+                        keep.encode(p, s.n);
+                    }
                     s.attn.encode(p, s.n, s.start);
                     if let Some(w) = s.weights {
                         w.encode_accumulate(p, s.n, s.start);

@@ -331,7 +331,7 @@ impl Engine {
             &model,
             &opts,
             a,
-            &k_cache,
+            (&k_cache, &v_cache),
             &slot_positions,
             &mut bytes,
         )?;
@@ -695,6 +695,7 @@ impl Engine {
             let attention = LayerAttention::Causal {
                 start,
                 weights: self.signals.weights_of(l),
+                queries: self.signals.queries_of(l),
             };
             k.encode(p, nt, attention, &mut |p, label| mark!(p, label));
             for d in self.signals.deltas_after(l) {

@@ -15,6 +15,9 @@ use crate::kernels::epikv_delta::LayerDelta;
 use crate::kernels::key_scores::{KeyScore, KeyScores};
 use crate::kernels::matmul::Matmul;
 use crate::kernels::paging::SlotPages;
+use crate::kernels::query_scores::{
+    KeepQueries, QueryPolicy, QueryScores, QuerySources, QueryWindow,
+};
 use crate::kernels::rmsnorm::RmsNorm;
 use crate::kernels::rope_kv::RopeKv;
 use crate::kernels::runtime::Runtime;
@@ -36,8 +39,11 @@ pub struct Signals {
     /// With `attention_weights`: hold each layer's full weight matrix (heads x
     /// queries x slots) as eager attention does, to reproduce its memory.
     pub materialize: bool,
-    /// Compute kvpress's key-only scores at a refresh (K-norm, KeyDiff).
+    /// Compute kvpress's cache-only scores at a refresh (K-norm, KeyDiff, LagKV).
     pub key_scores: Option<KeyScore>,
+    /// Keep every layer's recent queries and score with them at a refresh
+    /// (SnapKV, Expected Attention).
+    pub queries: Option<QueryPolicy>,
 }
 
 impl Signals {
@@ -52,6 +58,7 @@ impl Signals {
         self.counter_causal = self.counter_causal.or(other.counter_causal);
         self.materialize |= other.materialize;
         self.key_scores = self.key_scores.or(other.key_scores);
+        self.queries = self.queries.or(other.queries);
         self
     }
 }
@@ -116,6 +123,8 @@ pub(super) struct SignalKernels {
     ccs: Option<CounterCausal>,
     /// The key-only scores, when a policy reads them.
     keys: Option<KeyScores>,
+    /// The query ring and SnapKV's scores, when a policy reads them.
+    queries: Option<QueryScores>,
 }
 
 impl SignalKernels {
@@ -126,7 +135,7 @@ impl SignalKernels {
         model: &Model,
         opts: &EngineOptions,
         a: &Activations,
-        k_cache: &[SlotPages],
+        (k_cache, v_cache): (&[SlotPages], &[SlotPages]),
         slot_positions: &wgpu::Buffer,
         bytes: &mut u64,
     ) -> Result<Self> {
@@ -224,8 +233,33 @@ impl SignalKernels {
         };
         let keys = match signals.key_scores {
             Some(kind) => {
-                *bytes += KeyScores::bytes(heads, c.num_layers, max_slots);
-                Some(KeyScores::new(gpu, heads, k_cache, max_slots, kind)?)
+                *bytes += KeyScores::bytes(kind, heads, c.num_layers, max_slots);
+                let caches = (k_cache, v_cache);
+                Some(KeyScores::new(gpu, heads, caches, max_slots, kind)?)
+            }
+            None => None,
+        };
+        let queries = match signals.queries {
+            Some(policy) => {
+                *bytes += QueryScores::bytes(policy, heads, c.num_layers, max_slots, max_tokens);
+                let src = QuerySources {
+                    step: &a.step,
+                    q: &a.q,
+                    qkv: &a.qkv,
+                    positions: &a.positions,
+                    k_cache,
+                    v_cache,
+                    slot_positions,
+                    layers: (c.layers.iter())
+                        .map(|spec| {
+                            let layer = super::attn_layer(spec, slot_positions);
+                            (layer, spec.rope.rotary_dim)
+                        })
+                        .collect(),
+                };
+                Some(QueryScores::new(
+                    gpu, heads, src, max_slots, max_tokens, policy,
+                )?)
             }
             None => None,
         };
@@ -240,12 +274,18 @@ impl SignalKernels {
             slot_scores,
             ccs,
             keys,
+            queries,
         })
     }
 
     /// The attention-weight kernel of layer `l` (0-based), if accumulated.
     pub fn weights_of(&self, l: usize) -> Option<&AttnWeights> {
         self.weights.get(l)
+    }
+
+    /// Layer `l`'s query keep (0-based), if the queries are kept.
+    pub fn queries_of(&self, l: usize) -> Option<KeepQueries<'_>> {
+        self.queries.as_ref().map(|q| q.keep_of(l))
     }
 
     /// The EpiKV kernels after layer `l` (0-based).
@@ -514,21 +554,71 @@ impl Engine {
         gpu.read(&keys.score, 0, n)
     }
 
+    /// SnapKV's or Expected Attention's score (`Signals::queries`) of each
+    /// present cache slot, from the window's queries, computed now: the
+    /// mean over layers and KV heads. The slots outside `w.first ..
+    /// w.end` score above the rest. Each (layer, KV head)'s scores are then
+    /// in [`Engine::read_query_scores_per_head`].
+    pub fn query_scores(&self, w: QueryWindow) -> Result<Vec<f32>> {
+        let queries =
+            (self.signals.queries.as_ref()).context("this engine does not keep queries")?;
+        let gpu = &self.model.gpu;
+        if w.n as usize != self.n_cached {
+            bail!(
+                "asked to score {} slots from the queries; the engine holds {}",
+                w.n,
+                self.n_cached
+            );
+        }
+        let c = &self.model.config;
+        let rope: Vec<(&[f32], f32)> = (c.layers.iter())
+            .map(|spec| {
+                let r = &spec.rope;
+                let freqs = match &r.long {
+                    Some(long) if self.opts.sees_positions_past(r) => &long.inv_freq,
+                    _ => &r.inv_freq,
+                };
+                (freqs.as_slice(), r.attention_factor)
+            })
+            .collect();
+        queries.set_window(gpu, w, &rope)?;
+        let mut enc = gpu.device.create_command_encoder(&Default::default());
+        {
+            let mut pass = enc.begin_compute_pass(&Default::default());
+            queries.encode(&mut pass, w);
+        }
+        gpu.queue.submit([enc.finish()]);
+        gpu.read(&queries.score, 0, w.n as usize)
+    }
+
+    /// The scores of the last `query_scores`, `[layers, KV heads, n]` for
+    /// its `n` present slots.
+    pub fn read_query_scores_per_head(&self, n: usize) -> Result<Vec<f32>> {
+        let queries =
+            (self.signals.queries.as_ref()).context("this engine does not keep queries")?;
+        self.read_per_head(&queries.per_head, n)
+    }
+
+    /// `[layers, KV heads, n]` of a `[layers, KV heads, slots]` buffer.
+    fn read_per_head(&self, buffer: &wgpu::Buffer, n: usize) -> Result<Vec<f32>> {
+        let slots = self.opts.max_slots;
+        if n > slots {
+            bail!("scores of {n} slots asked; the cache holds {slots}");
+        }
+        let cells = self.model.config.num_layers * self.model.heads().n_kv;
+        let all: Vec<f32> = self.model.gpu.read(buffer, 0, cells * slots)?;
+        Ok(all
+            .chunks(slots)
+            .flat_map(|row| row[..n].to_vec())
+            .collect())
+    }
+
     /// The scores of the last `key_scores`, `[layers, KV heads, n]` for
     /// its `n` present slots.
     pub fn read_key_scores_per_head(&self, n: usize) -> Result<Vec<f32>> {
         let keys =
             (self.signals.keys.as_ref()).context("this engine does not compute key scores")?;
-        let slots = self.opts.max_slots;
-        if n > slots {
-            bail!("key scores of {n} slots asked; the cache holds {slots}");
-        }
-        let cells = self.model.config.num_layers * self.model.heads().n_kv;
-        let all: Vec<f32> = self.model.gpu.read(&keys.per_head, 0, cells * slots)?;
-        Ok(all
-            .chunks(slots)
-            .flat_map(|row| row[..n].to_vec())
-            .collect())
+        self.read_per_head(&keys.per_head, n)
     }
 
     /// Counter-causal logits (SPEC.md 4.2) of the given cache entries, as

@@ -1,6 +1,7 @@
-//! `knorm` and `keydiff`: kvpress's KnormPress and KeyDiffPress, scores
-//! from the cached keys alone (docs/POLICIES.md). Each (layer, KV head)
-//! scores every present entry on the GPU at the refresh
+//! `knorm`, `keydiff` and `lagkv`: kvpress's KnormPress, KeyDiffPress and
+//! LagKVPress, scores from the cached keys (and values) alone
+//! (docs/POLICIES.md). Each (layer, KV head) scores every present entry on
+//! the GPU at the refresh
 //! (`shaders/key_scores.wgsl`); the cache's one kept set takes the mean
 //! over layers and KV heads.
 

@@ -9,6 +9,7 @@ pub mod epikv;
 pub mod hybrid;
 mod keys;
 pub mod oracle;
+mod queries;
 mod random;
 pub mod sinks;
 mod window;
@@ -18,6 +19,7 @@ use anyhow::{bail, Result};
 use crate::engine::{CcsMode, Engine, Signals};
 use crate::kernels::attn_weights::WeightMode;
 use crate::kernels::key_scores::KeyScore;
+use crate::kernels::query_scores::{ExpectedAttention, QueryPolicy, SnapKv};
 
 /// The policies' own parameters (`--seed`, `--epikv-window`,
 /// `--epikv-bands`, `--epikv-layers`), and the cache's sinks, which EpiKV's
@@ -35,6 +37,13 @@ pub struct PolicyParams {
     pub epikv_layers: Option<(usize, usize)>,
     /// Entries at positions 0..sinks, which the cache always keeps.
     pub sinks: usize,
+    /// LagKV's partition size.
+    pub lag_size: usize,
+    /// SnapKV's observation window (queries).
+    pub snapkv_window: usize,
+    /// Expected Attention's query window and future positions.
+    pub ea_window: usize,
+    pub ea_future: usize,
 }
 
 /// One cache entry as the host tracks it.
@@ -104,6 +113,14 @@ pub enum Policy {
     Knorm,
     /// kvpress's KeyDiffPress: keep the keys least like the average key.
     Keydiff,
+    /// kvpress's LagKVPress: rank each partition's entries by their spread
+    /// against the next partition's range.
+    Lagkv,
+    /// kvpress's SnapKVPress: keep what the newest queries attend to.
+    Snapkv,
+    /// kvpress's ExpectedAttentionPress: keep what queries like the newest
+    /// are expected to attend to, weighted by the value's norm.
+    ExpectedAttention,
 }
 
 /// One policy's facts, one row each in [`POLICIES`].
@@ -135,7 +152,7 @@ const fn row(
 
 /// Every policy: SPEC.md's eight, then the variants, the oracles and the
 /// literature's policies.
-const POLICIES: [PolicyRow; 18] = [
+const POLICIES: [PolicyRow; 21] = [
     row(Policy::Full, "full", true, None),
     row(Policy::Window, "window", true, None),
     row(Policy::Random, "random", true, None),
@@ -169,6 +186,9 @@ const POLICIES: [PolicyRow; 18] = [
     row(Policy::OracleRest, "oracle-rest", false, None),
     row(Policy::Knorm, "knorm", false, None),
     row(Policy::Keydiff, "keydiff", false, None),
+    row(Policy::Lagkv, "lagkv", false, None),
+    row(Policy::Snapkv, "snapkv", false, None),
+    row(Policy::ExpectedAttention, "expected-attention", false, None),
 ];
 
 impl Policy {
@@ -247,6 +267,29 @@ impl Policy {
             Policy::Ccs => Box::new(ccs::CounterCausalSurprise(CcsMode::Fast)),
             Policy::Knorm => Box::new(keys::KeyScorer(KeyScore::Norm)),
             Policy::Keydiff => Box::new(keys::KeyScorer(KeyScore::Diff)),
+            Policy::Lagkv => {
+                if opts.lag_size == 0 {
+                    bail!("LagKV's lag size must be at least 1");
+                }
+                Box::new(keys::KeyScorer(KeyScore::Lag {
+                    sinks: opts.sinks as u32,
+                    lag: opts.lag_size.min(u32::MAX as usize / 4) as u32,
+                }))
+            }
+            Policy::Snapkv => Box::new(queries::QueryScorer {
+                policy: QueryPolicy::SnapKv(SnapKv {
+                    window: opts.snapkv_window,
+                    kernel: 5,
+                }),
+                sinks: 0,
+            }),
+            Policy::ExpectedAttention => Box::new(queries::QueryScorer {
+                policy: QueryPolicy::ExpectedAttention(ExpectedAttention {
+                    window: opts.ea_window,
+                    future: opts.ea_future,
+                }),
+                sinks: opts.sinks.min(u32::MAX as usize) as u32,
+            }),
             Policy::CcsFull => Box::new(ccs::CounterCausalSurprise(CcsMode::Full)),
             Policy::WindowSinks | Policy::CcsSinks => {
                 let inner = match self {
@@ -326,7 +369,10 @@ mod tests {
                 | Policy::Oracle
                 | Policy::OracleRest
                 | Policy::Knorm
-                | Policy::Keydiff => p,
+                | Policy::Keydiff
+                | Policy::Lagkv
+                | Policy::Snapkv
+                | Policy::ExpectedAttention => p,
             };
             assert_eq!(POLICIES.iter().filter(|r| r.policy == listed).count(), 1);
             assert_eq!(Policy::parse(name).unwrap(), p);
@@ -336,7 +382,7 @@ mod tests {
             }
         }
         let spec: Vec<bool> = Policy::ALL.iter().map(|(_, p)| p.is_spec()).collect();
-        assert_eq!(spec, [vec![true; 8], vec![false; 10]].concat());
+        assert_eq!(spec, [vec![true; 8], vec![false; 13]].concat());
         let e = Policy::parse("lru").unwrap_err().to_string();
         assert!(
             e.contains("unknown policy 'lru'") && e.contains("window"),

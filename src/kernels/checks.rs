@@ -75,6 +75,7 @@ pub fn all() -> Vec<&'static Check> {
         attention::tests::CHECKS,
         attn_weights::tests::CHECKS,
         key_scores::tests::CHECKS,
+        query_scores::tests::CHECKS,
         compact::tests::CHECKS,
         embed::tests::CHECKS,
         epikv_delta::tests::CHECKS,

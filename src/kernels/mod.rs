@@ -14,6 +14,7 @@ pub mod key_scores;
 pub mod matmul;
 pub mod paging;
 pub mod prepared_x;
+pub mod query_scores;
 pub mod random_fill;
 pub mod read_bandwidth;
 pub mod rmsnorm;
@@ -132,6 +133,7 @@ pub fn uniform_layouts() -> Vec<UniformLayout> {
         epikv_delta::uniform_layout(),
         head_norm::uniform_layout(),
         key_scores::uniform_layout(),
+        query_scores::uniform_layout(),
         matmul::uniform_layout(),
         matmul::x_copy_layout(),
         prepared_x::uniform_layout(),

@@ -1,0 +1,438 @@
+// query_scores.wgsl: eviction scores from the recent queries, kvpress's
+// SnapKVPress and ExpectedAttentionPress (docs/POLICIES.md): every layer
+// keeps its last queries in a ring (after RoPE for SnapKV, before it for
+// Expected Attention), and at a refresh the window's queries score each
+// entry: SnapKV by the attention they pay it, Expected Attention by the
+// attention queries drawn from their mean and covariance, rotated as over
+// the next positions, are expected to pay it, times ||v||.
+//
+//   keep       after (SnapKV) or before (Expected Attention) a layer's
+//              RoPE: the step's query rows go to the ring, the query of
+//              position p to ring row p % ring.
+//              Dispatch (ceil(n_heads * hd4 / 64), n_tokens, 1).
+//   snap_lse   per page: for window query t (positions last_pos - queries + 1
+//              + t) and query head a, the log-sum-exp over the present slots
+//              the query sees (key position <= its own; inside the layer's
+//              sliding window) of scale * q.k, merged page by page (the
+//              first page overwrites). One workgroup of 64 per (t, a):
+//              dispatch (queries, n_heads, 1).
+//   snap_mean  per page: m[a, i] = (1 / queries) * sum over the window
+//              queries t that see slot i of exp(scale q_t.k_i - lse[t, a]),
+//              for the slots before `end` (the entries older than the
+//              window). Dispatch (ceil(slots in page before end / 64),
+//              n_heads, 1).
+//   snap_pool  per_head[l, h, i] = mean over h's query heads a of
+//              (1 / kernel) * sum over t in i - kernel/2 ..= i + kernel/2,
+//              0 <= t < end, of m[a, t] (avg_pool1d, zero padding counted).
+//              Dispatch (ceil(end / 64), n_kv, 1).
+//   ea_mean    Expected Attention: mu[a] = the mean of the window's queries
+//              (scratch row `queries`). Dispatch (ceil(hd4 / 64), n_heads, 1).
+//   ea_center  scratch row t < queries: Rbar (q_t - mu); row queries + 1:
+//              Rbar mu, where Rbar rotates each pair (j, j + half_rot) by
+//              the mean cos C_j and sin S_j over the future positions
+//              (`rot`). Dispatch (ceil(hd4 / 64), queries + 1, n_heads).
+//   ea_logits  per page: z[a, i] = scale (Rbar mu).k_i + scale^2 / (2
+//              queries) sum_t ((Rbar (q_t - mu)).k_i)^2 (= scale mu'.k +
+//              scale^2 k' Sigma' k / 2) for first <= i < end.
+//              Dispatch (ceil(slots in page / 64), n_heads, 1).
+//   ea_softmax lse[a] = (max, sum of exp) of z[a, first .. end]. One
+//              workgroup of 64 per query head: dispatch (n_heads, 1, 1).
+//   ea_combine per page: per_head[l, h, i] = mean over h's query heads of
+//              softmax(z[a])[i] * ||v_i||, first <= i < end.
+//              Dispatch (ceil(slots in page / 64), n_kv, 1).
+//   top_up     per_head[l, h, i] = M + 1 for the slots outside first ..
+//              end, M = the highest per_head[l, ., first .. end] of the
+//              layer (kvpress's rule that keeps SnapKV's window and
+//              Expected Attention's sinks). One workgroup: dispatch (1, 1, 1).
+//   mean       score[i] = mean over l, h of per_head[l, h, i].
+//              Dispatch (ceil(present / 64), 1, 1).
+//
+// Bindings (group 0):
+//   0 step      uniform Step            (keep)
+//   1 p         uniform QueryParams     (layer: this bind group's layer)
+//   2 q         storage read  [row0 + n_tokens, src_stride4] vec4<f32>  queries from
+//                             column 0 (after RoPE: `q`; before: `qkv`)
+//   3 positions storage read  [row0 + n_tokens] u32  the step's positions
+//   4 ring      storage rw    [n_layers, ring, n_heads * hd4] vec4<f32>
+//   5 count     uniform Window          (the refresh's present slots and queries)
+//   6 kc        storage read  [page.len, n_kv * hd4] KvPacked  one page of the
+//                             layer's key cache (kv prelude)
+//   7 page      uniform Page  the slots kc holds
+//   8 kpos      storage read  [slots] u32  original positions of the cache slots
+//   9 lse       storage rw    [queries, n_heads] vec2<f32> (running max, sum)
+//  10 m         storage rw    [n_heads, slots] f32
+//  11 per_head  storage rw    [n_layers, n_kv, slots] f32
+//  12 score     storage rw    [slots] f32
+//  13 vc        storage read  [page.len, n_kv * hd4] KvPacked  the same page of the
+//                             layer's value cache (Expected Attention)
+//  14 rot       storage read  [n_layers, 2, half_rot / 4] vec4<f32>  C, then S
+//  15 scratch   storage rw    [window + 2, n_heads, hd4] vec4<f32>
+// Per-invocation loop counts: hd4 (keep), page.len * hd4 / 64 (snap_lse),
+// queries * hd4 (snap_mean, ea_logits), kernel * heads per KV head
+// (snap_pool), queries (ea_mean), slots / 64 (ea_softmax), hd4 * heads per
+// KV head (ea_combine), n_kv * slots / 64 (top_up), n_layers * n_kv (mean).
+struct QueryParams {
+    n_heads: u32,
+    n_kv: u32,
+    hd4: u32,
+    slots: u32,
+    layer: u32,
+    n_layers: u32,
+    ring: u32,
+    scale: f32,
+    // The layer's sliding window (0: none).
+    window: u32,
+    kernel: u32,
+    // Row stride of `q` in vec4.
+    src_stride4: u32,
+    // Half the layer's rotary dimensions (a multiple of 4; 0: no RoPE).
+    half_rot: u32,
+}
+
+struct Window {
+    // Present slots.
+    n: u32,
+    // Slots first .. end are scored (SnapKV: those older than the window's
+    // queries; Expected Attention: those after the sinks).
+    first: u32,
+    end: u32,
+    // Window queries, the newest at position last_pos.
+    queries: u32,
+    last_pos: u32,
+    _p0: u32,
+    _p1: u32,
+    _p2: u32,
+}
+
+@group(0) @binding(0) var<uniform> step: Step;
+@group(0) @binding(1) var<uniform> p: QueryParams;
+@group(0) @binding(2) var<storage, read> q: array<vec4<f32>>;
+@group(0) @binding(3) var<storage, read> positions: array<u32>;
+@group(0) @binding(4) var<storage, read_write> ring: array<vec4<f32>>;
+@group(0) @binding(5) var<uniform> count: Window;
+@group(0) @binding(6) var<storage, read> kc: array<KvPacked>;
+@group(0) @binding(7) var<uniform> page: Page;
+@group(0) @binding(8) var<storage, read> kpos: array<u32>;
+@group(0) @binding(9) var<storage, read_write> lse: array<vec2<f32>>;
+@group(0) @binding(10) var<storage, read_write> m: array<f32>;
+@group(0) @binding(11) var<storage, read_write> per_head: array<f32>;
+@group(0) @binding(12) var<storage, read_write> score: array<f32>;
+@group(0) @binding(13) var<storage, read> vc: array<KvPacked>;
+@group(0) @binding(14) var<storage, read> rot: array<vec4<f32>>;
+@group(0) @binding(15) var<storage, read_write> scratch: array<vec4<f32>>;
+
+var<workgroup> partial: array<vec2<f32>, 64>;
+
+@compute @workgroup_size(64)
+fn keep(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let width = p.n_heads * p.hd4;
+    let c = gid.x;
+    let t = gid.y;
+    if (c >= width || t >= step.n_tokens) {
+        return;
+    }
+    let row = step.row0 + t;
+    let at = (p.layer * p.ring + positions[row] % p.ring) * width + c;
+    ring[at] = q[row * p.src_stride4 + c];
+}
+
+// Window query t's position.
+fn query_position(t: u32) -> u32 {
+    return count.last_pos + 1u + t - count.queries;
+}
+
+// scale * q.k of window query t, head a, and the entry in slot i (in the
+// bound page); whether the query sees the entry.
+fn logit(t: u32, a: u32, i: u32) -> vec2<f32> {
+    let qp = query_position(t);
+    let kp = kpos[i];
+    if (kp > qp || (p.window > 0u && qp - kp >= p.window)) {
+        return vec2<f32>(0.0, 0.0);
+    }
+    let qb = (p.layer * p.ring + qp % p.ring) * p.n_heads * p.hd4 + a * p.hd4;
+    let kvh = a / (p.n_heads / p.n_kv);
+    let kb = (i - page.first) * p.n_kv * p.hd4 + kvh * p.hd4;
+    var s = 0.0;
+    for (var d = 0u; d < bounded(p.hd4); d++) {
+        s += dot(ring[qb + d], unpack_kv(kc[kb + d]));
+    }
+    return vec2<f32>(s * p.scale, 1.0);
+}
+
+// Slots of the bound page below `limit`.
+fn page_below(limit: u32) -> u32 {
+    if (limit <= page.first) {
+        return 0u;
+    }
+    return min(page.len, limit - page.first);
+}
+
+// (max, sum of exp(x - max)) of two such pairs together.
+fn merge(a: vec2<f32>, b: vec2<f32>) -> vec2<f32> {
+    let top = max(a.x, b.x);
+    if (top == -3.4e38) {
+        return vec2<f32>(top, 0.0);
+    }
+    return vec2<f32>(top, a.y * exp(a.x - top) + b.y * exp(b.x - top));
+}
+
+// `merge` of every invocation's `acc` over the workgroup.
+fn merge_workgroup(lid: u32, acc: vec2<f32>) -> vec2<f32> {
+    partial[lid] = acc;
+    workgroupBarrier();
+    for (var stride = 32u; stride > 0u; stride = stride / 2u) {
+        if (lid < stride) {
+            partial[lid] = merge(partial[lid], partial[lid + stride]);
+        }
+        workgroupBarrier();
+    }
+    return partial[0];
+}
+
+@compute @workgroup_size(64)
+fn snap_lse(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(local_invocation_index) lid: u32,
+) {
+    let t = wid.x;
+    let a = wid.y;
+    if (t >= count.queries || a >= p.n_heads) {
+        return;
+    }
+    var acc = vec2<f32>(-3.4e38, 0.0);
+    for (var j = lid; j < bounded(page_below(count.n)); j += 64u) {
+        let l = logit(t, a, page.first + j);
+        if (l.y > 0.0) {
+            acc = merge(acc, vec2<f32>(l.x, 1.0));
+        }
+    }
+    let total = merge_workgroup(lid, acc);
+    if (lid == 0u) {
+        let at = t * p.n_heads + a;
+        if (page.first == 0u) {
+            lse[at] = total;
+        } else {
+            lse[at] = merge(lse[at], total);
+        }
+    }
+}
+
+@compute @workgroup_size(64)
+fn snap_mean(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let a = gid.y;
+    if (gid.x >= page_below(count.end) || a >= p.n_heads) {
+        return;
+    }
+    let i = page.first + gid.x;
+    var sum = 0.0;
+    for (var t = 0u; t < bounded(count.queries); t++) {
+        let l = logit(t, a, i);
+        if (l.y > 0.0) {
+            let s = lse[t * p.n_heads + a];
+            sum += exp(l.x - s.x) / s.y;
+        }
+    }
+    m[a * p.slots + i] = sum / f32(count.queries);
+}
+
+fn cell(h: u32, i: u32) -> u32 {
+    return (p.layer * p.n_kv + h) * p.slots + i;
+}
+
+@compute @workgroup_size(64)
+fn snap_pool(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let i = gid.x;
+    let h = gid.y;
+    if (i >= count.end || h >= p.n_kv) {
+        return;
+    }
+    let group = p.n_heads / p.n_kv;
+    let half_ = p.kernel / 2u;
+    var sum = 0.0;
+    for (var g = 0u; g < bounded(group); g++) {
+        let a = h * group + g;
+        for (var k = 0u; k < bounded(p.kernel); k++) {
+            // t = i + k - half_, inside 0 .. end.
+            if (i + k >= half_ && i + k - half_ < count.end) {
+                sum += m[a * p.slots + i + k - half_];
+            }
+        }
+    }
+    per_head[cell(h, i)] = sum / f32(p.kernel * group);
+}
+
+@compute @workgroup_size(64)
+fn top_up(@builtin(local_invocation_index) lid: u32) {
+    var top = -3.4e38;
+    let span = count.end - count.first;
+    for (var c = lid; c < bounded(p.n_kv * span); c += 64u) {
+        top = max(top, per_head[cell(c / span, count.first + c % span)]);
+    }
+    partial[lid] = vec2<f32>(top, 0.0);
+    workgroupBarrier();
+    for (var stride = 32u; stride > 0u; stride = stride / 2u) {
+        if (lid < stride) {
+            partial[lid] = max(partial[lid], partial[lid + stride]);
+        }
+        workgroupBarrier();
+    }
+    // No scored slot: the others score 1.
+    let raised = select(partial[0].x + 1.0, 1.0, span == 0u);
+    for (var c = lid; c < bounded(p.n_kv * count.n); c += 64u) {
+        let i = c % count.n;
+        if (i < count.first || i >= count.end) {
+            per_head[cell(c / count.n, i)] = raised;
+        }
+    }
+}
+
+// Expected Attention.
+
+fn ring_row(t: u32) -> u32 {
+    return (p.layer * p.ring + query_position(t) % p.ring) * p.n_heads * p.hd4;
+}
+
+fn scratch_at(t: u32, a: u32) -> u32 {
+    return (t * p.n_heads + a) * p.hd4;
+}
+
+@compute @workgroup_size(64)
+fn ea_mean(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let d = gid.x;
+    let a = gid.y;
+    if (d >= p.hd4 || a >= p.n_heads) {
+        return;
+    }
+    var sum = vec4<f32>(0.0);
+    for (var t = 0u; t < bounded(count.queries); t++) {
+        sum += ring[ring_row(t) + a * p.hd4 + d];
+    }
+    scratch[scratch_at(count.queries, a) + d] = sum / f32(count.queries);
+}
+
+// Rbar x at vec4 d of a head whose vec4s are `x(d)`.
+fn rotated(d: u32, x: vec4<f32>, partner: vec4<f32>) -> vec4<f32> {
+    let h4 = p.half_rot / 4u;
+    let rb = p.layer * 2u * h4;
+    if (d < h4) {
+        // (Rbar x)_j = C_j x_j - S_j x_{j + half}
+        return rot[rb + d] * x - rot[rb + h4 + d] * partner;
+    }
+    if (d < 2u * h4) {
+        // (Rbar x)_{j + half} = S_j x_j + C_j x_{j + half}
+        let j = d - h4;
+        return rot[rb + h4 + j] * partner + rot[rb + j] * x;
+    }
+    return x;
+}
+
+@compute @workgroup_size(64)
+fn ea_center(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let d = gid.x;
+    let t = gid.y;
+    let a = gid.z;
+    if (d >= p.hd4 || t > count.queries || a >= p.n_heads) {
+        return;
+    }
+    let h4 = p.half_rot / 4u;
+    // The vec4 that d pairs with (itself outside the rotary part).
+    var pd = d;
+    if (d < h4) {
+        pd = d + h4;
+    } else if (d < 2u * h4) {
+        pd = d - h4;
+    }
+    let mean = scratch_at(count.queries, a);
+    if (t == count.queries) {
+        let out = scratch_at(count.queries + 1u, a);
+        scratch[out + d] = rotated(d, scratch[mean + d], scratch[mean + pd]);
+        return;
+    }
+    let row = ring_row(t) + a * p.hd4;
+    let x = ring[row + d] - scratch[mean + d];
+    let partner = ring[row + pd] - scratch[mean + pd];
+    scratch[scratch_at(t, a) + d] = rotated(d, x, partner);
+}
+
+@compute @workgroup_size(64)
+fn ea_logits(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let a = gid.y;
+    let i = page.first + gid.x;
+    if (gid.x >= page_below(count.end) || i < count.first || a >= p.n_heads) {
+        return;
+    }
+    let kvh = a / (p.n_heads / p.n_kv);
+    let kb = (i - page.first) * p.n_kv * p.hd4 + kvh * p.hd4;
+    let mb = scratch_at(count.queries + 1u, a);
+    var linear = 0.0;
+    for (var d = 0u; d < bounded(p.hd4); d++) {
+        linear += dot(scratch[mb + d], unpack_kv(kc[kb + d]));
+    }
+    var quadratic = 0.0;
+    for (var t = 0u; t < bounded(count.queries); t++) {
+        let cb = scratch_at(t, a);
+        var c = 0.0;
+        for (var d = 0u; d < bounded(p.hd4); d++) {
+            c += dot(scratch[cb + d], unpack_kv(kc[kb + d]));
+        }
+        quadratic += c * c;
+    }
+    let z = p.scale * linear + p.scale * p.scale * quadratic / (2.0 * f32(count.queries));
+    m[a * p.slots + i] = z;
+}
+
+@compute @workgroup_size(64)
+fn ea_softmax(
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(local_invocation_index) lid: u32,
+) {
+    let a = wid.x;
+    if (a >= p.n_heads) {
+        return;
+    }
+    var acc = vec2<f32>(-3.4e38, 0.0);
+    for (var i = count.first + lid; i < bounded(count.end); i += 64u) {
+        acc = merge(acc, vec2<f32>(m[a * p.slots + i], 1.0));
+    }
+    let total = merge_workgroup(lid, acc);
+    if (lid == 0u) {
+        lse[a] = total;
+    }
+}
+
+@compute @workgroup_size(64)
+fn ea_combine(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let h = gid.y;
+    let i = page.first + gid.x;
+    if (gid.x >= page_below(count.end) || i < count.first || h >= p.n_kv) {
+        return;
+    }
+    let vb = (i - page.first) * p.n_kv * p.hd4 + h * p.hd4;
+    var vv = 0.0;
+    for (var d = 0u; d < bounded(p.hd4); d++) {
+        let v = unpack_kv(vc[vb + d]);
+        vv += dot(v, v);
+    }
+    let group = p.n_heads / p.n_kv;
+    var sum = 0.0;
+    for (var g = 0u; g < bounded(group); g++) {
+        let a = h * group + g;
+        let s = lse[a];
+        sum += exp(m[a * p.slots + i] - s.x) / s.y;
+    }
+    per_head[cell(h, i)] = sum / f32(group) * sqrt(vv);
+}
+
+@compute @workgroup_size(64)
+fn mean(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let i = gid.x;
+    if (i >= count.n) {
+        return;
+    }
+    let cells = p.n_layers * p.n_kv;
+    var total = 0.0;
+    for (var c = 0u; c < bounded(cells); c++) {
+        total += per_head[c * p.slots + i];
+    }
+    score[i] = total / f32(cells);
+}

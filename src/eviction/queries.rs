@@ -1,0 +1,63 @@
+//! `snapkv` and `expected-attention`: kvpress's SnapKVPress and
+//! ExpectedAttentionPress, scores from the recent queries
+//! (docs/POLICIES.md). The engine keeps every layer's last queries in a
+//! ring; at a refresh the window of the newest ones scores the entries
+//! (`shaders/query_scores.wgsl`): SnapKV by the attention the window pays
+//! each older entry, Expected Attention by the attention queries with the
+//! window's statistics are expected to pay each entry after the sinks. The
+//! cache's one kept set takes the mean over layers and KV heads.
+
+use anyhow::Result;
+
+use super::{RefreshContext, Scorer};
+use crate::engine::{Engine, Signals};
+use crate::kernels::query_scores::{QueryPolicy, QueryWindow};
+
+pub struct QueryScorer {
+    pub policy: QueryPolicy,
+    /// Expected Attention: entries at positions below this are the sinks,
+    /// neither scored nor among the window's queries.
+    pub sinks: u32,
+}
+
+impl Scorer for QueryScorer {
+    fn needs(&self) -> Signals {
+        Signals {
+            queries: Some(self.policy),
+            ..Default::default()
+        }
+    }
+
+    fn score(&mut self, engine: &mut Engine, ctx: &RefreshContext) -> Result<Vec<f64>> {
+        // The window: the newest queries, all of them fed through this
+        // engine (positions 0 .. before_position); Expected Attention's
+        // leave out the sinks' positions.
+        let before = ctx.before_position;
+        let oldest = match self.policy {
+            QueryPolicy::SnapKv(_) => 0,
+            QueryPolicy::ExpectedAttention(_) => self.sinks.min(before),
+        };
+        let queries = (self.policy.window() as u32).min(before - oldest);
+        if queries == 0 {
+            return Ok(vec![0.0; ctx.unprotected.len()]);
+        }
+        let below = |p: u32| ctx.present.iter().take_while(|s| s.position < p).count() as u32;
+        let n = ctx.present.len() as u32;
+        let (first, end) = match self.policy {
+            // The entries older than the window.
+            QueryPolicy::SnapKv(_) => (0, below(before - queries)),
+            // The entries after the sinks.
+            QueryPolicy::ExpectedAttention(_) => (below(self.sinks), n),
+        };
+        let w = QueryWindow {
+            n,
+            first,
+            end,
+            queries,
+            last_pos: before - 1,
+            _p: [0; 3],
+        };
+        let scores = engine.query_scores(w)?;
+        Ok(ctx.unprotected.iter().map(|&i| scores[i] as f64).collect())
+    }
+}

@@ -53,20 +53,23 @@
 //   2 q         storage read  [row0 + n_tokens, src_stride4] vec4<f32>  queries from
 //                             column 0 (after RoPE: `q`; before: `qkv`)
 //   3 positions storage read  [row0 + n_tokens] u32  the step's positions
-//   4 ring      storage rw    [n_layers, ring, n_heads * hd4] vec4<f32>
+//   4 ring      storage rw    vec4<f32>: [n_layers, ring, n_heads * hd4] the ring,
+//                             then Expected Attention's scratch [window + 2,
+//                             n_heads, hd4] (the centered rotated window, the
+//                             mean, the rotated mean)
 //   5 count     uniform Window          (the refresh's present slots and queries)
 //   6 kc        storage read  [page.len, n_kv * hd4] KvPacked  one page of the
 //                             layer's key cache (kv prelude)
 //   7 page      uniform Page  the slots kc holds
 //   8 kpos      storage read  [slots] u32  original positions of the cache slots
-//   9 lse       storage rw    [queries, n_heads] vec2<f32> (running max, sum)
-//  10 m         storage rw    [n_heads, slots] f32
-//  11 per_head  storage rw    [n_layers, n_kv, slots] f32
-//  12 score     storage rw    [slots] f32
-//  13 vc        storage read  [page.len, n_kv * hd4] KvPacked  the same page of the
+//   9 work      storage rw    f32: m [n_heads, slots], then the mean rotation
+//                             [n_layers, head_dim] (C_j at j, S_j at half_rot + j),
+//                             then lse [window, n_heads] (max, sum)
+//  10 scores    storage rw    f32: per_head [n_layers, n_kv, slots], then the
+//                             mean [slots]
+//  11 vc        storage read  [page.len, n_kv * hd4] KvPacked  the same page of the
 //                             layer's value cache (Expected Attention)
-//  14 rot       storage read  [n_layers, 2, half_rot / 4] vec4<f32>  C, then S
-//  15 scratch   storage rw    [window + 2, n_heads, hd4] vec4<f32>
+// (Eight storage buffers: WebGPU's default limit.)
 // Per-invocation loop counts: hd4 (keep), page.len * hd4 / 64 (snap_lse),
 // queries * hd4 (snap_mean, ea_logits), kernel * heads per KV head
 // (snap_pool), queries (ea_mean), slots / 64 (ea_softmax), hd4 * heads per
@@ -113,13 +116,43 @@ struct Window {
 @group(0) @binding(6) var<storage, read> kc: array<KvPacked>;
 @group(0) @binding(7) var<uniform> page: Page;
 @group(0) @binding(8) var<storage, read> kpos: array<u32>;
-@group(0) @binding(9) var<storage, read_write> lse: array<vec2<f32>>;
-@group(0) @binding(10) var<storage, read_write> m: array<f32>;
-@group(0) @binding(11) var<storage, read_write> per_head: array<f32>;
-@group(0) @binding(12) var<storage, read_write> score: array<f32>;
-@group(0) @binding(13) var<storage, read> vc: array<KvPacked>;
-@group(0) @binding(14) var<storage, read> rot: array<vec4<f32>>;
-@group(0) @binding(15) var<storage, read_write> scratch: array<vec4<f32>>;
+@group(0) @binding(9) var<storage, read_write> work: array<f32>;
+@group(0) @binding(10) var<storage, read_write> scores: array<f32>;
+@group(0) @binding(11) var<storage, read> vc: array<KvPacked>;
+
+// m[a, i] (the first part of `work`).
+fn m_at(a: u32, i: u32) -> u32 {
+    return a * p.slots + i;
+}
+
+// Where the mean rotation starts in `work`, and lse[at].
+fn rot_base() -> u32 {
+    return p.n_heads * p.slots;
+}
+
+fn lse_base() -> u32 {
+    return rot_base() + p.n_layers * p.hd4 * 4u;
+}
+
+fn lse_get(at: u32) -> vec2<f32> {
+    let b = lse_base() + 2u * at;
+    return vec2<f32>(work[b], work[b + 1u]);
+}
+
+fn lse_set(at: u32, v: vec2<f32>) {
+    let b = lse_base() + 2u * at;
+    work[b] = v.x;
+    work[b + 1u] = v.y;
+}
+
+// Four consecutive floats of `work` from `at`.
+fn work4(at: u32) -> vec4<f32> {
+    return vec4<f32>(work[at], work[at + 1u], work[at + 2u], work[at + 3u]);
+}
+
+fn mean_at(i: u32) -> u32 {
+    return p.n_layers * p.n_kv * p.slots + i;
+}
 
 var<workgroup> partial: array<vec2<f32>, 64>;
 
@@ -210,9 +243,9 @@ fn snap_lse(
     if (lid == 0u) {
         let at = t * p.n_heads + a;
         if (page.first == 0u) {
-            lse[at] = total;
+            lse_set(at, total);
         } else {
-            lse[at] = merge(lse[at], total);
+            lse_set(at, merge(lse_get(at), total));
         }
     }
 }
@@ -228,11 +261,11 @@ fn snap_mean(@builtin(global_invocation_id) gid: vec3<u32>) {
     for (var t = 0u; t < bounded(count.queries); t++) {
         let l = logit(t, a, i);
         if (l.y > 0.0) {
-            let s = lse[t * p.n_heads + a];
+            let s = lse_get(t * p.n_heads + a);
             sum += exp(l.x - s.x) / s.y;
         }
     }
-    m[a * p.slots + i] = sum / f32(count.queries);
+    work[m_at(a, i)] = sum / f32(count.queries);
 }
 
 fn cell(h: u32, i: u32) -> u32 {
@@ -254,11 +287,11 @@ fn snap_pool(@builtin(global_invocation_id) gid: vec3<u32>) {
         for (var k = 0u; k < bounded(p.kernel); k++) {
             // t = i + k - half_, inside 0 .. end.
             if (i + k >= half_ && i + k - half_ < count.end) {
-                sum += m[a * p.slots + i + k - half_];
+                sum += work[m_at(a, i + k - half_)];
             }
         }
     }
-    per_head[cell(h, i)] = sum / f32(p.kernel * group);
+    scores[cell(h, i)] = sum / f32(p.kernel * group);
 }
 
 @compute @workgroup_size(64)
@@ -266,7 +299,7 @@ fn top_up(@builtin(local_invocation_index) lid: u32) {
     var top = -3.4e38;
     let span = count.end - count.first;
     for (var c = lid; c < bounded(p.n_kv * span); c += 64u) {
-        top = max(top, per_head[cell(c / span, count.first + c % span)]);
+        top = max(top, scores[cell(c / span, count.first + c % span)]);
     }
     partial[lid] = vec2<f32>(top, 0.0);
     workgroupBarrier();
@@ -281,7 +314,7 @@ fn top_up(@builtin(local_invocation_index) lid: u32) {
     for (var c = lid; c < bounded(p.n_kv * count.n); c += 64u) {
         let i = c % count.n;
         if (i < count.first || i >= count.end) {
-            per_head[cell(c / count.n, i)] = raised;
+            scores[cell(c / count.n, i)] = raised;
         }
     }
 }
@@ -292,8 +325,9 @@ fn ring_row(t: u32) -> u32 {
     return (p.layer * p.ring + query_position(t) % p.ring) * p.n_heads * p.hd4;
 }
 
+// Scratch row t of query head a: after the ring.
 fn scratch_at(t: u32, a: u32) -> u32 {
-    return (t * p.n_heads + a) * p.hd4;
+    return (p.n_layers * p.ring + t) * p.n_heads * p.hd4 + a * p.hd4;
 }
 
 @compute @workgroup_size(64)
@@ -307,21 +341,22 @@ fn ea_mean(@builtin(global_invocation_id) gid: vec3<u32>) {
     for (var t = 0u; t < bounded(count.queries); t++) {
         sum += ring[ring_row(t) + a * p.hd4 + d];
     }
-    scratch[scratch_at(count.queries, a) + d] = sum / f32(count.queries);
+    ring[scratch_at(count.queries, a) + d] = sum / f32(count.queries);
 }
 
 // Rbar x at vec4 d of a head whose vec4s are `x(d)`.
 fn rotated(d: u32, x: vec4<f32>, partner: vec4<f32>) -> vec4<f32> {
     let h4 = p.half_rot / 4u;
-    let rb = p.layer * 2u * h4;
+    // This layer's C_j from rb, S_j from rb + half_rot.
+    let rb = rot_base() + p.layer * p.hd4 * 4u;
     if (d < h4) {
         // (Rbar x)_j = C_j x_j - S_j x_{j + half}
-        return rot[rb + d] * x - rot[rb + h4 + d] * partner;
+        return work4(rb + 4u * d) * x - work4(rb + p.half_rot + 4u * d) * partner;
     }
     if (d < 2u * h4) {
         // (Rbar x)_{j + half} = S_j x_j + C_j x_{j + half}
         let j = d - h4;
-        return rot[rb + h4 + j] * partner + rot[rb + j] * x;
+        return work4(rb + p.half_rot + 4u * j) * partner + work4(rb + 4u * j) * x;
     }
     return x;
 }
@@ -345,13 +380,13 @@ fn ea_center(@builtin(global_invocation_id) gid: vec3<u32>) {
     let mean = scratch_at(count.queries, a);
     if (t == count.queries) {
         let out = scratch_at(count.queries + 1u, a);
-        scratch[out + d] = rotated(d, scratch[mean + d], scratch[mean + pd]);
+        ring[out + d] = rotated(d, ring[mean + d], ring[mean + pd]);
         return;
     }
     let row = ring_row(t) + a * p.hd4;
-    let x = ring[row + d] - scratch[mean + d];
-    let partner = ring[row + pd] - scratch[mean + pd];
-    scratch[scratch_at(t, a) + d] = rotated(d, x, partner);
+    let x = ring[row + d] - ring[mean + d];
+    let partner = ring[row + pd] - ring[mean + pd];
+    ring[scratch_at(t, a) + d] = rotated(d, x, partner);
 }
 
 @compute @workgroup_size(64)
@@ -366,19 +401,19 @@ fn ea_logits(@builtin(global_invocation_id) gid: vec3<u32>) {
     let mb = scratch_at(count.queries + 1u, a);
     var linear = 0.0;
     for (var d = 0u; d < bounded(p.hd4); d++) {
-        linear += dot(scratch[mb + d], unpack_kv(kc[kb + d]));
+        linear += dot(ring[mb + d], unpack_kv(kc[kb + d]));
     }
     var quadratic = 0.0;
     for (var t = 0u; t < bounded(count.queries); t++) {
         let cb = scratch_at(t, a);
         var c = 0.0;
         for (var d = 0u; d < bounded(p.hd4); d++) {
-            c += dot(scratch[cb + d], unpack_kv(kc[kb + d]));
+            c += dot(ring[cb + d], unpack_kv(kc[kb + d]));
         }
         quadratic += c * c;
     }
     let z = p.scale * linear + p.scale * p.scale * quadratic / (2.0 * f32(count.queries));
-    m[a * p.slots + i] = z;
+    work[m_at(a, i)] = z;
 }
 
 @compute @workgroup_size(64)
@@ -392,11 +427,11 @@ fn ea_softmax(
     }
     var acc = vec2<f32>(-3.4e38, 0.0);
     for (var i = count.first + lid; i < bounded(count.end); i += 64u) {
-        acc = merge(acc, vec2<f32>(m[a * p.slots + i], 1.0));
+        acc = merge(acc, vec2<f32>(work[m_at(a, i)], 1.0));
     }
     let total = merge_workgroup(lid, acc);
     if (lid == 0u) {
-        lse[a] = total;
+        lse_set(a, total);
     }
 }
 
@@ -417,10 +452,10 @@ fn ea_combine(@builtin(global_invocation_id) gid: vec3<u32>) {
     var sum = 0.0;
     for (var g = 0u; g < bounded(group); g++) {
         let a = h * group + g;
-        let s = lse[a];
-        sum += exp(m[a * p.slots + i] - s.x) / s.y;
+        let s = lse_get(a);
+        sum += exp(work[m_at(a, i)] - s.x) / s.y;
     }
-    per_head[cell(h, i)] = sum / f32(group) * sqrt(vv);
+    scores[cell(h, i)] = sum / f32(group) * sqrt(vv);
 }
 
 @compute @workgroup_size(64)
@@ -432,7 +467,7 @@ fn mean(@builtin(global_invocation_id) gid: vec3<u32>) {
     let cells = p.n_layers * p.n_kv;
     var total = 0.0;
     for (var c = 0u; c < bounded(cells); c++) {
-        total += per_head[c * p.slots + i];
+        total += scores[c * p.slots + i];
     }
-    score[i] = total / f32(cells);
+    scores[mean_at(i)] = total / f32(cells);
 }

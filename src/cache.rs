@@ -49,6 +49,10 @@ pub struct CacheOptions {
     pub ea_future: usize,
 }
 
+/// The largest LagKV partition: each workgroup ranks a partition in
+/// lag^2 / 64 steps per invocation.
+pub const MAX_LAG: usize = 4096;
+
 impl CacheOptions {
     pub fn new(policy: Policy, budget: usize, chunk: usize) -> Self {
         CacheOptions {
@@ -115,6 +119,21 @@ impl CacheOptions {
                 self.budget,
                 self.chunk
             );
+        }
+        use crate::kernels::query_scores::{MAX_FUTURE, MAX_WINDOW};
+        let bounded = [
+            ("lag_size (LagKV's partition)", self.lag_size, MAX_LAG),
+            ("snapkv_window (queries)", self.snapkv_window, MAX_WINDOW),
+            ("ea_window (queries)", self.ea_window, MAX_WINDOW),
+            ("ea_future (positions)", self.ea_future, MAX_FUTURE),
+        ];
+        for (name, value, most) in bounded {
+            if !(1..=most).contains(&value) {
+                bail_kind!(
+                    ErrorKind::InvalidOptions,
+                    "cache {name} is {value}; it must be 1 to {most}"
+                );
+            }
         }
         if self.budget <= protected {
             bail_kind!(

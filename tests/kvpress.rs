@@ -102,7 +102,10 @@ fn key_scores_match_kvpress() {
                 Some(list) => list.iter().map(|v| v.as_u64().unwrap() as usize).collect(),
                 None => vec![],
             };
-            let (mut worst, mut equal, mut within_ties, mut swaps) = (0.0f64, 0, 0, 0);
+            let (mut worst, mut equal, mut swaps) = (0.0f64, 0, 0);
+            // Cuts inside an exact tie of kvpress's scores, and inside
+            // sieve's error.
+            let (mut exact_ties, mut near_ties) = (0, 0);
             let mut widest = 0.0f64;
             for l in 0..layers {
                 for h in 0..n_kv {
@@ -116,9 +119,11 @@ fn key_scores_match_kvpress() {
                             .unwrap_or_else(|e| panic!("{name} layer {l} head {h}: {e}"));
                     } else {
                         for (g, w) in row.iter().zip(&want) {
-                            // Six significant digits stored; float32 forward passes
-                            // that sum in another order.
-                            let d = (*g as f64 - w).abs() / w.abs().max(1.0);
+                            // Six significant digits stored; float32 forward
+                            // passes that sum in another order: within 1e-4
+                            // relative, or 2e-6 for scores near 0 (KeyDiff's
+                            // float32 cosines).
+                            let d = (*g as f64 - w).abs() / (1e-4 * w.abs() + 2e-6);
                             worst = worst.max(d);
                         }
                         // Beyond the stored rounding, on the scale of the
@@ -158,16 +163,25 @@ fn key_scores_match_kvpress() {
                                 low as f64 >= high as f64 - tie_tolerance,
                                 "{what}: kept down to {low}, evicted up to {high}"
                             );
-                            within_ties += 1;
+                            match gap > 0.0 {
+                                true => near_ties += 1,
+                                false => exact_ties += 1,
+                            }
                         }
                     }
                 }
             }
-            eprintln!("{name} {press}: scores max |d| (relative above 1) {worst:.2e}, {swaps} rank swaps within rounding; kept sets equal in {equal}, a top set within a tie in {within_ties} (cuts closer than {widest:.1e} are ties)");
+            eprintln!("{name} {press}: scores within {worst:.2} of the tolerance (1e-4 relative + 2e-6), {swaps} rank swaps within rounding; kept sets equal in {equal}; a top set in {exact_ties} exact ties and {near_ties} cuts closer than sieve's error (up to {widest:.1e})");
             assert!(
-                worst < 2e-5,
-                "{name} {press}: scores max |d| (relative above 1) {worst}"
+                worst <= 1.0,
+                "{name} {press}: a score {worst} times the tolerance (1e-4 relative + 2e-6) from kvpress's"
             );
+            // Only a few cuts may be excused by sieve's own error.
+            assert!(
+                near_ties * 3 <= equal,
+                "{name} {press}: {near_ties} cuts within sieve's error, {equal} compared"
+            );
+            assert!(widest < 1e-4, "{name} {press}: ties up to {widest}");
         }
     }
 }

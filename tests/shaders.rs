@@ -386,3 +386,13 @@ fn every_module_states_its_extensions() {
         "{with_subgroups} modules use subgroups"
     );
 }
+
+/// WebGPU's default limits are enough for every kernel: in particular at
+/// most 8 storage buffers per stage, which a new kernel binding more would
+/// raise for every run (`check_limits` takes the most over all shaders).
+#[test]
+fn every_shader_fits_webgpus_default_limits() {
+    let defaults = wgpu::Limits::default();
+    assert_eq!(defaults.max_storage_buffers_per_shader_stage, 8);
+    sieve::gpu::check_limits(&defaults).unwrap();
+}

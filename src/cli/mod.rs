@@ -200,7 +200,7 @@ impl CacheArgs {
         };
         // The library names the options; the command line adds its flags.
         opts.validate()
-            .context("in --budget, --chunk, --sinks or --recent")?;
+            .context("in --budget, --chunk, --sinks, --recent, --lag-size, --snapkv-window, --ea-window or --ea-future")?;
         Ok(Some(opts))
     }
 }

@@ -241,7 +241,7 @@ impl SignalKernels {
         };
         let queries = match signals.queries {
             Some(policy) => {
-                *bytes += QueryScores::bytes(policy, heads, c.num_layers, max_slots, max_tokens);
+                *bytes += QueryScores::bytes(policy, heads, c.num_layers, max_slots, max_tokens)?;
                 let src = QuerySources {
                     step: &a.step,
                     q: &a.q,
@@ -588,7 +588,7 @@ impl Engine {
             queries.encode(&mut pass, w);
         }
         gpu.queue.submit([enc.finish()]);
-        gpu.read(&queries.score, 0, w.n as usize)
+        gpu.read(&queries.scores, queries.mean_offset(), w.n as usize)
     }
 
     /// The scores of the last `query_scores`, `[layers, KV heads, n]` for
@@ -596,7 +596,7 @@ impl Engine {
     pub fn read_query_scores_per_head(&self, n: usize) -> Result<Vec<f32>> {
         let queries =
             (self.signals.queries.as_ref()).context("this engine does not keep queries")?;
-        self.read_per_head(&queries.per_head, n)
+        self.read_per_head(&queries.scores, n)
     }
 
     /// `[layers, KV heads, n]` of a `[layers, KV heads, slots]` buffer.

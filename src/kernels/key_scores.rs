@@ -142,8 +142,12 @@ impl KeyScores {
         let n_layers = k_cache.len();
         let (sinks, lag) = kind.lag();
         if let KeyScore::Lag { .. } = kind {
-            if lag == 0 {
-                anyhow::bail!("LagKV's lag size must be at least 1");
+            // One workgroup per partition and KV head.
+            let parts = slots.div_ceil(lag.max(1) as usize);
+            if lag == 0 || parts > 65_535 {
+                anyhow::bail!(
+                    "LagKV's lag size {lag} cuts a cache of {slots} slots into {parts} partitions; it must be at least 1 and make at most 65,535"
+                );
             }
         }
         let cells = (n_layers * heads.n_kv) as u64 * slots as u64 * 4;

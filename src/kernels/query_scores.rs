@@ -118,14 +118,15 @@ pub struct QueryScores {
     ea_softmax: Arc<wgpu::ComputePipeline>,
     ea_combine: Arc<wgpu::ComputePipeline>,
     count: wgpu::Buffer,
-    /// `[n_layers, 2, half_rot]` f32: Expected Attention's mean cos and sin.
-    rot: wgpu::Buffer,
+    /// m, Expected Attention's mean rotation and the log-sum-exps
+    /// (shaders/query_scores.wgsl).
+    work: wgpu::Buffer,
     /// Per layer, one bind group per key-cache page with the slots it holds.
     layers: Vec<Vec<(std::ops::Range<u32>, wgpu::BindGroup)>>,
     /// `[n_layers, n_kv, slots]` f32: each (layer, KV head)'s score of each slot.
-    pub per_head: wgpu::Buffer,
-    /// `[slots]` f32: the mean of `per_head` over layers and KV heads.
-    pub score: wgpu::Buffer,
+    /// Then `[slots]` f32: the mean over layers and KV heads, from
+    /// [`QueryScores::mean_offset`].
+    pub scores: wgpu::Buffer,
     heads: Heads,
     slots: usize,
     /// Half the rotary dimensions of each layer.
@@ -153,19 +154,49 @@ pub struct QuerySources<'a> {
     pub layers: Vec<(AttnLayer<'a>, usize)>,
 }
 
+/// The most queries a window may hold: the kernels dispatch one workgroup
+/// per window query (65,535 per dimension at most) and keep them all.
+pub const MAX_WINDOW: usize = 4096;
+
+/// The most future positions Expected Attention averages its rotation over
+/// (the host sums them at every refresh).
+pub const MAX_FUTURE: usize = 1 << 20;
+
+/// The sizes, in f32s, of the three buffers: the ring with Expected
+/// Attention's scratch rows after it, `work` (m, the mean rotation, the
+/// log-sum-exps) and `scores` (per head, then the mean).
+struct Sizes {
+    ring: u64,
+    work: u64,
+    scores: u64,
+}
+
+impl Sizes {
+    fn new(
+        policy: QueryPolicy,
+        heads: Heads,
+        n_layers: usize,
+        slots: usize,
+        max_tokens: usize,
+    ) -> Result<Self> {
+        let (window, hd) = (policy.window() as u64, heads.head_dim as u64);
+        let (n_heads, n_kv) = (heads.n_heads as u64, heads.n_kv as u64);
+        let (layers, slots) = (n_layers as u64, slots as u64);
+        if !(1..=MAX_WINDOW as u64).contains(&window) {
+            bail!("the query window holds {window} queries; it must be 1 to {MAX_WINDOW}");
+        }
+        // Ring rows: the window plus two steps, so that the steps
+        // `Engine::undo` can take back never overwrite a window query.
+        let ring_rows = window + 2 * max_tokens as u64;
+        Ok(Sizes {
+            ring: (layers * ring_rows + window + 2) * n_heads * hd,
+            work: n_heads * slots + layers * hd + 2 * window * n_heads,
+            scores: (layers * n_kv + 1) * slots,
+        })
+    }
+}
+
 impl QueryScores {
-    /// Ring rows: the window plus the most tokens a step feeds, so that a
-    /// step submitted ahead and undone never overwrites a window query.
-    fn ring_rows(policy: QueryPolicy, max_tokens: usize) -> usize {
-        policy.window() + max_tokens
-    }
-
-    /// Bytes of Expected Attention's scratch rows (the centered window,
-    /// the mean and the rotated mean).
-    fn scratch_bytes(policy: QueryPolicy, heads: Heads) -> u64 {
-        ((policy.window() + 2) * heads.n_heads * heads.head_dim) as u64 * 4
-    }
-
     /// Bytes it allocates.
     pub fn bytes(
         policy: QueryPolicy,
@@ -173,13 +204,9 @@ impl QueryScores {
         n_layers: usize,
         slots: usize,
         max_tokens: usize,
-    ) -> u64 {
-        let ring = (n_layers * Self::ring_rows(policy, max_tokens) * heads.n_heads) as u64
-            * heads.head_dim as u64;
-        let cells = (n_layers * heads.n_kv + heads.n_heads + 1) as u64 * slots as u64;
-        let lse = 2 * (policy.window() * heads.n_heads) as u64;
-        let rot = (n_layers * heads.head_dim) as u64;
-        (ring + cells + lse + rot) * 4 + Self::scratch_bytes(policy, heads)
+    ) -> Result<u64> {
+        let s = Sizes::new(policy, heads, n_layers, slots, max_tokens)?;
+        Ok((s.ring + s.work + s.scores) * 4)
     }
 
     pub fn new(
@@ -190,16 +217,16 @@ impl QueryScores {
         max_tokens: usize,
         policy: QueryPolicy,
     ) -> Result<Self> {
-        if policy.window() == 0 {
-            bail!("the query window must hold at least 1 query");
-        }
         match policy {
             QueryPolicy::SnapKv(s) if s.kernel % 2 == 0 => bail!(
                 "SnapKV's kernel size must be odd (kvpress's avg_pool1d keeps the length only then), got {}",
                 s.kernel
             ),
-            QueryPolicy::ExpectedAttention(e) if e.future == 0 => {
-                bail!("Expected Attention needs at least 1 future position")
+            QueryPolicy::ExpectedAttention(e) if !(1..=MAX_FUTURE).contains(&e.future) => {
+                bail!(
+                    "Expected Attention's future positions are {}; they must be 1 to {MAX_FUTURE}",
+                    e.future
+                )
             }
             _ => {}
         }
@@ -214,33 +241,31 @@ impl QueryScores {
         }
         let kv = Some(heads.kv_format.into());
         let n_layers = src.k_cache.len();
-        let ring_rows = Self::ring_rows(policy, max_tokens);
-        let ring_bytes = (n_layers * ring_rows * heads.n_heads * heads.head_dim) as u64 * 4;
-        gpu.check_binding(
-            "SnapKV's query ring (layers x (window + step tokens) x query heads x head_dim x 4 bytes)",
-            ring_bytes,
+        let sizes = Sizes::new(policy, heads, n_layers, slots, max_tokens)?;
+        let ring_rows = policy.window() + 2 * max_tokens;
+        let buffer = |label: &str, what: &str, floats: u64| -> Result<wgpu::Buffer> {
+            gpu.check_binding(what, floats * 4)?;
+            Ok(gpu.storage(label, floats * 4))
+        };
+        let ring = buffer(
+            "query-ring",
+            "the query ring (layers x (window + 2 steps' tokens) x query heads x head_dim x 4 bytes)",
+            sizes.ring,
         )?;
-        let cells = (n_layers * heads.n_kv) as u64 * slots as u64 * 4;
-        gpu.check_binding(
-            "SnapKV's scores (layers x KV heads x slots x 4 bytes)",
-            cells,
+        let work = buffer(
+            "query-scores-work",
+            "the query scores' work (query heads x slots x 4 bytes, and more)",
+            sizes.work,
         )?;
-        let ring = gpu.storage("query-ring", ring_bytes);
-        let per_head = gpu.storage("query-scores-per-head", cells);
-        let score = gpu.storage("query-scores", slots as u64 * 4);
-        let lse = gpu.storage(
-            "query-scores-lse",
-            (policy.window() * heads.n_heads) as u64 * 8,
-        );
-        let rot_bytes = (n_layers * heads.head_dim).max(4) as u64 * 4;
-        let rot = gpu.storage("expected-attention-rotation", rot_bytes);
-        let scratch_bytes = Self::scratch_bytes(policy, heads);
-        let scratch = gpu.storage("expected-attention-scratch", scratch_bytes);
+        let scores = buffer(
+            "query-scores",
+            "the query scores (layers x KV heads x slots x 4 bytes)",
+            sizes.scores,
+        )?;
         let (source, src_stride) = match policy.before_rope() {
             true => (src.qkv, heads.n_heads + 2 * heads.n_kv),
             false => (src.q, heads.n_heads),
         };
-        let m = gpu.storage("snapkv-window-mean", (heads.n_heads * slots) as u64 * 4);
         let count = gpu.uniform("query-window", &QueryWindow::default());
         let keep = gpu.pipeline(&shaders::QUERY_SCORES, kv, "keep", &[])?;
         let layers = (src
@@ -284,13 +309,9 @@ impl QueryScores {
                             &pages.buffers[p],
                             &pages.uniforms[p],
                             src.slot_positions,
-                            &lse,
-                            &m,
-                            &per_head,
-                            &score,
+                            &work,
+                            &scores,
                             &values.buffers[p],
-                            &rot,
-                            &scratch,
                         ],
                     );
                     let r = pages.range(p);
@@ -313,10 +334,9 @@ impl QueryScores {
             ea_combine: pipeline("ea_combine")?,
             keep,
             count,
-            rot,
+            work,
             layers,
-            per_head,
-            score,
+            scores,
             heads,
             slots,
             half_rot,
@@ -363,13 +383,21 @@ impl QueryScores {
                 let (inv_freq, factor) = rope[l];
                 let (c, s) =
                     average_rotation(&inv_freq[..half], factor, w.last_pos as u64 + 1, e.future);
-                let at = l * 2 * half;
+                // C_j at j, S_j at half + j of the layer's head_dim floats.
+                let at = l * self.heads.head_dim;
                 rot[at..at + half].copy_from_slice(&c);
                 rot[at + half..at + 2 * half].copy_from_slice(&s);
             }
-            gpu.write(&self.rot, 0, bytemuck::cast_slice(&rot));
+            // After m (query heads x slots) in `work`.
+            let offset = (self.heads.n_heads * self.slots) as u64 * 4;
+            gpu.write(&self.work, offset, bytemuck::cast_slice(&rot));
         }
         Ok(())
+    }
+
+    /// Where the mean per slot starts in `scores` (f32s).
+    pub fn mean_offset(&self) -> u64 {
+        (self.half_rot.len() * self.heads.n_kv * self.slots) as u64
     }
 
     /// Scores the `w.end` oldest of `w.n` present slots of every layer
@@ -761,8 +789,8 @@ pub(crate) mod tests {
         qs.set_window(gpu, w, &rope).unwrap();
         run_pass(gpu, |pass| qs.encode(pass, w));
         Run {
-            per_head: gpu.read(&qs.per_head, 0, LAYERS * n_kv * c.slots).unwrap(),
-            score: gpu.read(&qs.score, 0, n).unwrap(),
+            per_head: gpu.read(&qs.scores, 0, LAYERS * n_kv * c.slots).unwrap(),
+            score: gpu.read(&qs.scores, qs.mean_offset(), n).unwrap(),
             w,
             key_positions,
             stored,

@@ -242,6 +242,39 @@ fn eval_commands_end_to_end_on_a_tiny_model() {
     assert!(table.contains("| full | full | all |"), "{table}");
     assert_eq!(lines(&work.join("needle/results.jsonl")), 14);
 
+    // RULER: 2 tasks x 1 sample x (full + 3 policies at one compression
+    // ratio), kvpress's layout beside the report.
+    let args = with(
+        &["eval", "ruler"],
+        &[
+            "--context",
+            "900",
+            "--tasks",
+            "niah_single_1,niah_multikey_1",
+            "--samples",
+            "1",
+            "--compression-ratios",
+            "0.5",
+            "--out",
+            &w("ruler"),
+        ],
+    );
+    let table = run(&args);
+    assert!(
+        table.contains("| window ratio=0.5 | - | niah_single_1 | 1 |"),
+        "{table}"
+    );
+    assert_eq!(lines(&work.join("ruler/results.jsonl")), 8);
+    let metrics: Value = serde_json::from_str(
+        &std::fs::read_to_string(work.join("ruler/ruler_metrics.json")).unwrap(),
+    )
+    .unwrap();
+    let average = metrics["epikv ratio=0.5"]["average"]["string_match"].as_f64();
+    assert!(
+        average.is_some_and(|a| (0.0..=100.0).contains(&a)),
+        "{metrics}"
+    );
+
     // Task in two shards, then merged.
     for shard in ["0/2", "1/2"] {
         let dir = w(&format!("task{}", &shard[..1]));

@@ -10,6 +10,7 @@ pub mod fidelity;
 pub mod metrics;
 pub mod needle;
 pub mod report;
+pub mod ruler;
 pub mod store;
 
 use anyhow::{Context, Result};

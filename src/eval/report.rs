@@ -50,6 +50,10 @@ pub fn metrics_of(kind: &str) -> &'static [Metric] {
         name: "retrieval accuracy",
         field: "found",
     }];
+    const RULER: &[Metric] = &[Metric {
+        name: "string match (%)",
+        field: "string_match",
+    }];
     const TASK: &[Metric] = &[
         Metric {
             name: "accuracy",
@@ -72,6 +76,7 @@ pub fn metrics_of(kind: &str) -> &'static [Metric] {
         "fidelity" => FIDELITY,
         "generate" => GENERATE,
         "needle" => NEEDLE,
+        "ruler" => RULER,
         "task" => TASK,
         _ => &[],
     }
@@ -174,7 +179,10 @@ pub fn markdown_table(rows: &[Row], group_name: Option<&str>) -> String {
     s.push_str(&"|---".repeat(names.len() + 3 + group_name.is_some() as usize));
     s.push_str("|\n");
     for r in rows {
-        let budget = r.budget.map_or("full".to_string(), |b| b.to_string());
+        // No budget: the full cache, or a bound the policy's name states
+        // (`sieve eval ruler`'s compression ratios).
+        let none = if r.policy == "full" { "full" } else { "-" };
+        let budget = r.budget.map_or(none.to_string(), |b| b.to_string());
         s.push_str(&format!("| {} | {budget} |", r.policy));
         if group_name.is_some() {
             s.push_str(&format!(" {} |", r.group.as_deref().unwrap_or("all")));
@@ -496,6 +504,7 @@ pub fn write_report(dir: &Path, records: &[Value]) -> Result<String> {
         ("fidelity", None),
         ("generate", None),
         ("needle", Some("depth")),
+        ("ruler", Some("task")),
         ("task", Some("dataset")),
     ] {
         let rows = aggregate(records, kind, group);

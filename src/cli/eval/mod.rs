@@ -8,6 +8,7 @@ pub mod fidelity;
 pub mod generate;
 pub mod merge;
 pub mod needle;
+pub mod ruler;
 pub mod task;
 
 use anyhow::Result;
@@ -41,6 +42,8 @@ pub enum EvalCommand {
     Generate(generate::GenerateArgs),
     /// Pass-key retrieval at several depths of a long filler text.
     Needle(needle::NeedleArgs),
+    /// RULER's synthetic tasks (needles, variable tracking, word extraction).
+    Ruler(ruler::RulerArgs),
     /// Accuracy on MATH-500, GSM8K or AIME 2024.
     Task(task::TaskArgs),
     /// Combine the results of several shards (or runs) into one report.
@@ -54,6 +57,7 @@ pub fn main(a: EvalArgs) -> Result<()> {
         EvalCommand::Fidelity(a) => fidelity::main(a),
         EvalCommand::Generate(a) => generate::main(a),
         EvalCommand::Needle(a) => needle::main(a),
+        EvalCommand::Ruler(a) => ruler::main(a),
         EvalCommand::Task(a) => task::main(a),
         EvalCommand::Merge(a) => merge::main(a),
         EvalCommand::Explain(a) => explain::main(a),

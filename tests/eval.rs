@@ -269,10 +269,22 @@ fn eval_commands_end_to_end_on_a_tiny_model() {
         &std::fs::read_to_string(work.join("ruler/ruler_metrics.json")).unwrap(),
     )
     .unwrap();
-    let average = metrics["epikv ratio=0.5"]["average"]["string_match"].as_f64();
+    let niah = metrics["epikv ratio=0.5"]["niah_single_1"]["string_match"].as_f64();
     assert!(
-        average.is_some_and(|a| (0.0..=100.0).contains(&a)),
+        niah.is_some_and(|a| (0.0..=100.0).contains(&a)),
         "{metrics}"
+    );
+    // A ratio leaving too little room for the question and answer after the
+    // cut is refused (kvpress never compresses while answering).
+    let mut small = args.clone();
+    let i = small.iter().position(|a| a == "0.5").unwrap();
+    small[i] = "0.05".into();
+    let i = small.iter().position(|a| a == "--out").unwrap();
+    small[i + 1] = w("ruler-small");
+    let (success, _, err) = sieve(&small.iter().map(|s| s.as_str()).collect::<Vec<_>>());
+    assert!(
+        !success && err.contains("--compression-ratios 0.05"),
+        "{err}"
     );
 
     // Task in two shards, then merged.

@@ -6,7 +6,7 @@
 //! scored as RULER scores them; results per task and on average, also in
 //! kvpress's layout (`ruler_metrics.json`).
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use clap::Args;
 use serde_json::{json, Map, Value};
 use std::collections::BTreeMap;
@@ -77,8 +77,14 @@ impl Config {
         }
     }
 
-    /// The cache of a prompt whose context is its first `n_context` tokens.
-    fn cache(&self, base: &CacheOptions, n_context: usize) -> Result<Option<CacheOptions>> {
+    /// The cache of a prompt whose context is its first `n_context` tokens
+    /// and whose question and answer take `after` more.
+    fn cache(
+        &self,
+        base: &CacheOptions,
+        n_context: usize,
+        after: usize,
+    ) -> Result<Option<CacheOptions>> {
         Ok(match self.bound {
             Bound::Full => None,
             Bound::Budget(budget) => Some(CacheOptions {
@@ -91,20 +97,30 @@ impl Config {
                 // first token triggers the one refresh down to `budget`,
                 // and the chunk leaves room for the question and answer.
                 let budget = ((n_context as f64) * (1.0 - r)).floor().max(1.0) as usize;
+                let chunk = n_context.saturating_sub(budget).max(1);
+                // kvpress never compresses again while answering: refuse a
+                // ratio that would leave too little room for that.
+                if after > chunk {
+                    bail!(
+                        "--compression-ratios {r}: cutting the {n_context}-token context to {budget} leaves room for {chunk} more tokens; the question and answer need {after} (a larger ratio or --context)"
+                    );
+                }
                 let opts = CacheOptions {
                     policy: self.policy,
                     budget,
-                    chunk: n_context - budget.min(n_context - 1),
+                    chunk,
                     ..*base
                 };
-                opts.validate()?;
+                opts.validate().with_context(|| {
+                    format!("--compression-ratios {r} on a {n_context}-token context")
+                })?;
                 Some(opts)
             }
         })
     }
 }
 
-fn configs(a: &RulerArgs) -> Result<Vec<Config>> {
+fn configs(a: &RulerArgs, base: &CacheOptions) -> Result<Vec<Config>> {
     let mut out = vec![];
     for name in &a.sweep.policies {
         let policy = Policy::parse(name)?;
@@ -129,6 +145,12 @@ fn configs(a: &RulerArgs) -> Result<Vec<Config>> {
             }
             None => {
                 for &j in &a.sweep.budgets {
+                    let opts = CacheOptions {
+                        policy,
+                        budget: j,
+                        ..*base
+                    };
+                    opts.validate().with_context(|| format!("--budgets {j}"))?;
                     out.push(Config {
                         policy,
                         bound: Bound::Budget(j),
@@ -142,7 +164,8 @@ fn configs(a: &RulerArgs) -> Result<Vec<Config>> {
 
 pub fn main(a: RulerArgs) -> Result<()> {
     let s = &a.sweep;
-    let configs = configs(&a)?;
+    let base = s.base();
+    let configs = configs(&a, &base)?;
     let tasks: Vec<String> = match &a.tasks {
         Some(t) => t.clone(),
         None => TASKS.iter().map(|t| t.to_string()).collect(),
@@ -161,7 +184,6 @@ pub fn main(a: RulerArgs) -> Result<()> {
     let llm = Llm::load(&s.model.dir()?, &s.model.load_options()?)?;
     let prose = std::fs::read_to_string(&haystack)
         .map_err(|e| anyhow::anyhow!("reading --haystack {}: {e}", haystack.display()))?;
-    let base = s.base();
     let total = tasks.len() * a.samples * configs.len();
     let progress = Progress::new(total as u64, "answers");
     for task in &tasks {
@@ -171,11 +193,15 @@ pub fn main(a: RulerArgs) -> Result<()> {
         for index in 0..a.samples {
             let sample =
                 generate_with_tokenizer(task, &llm.tokenizer, &prose, a.context, index, a.seed)?;
-            let ids = llm.tokenizer.encode(&sample.prompt)?;
             // The question starts after the last line break (no template's
-            // question or answer prefix holds one).
+            // question or answer prefix holds one); context and question are
+            // tokenized apart and joined, as kvpress does, so the cut falls
+            // exactly between them.
             let split = sample.prompt.rfind('\n').map_or(0, |i| i + 1);
-            let n_context = llm.tokenizer.encode(&sample.prompt[..split])?.len();
+            let mut ids = llm.tokenizer.encode(&sample.prompt[..split])?;
+            let n_context = ids.len();
+            ids.extend(llm.tokenizer.encode_continuation(&sample.prompt[split..])?);
+            let after = ids.len() - n_context + sample.max_new_tokens;
             for c in &configs {
                 let (policy, budget) = c.label();
                 let key = format!("ruler|{task}/{index}|{policy}|{budget}");
@@ -183,7 +209,7 @@ pub fn main(a: RulerArgs) -> Result<()> {
                     progress.inc(1);
                     continue;
                 }
-                jobs.push((ids.clone(), c.cache(&base, n_context.min(ids.len()))?));
+                jobs.push((ids.clone(), c.cache(&base, n_context, after)?));
                 units.push((key, c, sample.clone()));
             }
         }
@@ -215,8 +241,9 @@ pub fn main(a: RulerArgs) -> Result<()> {
 }
 
 /// `<out>/ruler_metrics.json`: per configuration, kvpress's layout of its
-/// RULER metrics (`{task: {"string_match": mean}}`) plus the average over
-/// tasks.
+/// RULER metrics (`{task: {"string_match": mean}}`, rounded to 2 decimals;
+/// kvpress writes one such file per run folder, this one holds every
+/// configuration). The average over tasks is in the report.
 fn write_kvpress_metrics(store: &ResultStore) -> Result<()> {
     let mut sums: BTreeMap<String, BTreeMap<String, (f64, usize)>> = BTreeMap::new();
     for r in store.records().iter().filter(|r| r["kind"] == "ruler") {
@@ -239,12 +266,10 @@ fn write_kvpress_metrics(store: &ResultStore) -> Result<()> {
     let mut out = Map::new();
     for (config, tasks) in sums {
         let mut m = Map::new();
-        let means: Vec<f64> = tasks.values().map(|(s, n)| s / *n as f64).collect();
         for (task, (sum, n)) in &tasks {
-            m.insert(task.clone(), json!({"string_match": sum / *n as f64}));
+            let mean = (sum / *n as f64 * 100.0).round() / 100.0;
+            m.insert(task.clone(), json!({"string_match": mean}));
         }
-        let average = means.iter().sum::<f64>() / means.len().max(1) as f64;
-        m.insert("average".into(), json!({"string_match": average}));
         out.insert(config, Value::Object(m));
     }
     let path = store.dir.join("ruler_metrics.json");

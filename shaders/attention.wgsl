@@ -74,7 +74,7 @@ fn partial_row(t: u32, h: u32, c: u32, k_begin: u32, k_end: u32, query_pos: u32)
             for (var d = 0u; d < hd4; d++) {
                 dotv += dot(qv[d], unpack_kv(kc[kb + d]));
             }
-            s[j] = select(NEG, dotv, in_window(query_pos, k0 + j));
+            s[j] = select(NEG, dotv, in_window(query_pos, k0 + j, kvh));
             tile_max = max(tile_max, s[j]);
         }
         let m_new = max(m, tile_max);
@@ -112,7 +112,7 @@ fn prefill_partial(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocat
     let c = page.first / CHUNK + wid.z;
     let k_begin = c * CHUNK;
     let k_end = min(k_begin + CHUNK, step.start_slot + t + 1u);
-    partial_row(t, wid.y, c, k_begin, max(k_begin, k_end), kpos[step.start_slot + t]);
+    partial_row(t, wid.y, c, k_begin, max(k_begin, k_end), slot_pos(step.start_slot + t, 0u));
 }
 
 @compute @workgroup_size(64)
@@ -127,10 +127,11 @@ fn anticausal_partial(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invo
     let chunk_begin = c * CHUNK;
     let k_begin = max(chunk_begin, qslot[t] + 1u);
     let k_end = min(chunk_begin + CHUNK, step.start_slot + step.n_tokens);
-    // The query's position: its own slot's (read only with a window).
+    // The query's position: its own slot's (read only with a window), in
+    // its KV head's keep list.
     var query_pos = 0u;
     if (p.window > 0u) {
-        query_pos = kpos[qslot[t]];
+        query_pos = slot_pos(qslot[t], wid.y / (p.n_heads / p.n_kv));
     }
     partial_row(t, wid.y, c, k_begin, max(k_begin, k_end), query_pos);
 }
@@ -150,7 +151,7 @@ fn decode_partial(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocati
     let k0 = c * CHUNK;
     var query_pos = 0u;
     if (p.window > 0u) {
-        query_pos = kpos[step.start_slot];
+        query_pos = slot_pos(step.start_slot, 0u);
     }
 
     for (var i = lid; i < bounded(g_n * hd4); i += 64u) {
@@ -164,7 +165,7 @@ fn decode_partial(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocati
         for (var g = 0u; g < g_n; g++) {
             sg[g] = 0.0;
         }
-        let seen = slot < n_keys && in_window(query_pos, slot);
+        let seen = slot < n_keys && in_window(query_pos, slot, kvh);
         if (seen) {
             let kb = (slot - page.first) * kv_stride + kvh * hd4;
             for (var d = 0u; d < hd4; d++) {

@@ -44,7 +44,7 @@ struct DecodeChunk {
 fn decode_chunk(wid: vec3<u32>) -> DecodeChunk {
     var query_pos = 0u;
     if (p.window > 0u) {
-        query_pos = kpos[step.start_slot];
+        query_pos = slot_pos(step.start_slot, 0u);
     }
     return DecodeChunk(page.first / CHUNK + wid.x, wid.y, step.start_slot + 1u, query_pos);
 }
@@ -52,7 +52,7 @@ fn decode_chunk(wid: vec3<u32>) -> DecodeChunk {
 // Whether the query sees the key in `slot`: a slot it attends (`&&` reads
 // kpos only for those), within its window.
 fn key_seen(ch: DecodeChunk, slot: u32) -> bool {
-    return slot < ch.n_keys && in_window(ch.query_pos, slot);
+    return slot < ch.n_keys && in_window(ch.query_pos, slot, ch.kvh);
 }
 
 // Index in kc and vc of word d (four values) of KV head kvh in the row of

@@ -17,8 +17,9 @@
 //   7 lse   storage rw    [row0 + n_tokens, n_heads] f32  log-sum-exp of the scaled scores
 //   8 qslot storage read  [n_tokens] u32  (anticausal_partial only) each query's own slot
 //   9 page  uniform Page  the slots kc/vc hold (page.first a multiple of CHUNK)
-//  10 kpos  storage read  [slots] u32  each cache slot's original position (read only with a window;
-//                         query t's is its own slot's, start_slot + t, written before the step runs)
+//  10 kpos  storage read  [slots, kpos_lists] u32  each cache slot's original position in each
+//                         keep list (read only with a window; query t's is its own slot's,
+//                         start_slot + t, written before the step runs, the same in every list)
 // Limits: head_dim <= 4 x HD4_MAX (a multiple of 4), n_heads / n_kv <= GMAX:
 // 128 and 8, or in the wide builds (attention.wgsl, the decode kernels, the
 // tiled prefill) 256 and 4 (attention_heads.wgsl, attention_heads_wide.wgsl).
@@ -31,9 +32,12 @@ struct AttnParams {
     // less than `window` from the query's (either side: the counter-causal
     // pass looks ahead); 0: no window.
     window: u32,
-    _p0: u32,
-    _p1: u32,
-    _p2: u32,
+    // Where KV head h's slot positions are: kpos[slot * kpos_lists +
+    // kpos_first + h * kpos_per_kv] (the cache may keep a set of entries
+    // per layer or per KV head: src/kernels/compact.rs, Granularity).
+    kpos_lists: u32,
+    kpos_first: u32,
+    kpos_per_kv: u32,
 }
 
 @group(0) @binding(0) var<uniform> step: Step;
@@ -79,13 +83,18 @@ fn row(t: u32) -> u32 {
     return step.row0 + t;
 }
 
-// Whether the key in cache slot `slot` is within the window of a query at
-// original position `query_pos` (always, without a window).
-fn in_window(query_pos: u32, slot: u32) -> bool {
+// The original position of the entry in cache slot `slot` of KV head kvh.
+fn slot_pos(slot: u32, kvh: u32) -> u32 {
+    return kpos[slot * p.kpos_lists + p.kpos_first + kvh * p.kpos_per_kv];
+}
+
+// Whether the key in cache slot `slot` of KV head kvh is within the window
+// of a query at original position `query_pos` (always, without a window).
+fn in_window(query_pos: u32, slot: u32, kvh: u32) -> bool {
     if (p.window == 0u) {
         return true;
     }
-    let key_pos = kpos[slot];
+    let key_pos = slot_pos(slot, kvh);
     return max(query_pos, key_pos) - min(query_pos, key_pos) < p.window;
 }
 

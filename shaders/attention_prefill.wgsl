@@ -58,7 +58,7 @@ fn tiled_partial(t0: u32, lid: u32, h: u32, c: u32, k_lo: u32, k_hi: u32, own_lo
     }
     var query_pos = 0u;
     if (p.window > 0u) {
-        query_pos = kpos[query_slot];
+        query_pos = slot_pos(query_slot, kvh);
     }
     var m = NEG;
     var l = 0.0;
@@ -91,7 +91,7 @@ fn tiled_partial(t0: u32, lid: u32, h: u32, c: u32, k_lo: u32, k_hi: u32, own_lo
         for (var j = 0u; j < TK; j++) {
             let b = qi * 4u * TK + j;
             let key = k0 + j;
-            let valid = key >= own_lo && key < own_hi && in_window(query_pos, key);
+            let valid = key >= own_lo && key < own_hi && in_window(query_pos, key, kvh);
             sj[j] = select(NEG, dots[b] + dots[b + TK] + dots[b + 2u * TK] + dots[b + 3u * TK], valid);
             tile_max = max(tile_max, sj[j]);
         }

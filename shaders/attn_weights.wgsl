@@ -33,8 +33,9 @@
 //   7 matrix storage rw    [n_heads, max_tokens, slots] f32 (materialize only; a
 //                          dummy otherwise)
 //   8 page   uniform Page  the slots kc holds
-//   9 kpos   storage read  [slots] u32  original positions of the cache slots (window only; query
-//                          row t's is its own slot's, start_slot + t)
+//   9 kpos   storage read  [slots, kpos_lists] u32  original positions of the cache slots in
+//                          each keep list (window only; query row t's is its own slot's,
+//                          start_slot + t; KV head h's list: kpos_first + h * kpos_per_kv)
 // With a sliding window (p.window > 0) a slot outside a row's window gets
 // weight 0 from it, as the attention kernels mask it.
 // accumulate and materialize cover one page's slots (gid.x = slot - page.first)
@@ -52,9 +53,9 @@ struct WeightParams {
     n_layers: u32,
     max_tokens: u32,
     window: u32,
-    _p0: u32,
-    _p1: u32,
-    _p2: u32,
+    kpos_lists: u32,
+    kpos_first: u32,
+    kpos_per_kv: u32,
 }
 
 @group(0) @binding(0) var<uniform> step: Step;
@@ -82,14 +83,15 @@ fn first_row(i: u32) -> u32 {
 
 // Weight of query row t, head a on the entry in slot i (within the bound page).
 fn weight(t: u32, a: u32, i: u32) -> f32 {
+    let kvh = a / (p.n_heads / p.n_kv);
     if (p.window > 0u) {
-        let qp = kpos[step.start_slot + t];
-        let kp = kpos[i];
+        let list = p.kpos_first + kvh * p.kpos_per_kv;
+        let qp = kpos[(step.start_slot + t) * p.kpos_lists + list];
+        let kp = kpos[i * p.kpos_lists + list];
         if (max(qp, kp) - min(qp, kp) >= p.window) {
             return 0.0;
         }
     }
-    let kvh = a / (p.n_heads / p.n_kv);
     let kb = (i - page.first) * p.n_kv * p.hd4 + kvh * p.hd4;
     let qb = ((step.row0 + t) * p.n_heads + a) * p.hd4;
     var s = 0.0;

@@ -7,6 +7,13 @@
 // race-free however workgroups are scheduled (an in-place gather is not: a
 // destination row can be another workgroup's unread source).
 //
+// Keep lists: the cache may keep a different set of entries per layer or per
+// (layer, KV head) (`--granularity`). `keep` then holds n_lists lists of
+// n_keep each, back to back; a row is split into sub-rows of `sub_len` words,
+// and sub-row j takes list `list_first + j` (a layer's K row: one sub-row per
+// KV head; the per-list slot positions: one word per list). A row taken
+// whole by one list has sub_len = row_len.
+//
 // A per-slot buffer may be split into pages (src/kernels/paging.rs). One
 // dispatch gathers the kept rows dst_first .. dst_first + dst_len (those that
 // go to one destination page) whose source slot lies in the bound source page
@@ -16,7 +23,8 @@
 // Bindings (group 0):
 //   0 r     uniform Refresh       (n_keep)
 //   1 p     uniform CompactParams
-//   2 keep  storage read  [n_keep] u32  source slot of kept row i (ascending)
+//   2 keep  storage read  [n_lists, n_keep] u32  source slot of kept row i
+//                         (each list ascending)
 //   3 src   storage read  [src_len, row_len] u32  one source page
 //   4 dst   storage rw    [.., row_len] u32  scratch; kept row dst_first + j goes
 //                         to dst_offset + j * row_len
@@ -35,8 +43,9 @@ struct CompactParams {
     dst_len: u32,
     src_first: u32,
     src_len: u32,
-    _p0: u32,
-    _p1: u32,
+    // Words per sub-row, and the list of sub-row 0.
+    sub_len: u32,
+    list_first: u32,
 }
 
 @group(0) @binding(0) var<uniform> r: Refresh;
@@ -53,7 +62,8 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (w >= p.row_len || j >= p.dst_len || i >= r.n_keep) {
         return;
     }
-    let s = keep[i];
+    let list = p.list_first + w / p.sub_len;
+    let s = keep[list * r.n_keep + i];
     if (s < p.src_first || s - p.src_first >= p.src_len) {
         return;
     }

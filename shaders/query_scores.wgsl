@@ -61,7 +61,9 @@
 //   6 kc        storage read  [page.len, n_kv * hd4] KvPacked  one page of the
 //                             layer's key cache (kv prelude)
 //   7 page      uniform Page  the slots kc holds
-//   8 kpos      storage read  [slots] u32  original positions of the cache slots
+//   8 kpos      storage read  [slots, kpos_lists] u32  original positions of the cache
+//                             slots in each keep list (KV head h's: list kpos_first +
+//                             h * kpos_per_kv)
 //   9 work      storage rw    f32: m [n_heads, slots], then the mean rotation
 //                             [n_layers, head_dim] (C_j at j, S_j at half_rot + j),
 //                             then lse [window, n_heads] (max, sum)
@@ -90,6 +92,12 @@ struct QueryParams {
     src_stride4: u32,
     // Half the layer's rotary dimensions (a multiple of 4; 0: no RoPE).
     half_rot: u32,
+    // Where KV head h finds the slot positions (src/kernels/compact.rs,
+    // Granularity): kpos[slot * kpos_lists + kpos_first + h * kpos_per_kv].
+    kpos_lists: u32,
+    kpos_first: u32,
+    kpos_per_kv: u32,
+    _p: u32,
 }
 
 struct Window {
@@ -178,12 +186,12 @@ fn query_position(t: u32) -> u32 {
 // bound page); whether the query sees the entry.
 fn logit(t: u32, a: u32, i: u32) -> vec2<f32> {
     let qp = query_position(t);
-    let kp = kpos[i];
+    let kvh = a / (p.n_heads / p.n_kv);
+    let kp = kpos[i * p.kpos_lists + p.kpos_first + kvh * p.kpos_per_kv];
     if (kp > qp || (p.window > 0u && qp - kp >= p.window)) {
         return vec2<f32>(0.0, 0.0);
     }
     let qb = (p.layer * p.ring + qp % p.ring) * p.n_heads * p.hd4 + a * p.hd4;
-    let kvh = a / (p.n_heads / p.n_kv);
     let kb = (i - page.first) * p.n_kv * p.hd4 + kvh * p.hd4;
     var s = 0.0;
     for (var d = 0u; d < bounded(p.hd4); d++) {

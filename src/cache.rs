@@ -15,6 +15,7 @@ use serde::Serialize;
 
 use crate::engine::{Engine, EngineOptions, Signals, StepOutput};
 use crate::eviction::{Policy, PolicyParams, RefreshContext, Scorer, Slot};
+pub use crate::kernels::compact::Granularity;
 use crate::kernels::sample::SamplingParams;
 
 /// Settings of a bounded cache (`--budget`, `--chunk`, `--sinks`, `--recent`, `--policy`).
@@ -47,6 +48,8 @@ pub struct CacheOptions {
     pub ea_window: usize,
     /// Expected Attention's future positions (kvpress's `n_future_positions`).
     pub ea_future: usize,
+    /// One kept set for the cache, or one per layer or per (layer, KV head).
+    pub granularity: Granularity,
 }
 
 /// The largest LagKV partition: each workgroup ranks a partition in
@@ -70,6 +73,7 @@ impl CacheOptions {
             snapkv_window: 64,
             ea_window: 64,
             ea_future: 512,
+            granularity: Granularity::Token,
         }
     }
 
@@ -135,6 +139,24 @@ impl CacheOptions {
                 );
             }
         }
+        // SnapKV scores the entries older than its window with one range
+        // of slots for every keep list: the window's positions must be
+        // present in each, which they are when the window lies within the
+        // protected recent entries and the chunk since the last refresh.
+        let snap_reach = self.recent.saturating_add(self.chunk);
+        if self.policy == Policy::Snapkv
+            && self.granularity != Granularity::Token
+            && self.snapkv_window > snap_reach
+        {
+            bail_kind!(
+                ErrorKind::InvalidOptions,
+                "cache snapkv_window {} exceeds recent {} + chunk {}: at granularity {} every keep list must hold the window's entries",
+                self.snapkv_window,
+                self.recent,
+                self.chunk,
+                self.granularity.name()
+            );
+        }
         if self.budget <= protected {
             bail_kind!(
                 ErrorKind::InvalidOptions,
@@ -158,6 +180,10 @@ pub struct RefreshRecord {
     pub unprotected: Vec<u32>,
     pub scores: Vec<f64>,
     pub kept: Vec<u32>,
+    /// At layer or head granularity, each keep list's kept positions
+    /// (`present`, `unprotected`, `scores` and `kept` are then list 0's).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kept_lists: Option<Vec<Vec<u32>>>,
 }
 
 /// What `feed` computes for the tokens it processes.
@@ -204,8 +230,14 @@ impl FeedOutput {
 pub struct BoundedCache {
     pub opts: CacheOptions,
     scorer: Option<Box<dyn Scorer>>,
-    /// The entries in the cache, in slot order.
+    /// The entries in the cache, in slot order: those of keep list 0 at
+    /// layer or head granularity.
     pub slots: Vec<Slot>,
+    /// At layer or head granularity, the positions of each keep list's
+    /// entries in slot order (list 0's are `slots`'); empty at token
+    /// granularity. Every list holds as many entries, the newest and the
+    /// sinks in the same slots.
+    pub lists: Vec<Vec<u32>>,
     /// Tokens fed since the last reset, evicted ones included.
     fed: usize,
     /// Every refresh so far (kept only when `record` is on).
@@ -230,6 +262,7 @@ impl BoundedCache {
             opts,
             scorer,
             slots: vec![],
+            lists: vec![],
             fed: 0,
             trace: vec![],
             record: false,
@@ -246,6 +279,7 @@ impl BoundedCache {
             opts,
             scorer: Some(scorer),
             slots: vec![],
+            lists: vec![],
             fed: 0,
             trace: vec![],
             record: false,
@@ -278,6 +312,10 @@ impl BoundedCache {
             max_tokens: max_tokens.min(slots).max(1),
             max_logit_rows,
             max_keep: self.capacity().map(|_| self.opts.budget),
+            granularity: match self.capacity() {
+                Some(_) => self.opts.granularity,
+                None => Granularity::Token,
+            },
             max_position: Some(full_slots),
             signals: Signals {
                 materialize: self.opts.materialize,
@@ -310,6 +348,7 @@ impl BoundedCache {
     pub fn reset(&mut self, engine: &mut Engine) {
         engine.reset();
         self.slots.clear();
+        self.lists.clear();
         self.fed = 0;
         self.trace.clear();
         self.refreshes = 0;
@@ -321,11 +360,14 @@ impl BoundedCache {
         }
     }
 
-    /// Scores, ranks and compacts: the cache goes from C entries to J.
+    /// Scores, ranks and compacts: the cache goes from C entries to J (in
+    /// each keep list).
     pub fn refresh(&mut self, engine: &mut Engine, before_position: u32) -> Result<()> {
         let o = self.opts;
         let n = self.slots.len();
         let recent_from = n.saturating_sub(o.recent);
+        // The same slots in every list: the sinks are never evicted and the
+        // newest entries were appended to all.
         let protected: Vec<usize> = (0..n)
             .filter(|&i| (self.slots[i].position as usize) < o.sinks || i >= recent_from)
             .collect();
@@ -337,36 +379,73 @@ impl BoundedCache {
             unprotected: &unprotected,
         };
         let scorer = self.scorer.as_mut().context("refresh without a scorer")?;
-        let scores = scorer.score(engine, &ctx)?;
-        if scores.len() != unprotected.len() {
-            bail!(
-                "policy {} returned {} scores for {} entries",
-                o.policy.name(),
-                scores.len(),
-                unprotected.len()
-            );
+        let n_lists = engine.keep_lists();
+        // Each list's scores of its unprotected entries: one set for all
+        // (a policy that scores tokens, or token granularity), or each
+        // (layer, KV head)'s own scores, averaged over a layer's heads at
+        // layer granularity.
+        let heads = match o.granularity {
+            Granularity::Token => None,
+            _ => scorer.score_heads(engine, &ctx)?,
+        };
+        let list_scores: Vec<Vec<f64>> = match heads {
+            None => vec![scorer.score(engine, &ctx)?],
+            Some(per_head) => {
+                let cells = per_head.len() / n.max(1);
+                if per_head.len() != cells * n || !cells.is_multiple_of(n_lists) {
+                    bail!(
+                        "policy {} returned {} scores per head for {n} entries and {n_lists} lists",
+                        o.policy.name(),
+                        per_head.len()
+                    );
+                }
+                let per_list = cells / n_lists;
+                (0..n_lists)
+                    .map(|l| {
+                        let rows = &per_head[l * per_list * n..(l + 1) * per_list * n];
+                        (unprotected.iter())
+                            .map(|&i| {
+                                let sum: f64 = (0..per_list).map(|h| rows[h * n + i] as f64).sum();
+                                sum / per_list as f64
+                            })
+                            .collect()
+                    })
+                    .collect()
+            }
+        };
+        for scores in &list_scores {
+            if scores.len() != unprotected.len() {
+                bail!(
+                    "policy {} returned {} scores for {} entries",
+                    o.policy.name(),
+                    scores.len(),
+                    unprotected.len()
+                );
+            }
         }
-        // Rank: score descending, then the later position first (ties keep the later entry).
-        let mut order: Vec<usize> = (0..unprotected.len()).collect();
-        order.sort_by(|&a, &b| {
-            scores[b]
-                .partial_cmp(&scores[a])
-                .unwrap_or(std::cmp::Ordering::Equal)
-                .then(
-                    self.slots[unprotected[b]]
-                        .position
-                        .cmp(&self.slots[unprotected[a]].position),
-                )
-        });
         let n_keep = o
             .budget
             .saturating_sub(protected.len())
             .min(unprotected.len());
-        let mut keep: Vec<usize> = protected.clone();
-        keep.extend(order[..n_keep].iter().map(|&i| unprotected[i]));
-        keep.sort_unstable();
-        let keep_slots: Vec<u32> = keep.iter().map(|&i| i as u32).collect();
-        engine.compact(&keep_slots)?;
+        let list_positions = |l: usize| -> Vec<u32> {
+            match self.lists.get(l) {
+                Some(p) => p.clone(),
+                None => self.slots.iter().map(|s| s.position).collect(),
+            }
+        };
+        // Each list's kept slots (one list's scores serve them all).
+        let keeps: Vec<Vec<usize>> = (0..n_lists)
+            .map(|l| {
+                let scores = &list_scores[l.min(list_scores.len() - 1)];
+                keep_best(&protected, &unprotected, scores, &list_positions(l), n_keep)
+            })
+            .collect();
+        let keep_slots: Vec<Vec<u32>> = (keeps.iter())
+            .map(|k| k.iter().map(|&i| i as u32).collect())
+            .collect();
+        let lists: Vec<&[u32]> = keep_slots.iter().map(|k| k.as_slice()).collect();
+        engine.compact_lists(&lists)?;
+        let keep = &keeps[0];
         if self.record {
             let pos = |v: &[usize]| {
                 v.iter()
@@ -379,9 +458,25 @@ impl BoundedCache {
                 present: pos(&(0..n).collect::<Vec<_>>()),
                 protected: pos(&protected),
                 unprotected: pos(&unprotected),
-                scores,
-                kept: pos(&keep),
+                scores: list_scores[0].clone(),
+                kept: pos(keep),
+                kept_lists: (o.granularity != Granularity::Token).then(|| {
+                    (keeps.iter().enumerate())
+                        .map(|(l, k)| {
+                            let p = list_positions(l);
+                            k.iter().map(|&i| p[i]).collect()
+                        })
+                        .collect()
+                }),
             });
+        }
+        if o.granularity != Granularity::Token {
+            self.lists = (keeps.iter().enumerate())
+                .map(|(l, k)| {
+                    let p = list_positions(l);
+                    k.iter().map(|&i| p[i]).collect()
+                })
+                .collect();
         }
         self.slots = keep.iter().map(|&i| self.slots[i]).collect();
         self.refreshes += 1;
@@ -434,11 +529,7 @@ impl BoundedCache {
             if let FeedOutput::All = out {
                 on_logits(done, &engine.read_logits(n)?)?;
             }
-            self.slots.extend(
-                ids.iter()
-                    .zip(&pos)
-                    .map(|(&token, &position)| Slot { position, token }),
-            );
+            self.append(ids, &pos);
             self.fed += n;
             done += n;
         }
@@ -486,16 +577,24 @@ impl BoundedCache {
         tokens: &[u32],
         positions: &[u32],
     ) -> Result<()> {
+        self.append(tokens, positions);
+        self.fed += tokens.len();
+        match self.scorer.as_mut() {
+            Some(scorer) => scorer.observe(engine, positions),
+            None => Ok(()),
+        }
+    }
+
+    /// The entries of a step join every keep list.
+    fn append(&mut self, tokens: &[u32], positions: &[u32]) {
         self.slots.extend(
             tokens
                 .iter()
                 .zip(positions)
                 .map(|(&token, &position)| Slot { position, token }),
         );
-        self.fed += tokens.len();
-        match self.scorer.as_mut() {
-            Some(scorer) => scorer.observe(engine, positions),
-            None => Ok(()),
+        for list in &mut self.lists {
+            list.extend_from_slice(positions);
         }
     }
 
@@ -510,6 +609,29 @@ impl BoundedCache {
     pub fn write_trace(&self, path: &std::path::Path) -> Result<()> {
         crate::files::write_atomic(path, serde_json::to_string(&self.trace)?.as_bytes())
     }
+}
+
+/// The kept entries (indices, ascending) of one keep list: the protected
+/// ones and the `n_keep` best unprotected, ranked by score descending, then
+/// the later position first (ties keep the later entry).
+fn keep_best(
+    protected: &[usize],
+    unprotected: &[usize],
+    scores: &[f64],
+    positions: &[u32],
+    n_keep: usize,
+) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..unprotected.len()).collect();
+    order.sort_by(|&a, &b| {
+        scores[b]
+            .partial_cmp(&scores[a])
+            .unwrap_or(std::cmp::Ordering::Equal)
+            .then(positions[unprotected[b]].cmp(&positions[unprotected[a]]))
+    });
+    let mut keep: Vec<usize> = protected.to_vec();
+    keep.extend(order[..n_keep].iter().map(|&i| unprotected[i]));
+    keep.sort_unstable();
+    keep
 }
 
 #[cfg(test)]

@@ -15,7 +15,7 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use std::path::PathBuf;
 
-use sieve::cache::CacheOptions;
+use sieve::cache::{CacheOptions, Granularity};
 use sieve::device::KernelSet;
 use sieve::eviction::Policy;
 use sieve::formats::WeightFormat;
@@ -153,6 +153,12 @@ pub struct CacheArgs {
     /// averaged over (kvpress's n_future_positions).
     #[arg(long, default_value_t = 512)]
     pub ea_future: usize,
+    /// Which entries the cache keeps: token (one set for every layer and
+    /// head, SPEC.md), layer (a set per layer) or head (a set per layer
+    /// and KV head, as kvpress keeps). Policies that score tokens keep the
+    /// same set in each.
+    #[arg(long, default_value = "token")]
+    pub granularity: String,
     /// H2O/TOVA: build each layer's full attention weight matrix the way eager
     /// attention does (same result, quadratic memory; to reproduce the memory wall).
     #[arg(long)]
@@ -197,10 +203,11 @@ impl CacheArgs {
             snapkv_window: self.snapkv_window,
             ea_window: self.ea_window,
             ea_future: self.ea_future,
+            granularity: Granularity::parse(&self.granularity).context("--granularity")?,
         };
         // The library names the options; the command line adds its flags.
         opts.validate()
-            .context("in --budget, --chunk, --sinks, --recent, --lag-size, --snapkv-window, --ea-window or --ea-future")?;
+            .context("in --budget, --chunk, --sinks, --recent, --lag-size, --snapkv-window, --ea-window, --ea-future or --granularity")?;
         Ok(Some(opts))
     }
 }

@@ -119,9 +119,11 @@ impl Activations {
 pub struct KvCache {
     pub(super) k: Vec<SlotPages>,
     pub(super) v: Vec<SlotPages>,
-    /// `[slots]` u32: the original position of the entry in each slot, one
-    /// for all layers (sliding windows mask by it; compaction moves it with
-    /// the keys and values).
+    /// `[slots, lists]` u32: the original position of the entry in each
+    /// slot of each keep list (one list for all layers and heads at token
+    /// granularity; `Granularity`): sliding windows and causal masks of
+    /// the query scores read it; compaction moves it with the keys and
+    /// values.
     pub(super) positions: wgpu::Buffer,
 }
 
@@ -137,7 +139,7 @@ impl KvCache {
     /// device cannot allocate are an error naming their size.
     pub fn new(model: &Model, slots: usize, page_slots: Option<usize>) -> Result<KvCache> {
         let gpu = &model.gpu;
-        let (cache, err) = gpu.catch_errors(|| Self::allocate(gpu, model, slots, page_slots));
+        let (cache, err) = gpu.catch_errors(|| Self::allocate(gpu, model, slots, page_slots, 1));
         let cache = cache?;
         if let Some(err) = err {
             crate::error::bail_kind!(
@@ -154,13 +156,13 @@ impl KvCache {
         model: &Model,
         slots: usize,
         page_slots: Option<usize>,
+        lists: usize,
     ) -> Result<KvCache> {
         let kv_row = model.heads().kv_row_bytes();
-        gpu.check_binding("slot positions (slots x 4 bytes)", slots as u64 * 4)?;
         let mut cache = KvCache {
             k: vec![],
             v: vec![],
-            positions: gpu.storage("slot positions", slots as u64 * 4),
+            positions: Self::positions(gpu, slots, lists)?,
         };
         for l in 0..model.config.num_layers {
             for (pages, what) in [(&mut cache.k, "key"), (&mut cache.v, "value")] {
@@ -192,15 +194,26 @@ impl KvCache {
             + self.positions.size()
     }
 
+    /// The slot positions of `slots` slots in `lists` keep lists.
+    fn positions(gpu: &Runtime, slots: usize, lists: usize) -> Result<wgpu::Buffer> {
+        let bytes = (slots as u64 * 4).saturating_mul(lists as u64);
+        gpu.check_binding("slot positions (slots x keep lists x 4 bytes)", bytes)?;
+        Ok(gpu.storage("slot positions", bytes))
+    }
+
     /// The cache of an engine with `opts`: the lent one's first
-    /// `max_slots` slots, or its own (whose bytes count in `bytes`).
+    /// `max_slots` slots, or its own (whose bytes count in `bytes`). A lent
+    /// cache holds one keep list's positions; an engine keeping several
+    /// (`EngineOptions::granularity`) allocates its own positions.
     pub(super) fn for_engine(
         model: &Model,
         opts: &EngineOptions,
         bytes: &mut u64,
     ) -> Result<KvCache> {
+        let c = &model.config;
+        let lists = opts.granularity.lists(c.num_layers, model.heads().n_kv);
         let Some(lent) = &opts.kv_cache else {
-            let own = Self::allocate(&model.gpu, model, opts.max_slots, opts.kv_page_slots)?;
+            let own = Self::allocate(&model.gpu, model, opts.max_slots, opts.kv_page_slots, lists)?;
             *bytes += own.bytes();
             return Ok(own);
         };
@@ -219,10 +232,18 @@ impl KvCache {
                 .map(|p| p.first(&model.gpu, opts.max_slots))
                 .collect()
         };
+        let positions = match lists {
+            1 => lent.positions.clone(),
+            _ => {
+                let own = Self::positions(&model.gpu, opts.max_slots, lists)?;
+                *bytes += own.size();
+                own
+            }
+        };
         Ok(KvCache {
             k: first(&lent.k)?,
             v: first(&lent.v)?,
-            positions: lent.positions.clone(),
+            positions,
         })
     }
 }

@@ -28,7 +28,7 @@ use signals::SignalKernels;
 
 use crate::family::Activation;
 use crate::kernels::attention::{Attention, AttnLayer, Window};
-use crate::kernels::compact::Compactor;
+use crate::kernels::compact::{Compactor, Granularity, RowLists};
 use crate::kernels::embed::Embed;
 use crate::kernels::head_norm::HeadNorm;
 use crate::kernels::matmul::{Matmul, MatmulOptions};
@@ -54,6 +54,9 @@ pub struct EngineOptions {
     /// Most entries a compaction keeps (the KV budget J); None when the cache
     /// never evicts (no compaction scratch is allocated).
     pub max_keep: Option<usize>,
+    /// Which entries a compaction keeps: one set, or one per layer or per
+    /// (layer, KV head) (`Engine::compact_lists`).
+    pub granularity: Granularity,
     /// What the eviction policy needs computed besides the forward pass.
     pub signals: Signals,
     /// At most this many slots per page of a layer's key or value cache (a
@@ -338,16 +341,31 @@ impl Engine {
         let compactor = match opts.max_keep {
             Some(keep) => {
                 // Per-slot data of the policy moves with the cache.
-                let mut singles = signals.compacted_with_cache(&gpu, opts.max_slots, h);
-                singles.push(SlotPages::single(
+                // (at any granularity the policies that keep such data
+                // keep one set: every list is the same).
+                let singles = signals.compacted_with_cache(&gpu, opts.max_slots, h);
+                let (layers, n_kv) = (model.config.num_layers, model.heads().n_kv);
+                let lists = opts.granularity.lists(layers, n_kv);
+                let positions = SlotPages::single(
                     &gpu,
                     slot_positions.clone(),
                     opts.max_slots,
-                    4,
-                ));
-                let targets: Vec<&SlotPages> =
-                    k_cache.iter().chain(&v_cache).chain(&singles).collect();
-                let compactor = Compactor::new(&gpu, &targets, keep)?;
+                    4 * lists as u64,
+                );
+                let kv = |l: usize| opts.granularity.kv_rows(l, n_kv);
+                let targets: Vec<(&SlotPages, RowLists)> = (k_cache.iter().enumerate())
+                    .chain(v_cache.iter().enumerate())
+                    .map(|(l, pages)| (pages, kv(l)))
+                    .chain(singles.iter().map(|s| (s, RowLists::whole(0))))
+                    .chain([(
+                        &positions,
+                        RowLists {
+                            first: 0,
+                            per_row: lists,
+                        },
+                    )])
+                    .collect();
+                let compactor = Compactor::new(&gpu, &targets, keep, lists)?;
                 bytes += compactor.scratch_bytes();
                 Some(compactor)
             }
@@ -573,15 +591,23 @@ impl Engine {
     }
 
     /// Records the original positions of a step's tokens for the slots
-    /// they go to (from `n_cached` on), which sliding windows mask by.
+    /// they go to (from `n_cached` on), in every keep list, which sliding
+    /// windows mask by.
     fn write_slot_positions(&self, positions: &[u32]) {
-        let offset = self.n_cached as u64 * 4;
+        let lists = self.keep_lists();
+        let offset = (self.n_cached * lists) as u64 * 4;
+        let rows: Vec<u32> = (positions.iter())
+            .flat_map(|&p| std::iter::repeat_n(p, lists))
+            .collect();
         let gpu = &self.model.gpu;
-        gpu.write(
-            &self.slot_positions,
-            offset,
-            bytemuck::cast_slice(positions),
-        );
+        gpu.write(&self.slot_positions, offset, bytemuck::cast_slice(&rows));
+    }
+
+    /// Keep lists of a compaction: 1, the layers, or the layers times the
+    /// KV heads (`EngineOptions::granularity`).
+    pub fn keep_lists(&self) -> usize {
+        let c = &self.model.config;
+        (self.opts.granularity).lists(c.num_layers, self.model.heads().n_kv)
     }
 
     /// The step's token count, after checking the step against the
@@ -836,21 +862,31 @@ impl Engine {
     }
 
     /// Keeps the cache slots listed in `keep` (ascending), moved to slots
-    /// 0..keep.len() of every layer's K and V, on the GPU.
+    /// 0..keep.len() of every layer's K and V, on the GPU: every keep list
+    /// the same.
     pub fn compact(&mut self, keep: &[u32]) -> Result<()> {
+        let lists = vec![keep; self.keep_lists()];
+        self.compact_lists(&lists)
+    }
+
+    /// Keeps the cache slots of each keep list (`keep_lists()` of them:
+    /// layer l's KV head h takes list `Granularity::list_of(l, h)`), each
+    /// ascending and all of one length, moved to slots 0..len.
+    pub fn compact_lists(&mut self, lists: &[&[u32]]) -> Result<()> {
         let c = self
             .compactor
             .as_ref()
             .context("this engine was built without a KV budget (EngineOptions::max_keep)")?;
-        if keep.last().is_some_and(|&k| k as usize >= self.n_cached) {
-            bail!(
-                "keep list names slot {} of {} cached",
-                keep.last().unwrap(),
-                self.n_cached
-            );
+        let n = self.n_cached;
+        if let Some(k) = lists
+            .iter()
+            .filter_map(|l| l.last())
+            .find(|&&k| k as usize >= n)
+        {
+            bail!("keep list names slot {k} of {n} cached");
         }
-        c.compact(&self.model.gpu, keep)?;
-        self.n_cached = keep.len();
+        c.compact(&self.model.gpu, lists)?;
+        self.n_cached = lists.first().map_or(0, |l| l.len());
         Ok(())
     }
 
@@ -957,7 +993,7 @@ impl LayerKernels {
                 &a.attn_out,
                 &a.lse,
                 &a.qslot,
-                attn_layer(spec, slot_positions),
+                attn_layer(model, opts, layer, slot_positions),
             )?,
             o: Matmul::new(
                 gpu,
@@ -1005,19 +1041,26 @@ impl LayerKernels {
     }
 }
 
-/// What the attention kernels (and the attention weights of H2O and TOVA)
-/// of a layer with `spec` compute beyond plain causal attention: its score
-/// scale, and its window over the cache's slot positions.
+/// What the attention kernels (and the attention weights of H2O and TOVA,
+/// and the query scores) of layer `l` compute beyond plain causal
+/// attention: its score scale, and its window over the cache's slot
+/// positions (each KV head's in its keep list).
 fn attn_layer<'a>(
-    spec: &crate::family::LayerSpec,
+    model: &Model,
+    opts: &EngineOptions,
+    l: usize,
     slot_positions: &'a wgpu::Buffer,
 ) -> AttnLayer<'a> {
+    let c = &model.config;
+    let spec = &c.layers[l];
+    let positions = (opts.granularity).positions_of(l, c.num_layers, model.heads().n_kv);
     AttnLayer {
         scale: spec.attn_scale,
         window: spec.window.map(|size| Window {
             // A window past u32 range hides nothing the kernels index.
             size: size.min(u32::MAX as usize) as u32,
             slot_positions,
+            positions,
         }),
     }
 }

@@ -223,7 +223,7 @@ impl SignalKernels {
                     &slot_scores,
                     max_tokens,
                     matrix.as_ref(),
-                    super::attn_layer(&c.layers[l], slot_positions),
+                    super::attn_layer(model, opts, l, slot_positions),
                 )?);
             }
         }
@@ -250,9 +250,10 @@ impl SignalKernels {
                     k_cache,
                     v_cache,
                     slot_positions,
-                    layers: (c.layers.iter())
-                        .map(|spec| {
-                            let layer = super::attn_layer(spec, slot_positions);
+                    granularity: opts.granularity,
+                    layers: (c.layers.iter().enumerate())
+                        .map(|(l, spec)| {
+                            let layer = super::attn_layer(model, opts, l, slot_positions);
                             (layer, spec.rope.rotary_dim)
                         })
                         .collect(),

@@ -322,6 +322,7 @@ mod tests {
                 unprotected: vec![1, 2, 3],
                 scores: vec![0.1, 0.9, 0.5],
                 kept: vec![0, 2, 3, 4],
+                kept_lists: None,
             },
             RefreshRecord {
                 refresh: 1,
@@ -331,6 +332,7 @@ mod tests {
                 unprotected: vec![2, 3, 4],
                 scores: vec![0.2, 0.8, 0.7],
                 kept: vec![0, 3, 4, 5],
+                kept_lists: None,
             },
         ];
         let f = fates(7, &trace);
@@ -387,6 +389,7 @@ mod tests {
             unprotected: vec![1, 2, 3, 4],
             scores: vec![0.0, 1.0, 0.0, 1.0],
             kept: vec![0, 2, 4, 5],
+            kept_lists: None,
         }];
         let d = diagnose(&trace, &future, 2).unwrap();
         // The oracle keeps 1 (0.4) and 3 (0.3): no overlap; the policy evicts

@@ -2,8 +2,9 @@
 //! LagKVPress, scores from the cached keys (and values) alone
 //! (docs/POLICIES.md). Each (layer, KV head) scores every present entry on
 //! the GPU at the refresh
-//! (`shaders/key_scores.wgsl`); the cache's one kept set takes the mean
-//! over layers and KV heads.
+//! (`shaders/key_scores.wgsl`); at token granularity the cache's one kept
+//! set takes the mean over layers and KV heads, at layer granularity each
+//! layer's mean, at head granularity each head's own.
 
 use anyhow::Result;
 
@@ -31,5 +32,14 @@ impl Scorer for KeyScorer {
             );
         }
         Ok(ctx.unprotected.iter().map(|&i| scores[i] as f64).collect())
+    }
+
+    fn score_heads(
+        &mut self,
+        engine: &mut Engine,
+        ctx: &RefreshContext,
+    ) -> Result<Option<Vec<f32>>> {
+        self.score(engine, ctx)?;
+        Ok(Some(engine.read_key_scores_per_head(ctx.present.len())?))
     }
 }

@@ -79,6 +79,17 @@ pub trait Scorer: Send {
     }
     /// One score per entry of `ctx.unprotected`, higher = keep.
     fn score(&mut self, engine: &mut Engine, ctx: &RefreshContext) -> Result<Vec<f64>>;
+    /// For a policy that scores each (layer, KV head) on its own (kvpress's
+    /// presses), at layer or head granularity: every present slot's score
+    /// in each head's keep list, `[layers, KV heads, present]`. None: the
+    /// policy scores tokens, and `score` serves every keep list.
+    fn score_heads(
+        &mut self,
+        _engine: &mut Engine,
+        _ctx: &RefreshContext,
+    ) -> Result<Option<Vec<f32>>> {
+        Ok(None)
+    }
 }
 
 /// The policies of SPEC.md section 4, then variants of them (defined in

@@ -29,6 +29,32 @@ impl Scorer for QueryScorer {
     }
 
     fn score(&mut self, engine: &mut Engine, ctx: &RefreshContext) -> Result<Vec<f64>> {
+        let Some(w) = self.window(ctx) else {
+            return Ok(vec![0.0; ctx.unprotected.len()]);
+        };
+        let scores = engine.query_scores(w)?;
+        Ok(ctx.unprotected.iter().map(|&i| scores[i] as f64).collect())
+    }
+
+    fn score_heads(
+        &mut self,
+        engine: &mut Engine,
+        ctx: &RefreshContext,
+    ) -> Result<Option<Vec<f32>>> {
+        let n = ctx.present.len();
+        let Some(w) = self.window(ctx) else {
+            let cells = engine.model.config.num_layers * engine.model.heads().n_kv;
+            return Ok(Some(vec![0.0; cells * n]));
+        };
+        engine.query_scores(w)?;
+        Ok(Some(engine.read_query_scores_per_head(n)?))
+    }
+}
+
+impl QueryScorer {
+    /// The refresh's window of queries and scored slots; None before any
+    /// query the window may take.
+    fn window(&self, ctx: &RefreshContext) -> Option<QueryWindow> {
         // The window: the newest queries, all of them fed through this
         // engine (positions 0 .. before_position); Expected Attention's
         // leave out the sinks' positions.
@@ -39,7 +65,7 @@ impl Scorer for QueryScorer {
         };
         let queries = (self.policy.window() as u32).min(before - oldest);
         if queries == 0 {
-            return Ok(vec![0.0; ctx.unprotected.len()]);
+            return None;
         }
         let below = |p: u32| ctx.present.iter().take_while(|s| s.position < p).count() as u32;
         let n = ctx.present.len() as u32;
@@ -49,15 +75,13 @@ impl Scorer for QueryScorer {
             // The entries after the sinks.
             QueryPolicy::ExpectedAttention(_) => (below(self.sinks), n),
         };
-        let w = QueryWindow {
+        Some(QueryWindow {
             n,
             first,
             end,
             queries,
             last_pos: before - 1,
             _p: [0; 3],
-        };
-        let scores = engine.query_scores(w)?;
-        Ok(ctx.unprotected.iter().map(|&i| scores[i] as f64).collect())
+        })
     }
 }

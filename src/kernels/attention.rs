@@ -11,6 +11,7 @@ use anyhow::Result;
 use bytemuck::{Pod, Zeroable};
 use std::sync::Arc;
 
+use super::compact::SlotPositions;
 use super::paging::SlotPages;
 use super::rope_kv::Heads;
 use super::runtime::Runtime;
@@ -36,18 +37,23 @@ struct Params {
     hd4: u32,
     scale: f32,
     window: u32,
-    _p: [u32; 3],
+    kpos_lists: u32,
+    kpos_first: u32,
+    kpos_per_kv: u32,
 }
 
 impl Params {
     fn of(heads: Heads, layer: &AttnLayer) -> Self {
+        let positions = layer.window.map(|w| w.positions).unwrap_or_default();
         Params {
             n_heads: heads.n_heads as u32,
             n_kv: heads.n_kv as u32,
             hd4: (heads.head_dim / 4) as u32,
             scale: layer.scale(heads),
             window: layer.window.as_ref().map_or(0, |w| w.size),
-            _p: [0; 3],
+            kpos_lists: positions.lists,
+            kpos_first: positions.first,
+            kpos_per_kv: positions.per_kv,
         }
     }
 }
@@ -55,7 +61,7 @@ impl Params {
 /// How `Params` mirrors `AttnParams` (checked against naga in tests/shaders.rs).
 pub(crate) fn uniform_layout() -> super::UniformLayout {
     super::uniform_layout!(Params as "AttnParams" in [shaders::ATTENTION, shaders::ATTENTION_WIDE, shaders::ATTENTION_DECODE, shaders::ATTENTION_DECODE_LANES, shaders::ATTENTION_DECODE_WIDE, shaders::ATTENTION_DECODE_LANES_WIDE, shaders::ATTENTION_DECODE_SPLIT, shaders::ATTENTION_DECODE_SPLIT_WIDE, shaders::ATTENTION_PREFILL, shaders::ATTENTION_PREFILL_WIDE, shaders::ATTENTION_PREFILL_COOP] {
-        n_heads, n_kv, hd4, scale, window, _p
+        n_heads, n_kv, hd4, scale, window, kpos_lists, kpos_first, kpos_per_kv
     })
 }
 
@@ -73,8 +79,11 @@ pub struct AttnLayer<'a> {
 #[derive(Clone, Copy)]
 pub struct Window<'a> {
     pub size: u32,
-    /// `[slots]` u32: the original position of the entry in each cache slot.
+    /// `[slots, lists]` u32: the original position of the entry in each
+    /// cache slot of each keep list.
     pub slot_positions: &'a wgpu::Buffer,
+    /// Where this layer's KV heads find theirs.
+    pub positions: SlotPositions,
 }
 
 impl AttnLayer<'_> {
@@ -953,16 +962,16 @@ fn reference_over(
     v: &[f32],
     h: Heads,
     scale: f64,
-    keys_of: impl Fn(usize) -> Vec<usize>,
+    keys_of: impl Fn(usize, usize) -> Vec<usize>,
 ) -> (Vec<f32>, Vec<f32>) {
     let hd = h.head_dim;
     let n = q.len() / (h.n_heads * hd);
     let mut out = vec![0.0f32; q.len()];
     let mut lse = vec![0.0f32; n * h.n_heads];
     for t in 0..n {
-        let keys = keys_of(t);
         for head in 0..h.n_heads {
             let kvh = head / (h.n_heads / h.n_kv);
+            let keys = keys_of(t, kvh);
             let (w, l) = reference_softmax(q, k, h, t, head, &keys, scale);
             for d in 0..hd {
                 let acc: f64 = keys
@@ -988,22 +997,30 @@ pub fn reference(
     start_slot: usize,
 ) -> (Vec<f32>, Vec<f32>) {
     let scale = 1.0 / (h.head_dim as f64).sqrt();
-    reference_over(q, k, v, h, scale, |t| (0..=start_slot + t).collect())
+    reference_over(q, k, v, h, scale, |t, _| (0..=start_slot + t).collect())
 }
 
 /// A layer's scale and window for the references: query row t sits at
-/// position `query_pos[t]`, the entry of slot s at `slot_pos[s]`.
+/// position `query_pos[t]`, the entry of slot s of KV head h at
+/// `slot_pos[s * lists + first + h * per_kv]` (`positions`).
 pub struct ReferenceMask<'a> {
     pub scale: f64,
     pub window: usize,
     pub query_pos: &'a [u32],
     pub slot_pos: &'a [u32],
+    pub positions: SlotPositions,
 }
 
 impl ReferenceMask<'_> {
-    /// Whether row t's query sees slot s.
-    pub fn sees(&self, query_pos: u32, s: usize) -> bool {
-        query_pos.abs_diff(self.slot_pos[s]) < self.window as u32
+    /// The position of slot s's entry for KV head kvh.
+    pub fn pos(&self, s: usize, kvh: usize) -> u32 {
+        let p = self.positions;
+        self.slot_pos[s * p.lists as usize + (p.first + kvh as u32 * p.per_kv) as usize]
+    }
+
+    /// Whether a query at `query_pos` sees slot s of KV head kvh.
+    pub fn sees(&self, query_pos: u32, s: usize, kvh: usize) -> bool {
+        query_pos.abs_diff(self.pos(s, kvh)) < self.window as u32
     }
 }
 
@@ -1016,9 +1033,9 @@ pub fn reference_masked(
     start_slot: usize,
     mask: &ReferenceMask,
 ) -> (Vec<f32>, Vec<f32>) {
-    reference_over(q, k, v, h, mask.scale, |t| {
+    reference_over(q, k, v, h, mask.scale, |t, kvh| {
         (0..=start_slot + t)
-            .filter(|&s| mask.sees(mask.query_pos[t], s))
+            .filter(|&s| mask.sees(mask.query_pos[t], s, kvh))
             .collect()
     })
 }
@@ -1034,14 +1051,14 @@ pub fn anticausal_reference(
     n_present: usize,
 ) -> Vec<f32> {
     let scale = 1.0 / (h.head_dim as f64).sqrt();
-    reference_over(q, k, v, h, scale, |t| {
+    reference_over(q, k, v, h, scale, |t, _| {
         (qslot[t] as usize + 1..n_present).collect()
     })
     .0
 }
 
 /// [`anticausal_reference`] with a scale of its own and a sliding window
-/// (a query's position is its own slot's).
+/// (a query's position is its own slot's, in its KV head's keep list).
 pub fn anticausal_reference_masked(
     q: &[f32],
     k: &[f32],
@@ -1051,10 +1068,10 @@ pub fn anticausal_reference_masked(
     n_present: usize,
     mask: &ReferenceMask,
 ) -> Vec<f32> {
-    reference_over(q, k, v, h, mask.scale, |t| {
-        let own = mask.slot_pos[qslot[t] as usize];
+    reference_over(q, k, v, h, mask.scale, |t, kvh| {
+        let own = mask.pos(qslot[t] as usize, kvh);
         (qslot[t] as usize + 1..n_present)
-            .filter(|&s| mask.sees(own, s))
+            .filter(|&s| mask.sees(own, s, kvh))
             .collect()
     })
     .0
@@ -1795,7 +1812,9 @@ pub(crate) mod tests {
     /// sets' on the decode cases). Slot positions have gaps (as after
     /// evictions), so the window is by position, not by slot; the decode
     /// step's first chunk lies wholly outside its window (a chunk with no
-    /// key seen).
+    /// key seen). Each KV head reads its own keep list's positions (the
+    /// cache kept per head: `Granularity::Head`), which differ between
+    /// heads for the cached slots; list 0 belongs to no head.
     #[cfg_attr(test, test)]
     fn windows_scales_and_wide_heads_match_reference() {
         let mut devices = decode_devices();
@@ -1826,8 +1845,20 @@ pub(crate) mod tests {
         for (gpu, (nh, nkv, hd, window, n, start, format)) in runs {
             let h = Heads::new(nh, nkv, hd, format);
             let slots = start + n;
-            let slot_pos: Vec<u32> = (0..slots as u32).map(|s| 2 * s + 5).collect();
-            let query_pos = &slot_pos[start..];
+            let positions = SlotPositions {
+                lists: nkv as u32 + 1,
+                first: 1,
+                per_kv: 1,
+            };
+            let slot_pos: Vec<u32> = (0..slots as u32)
+                .flat_map(|s| {
+                    (0..positions.lists).map(move |list| match s < start as u32 {
+                        true => 2 * s + 5 + (s + list) % 2,
+                        false => 2 * s + 6,
+                    })
+                })
+                .collect();
+            let query_pos: Vec<u32> = (start as u32..slots as u32).map(|s| 2 * s + 6).collect();
             let q = rand_vec(n * nh * hd, 11 + n as u64, 1.0);
             let k = rand_vec(slots * nkv * hd, 12, 2.0);
             let v = rand_vec(slots * nkv * hd, 13, 1.0);
@@ -1856,6 +1887,7 @@ pub(crate) mod tests {
                 window: Some(Window {
                     size: window as u32,
                     slot_positions: &kpos,
+                    positions,
                 }),
             };
             let a = Attention::new(
@@ -1865,8 +1897,9 @@ pub(crate) mod tests {
             let mask = ReferenceMask {
                 scale: scale as f64,
                 window,
-                query_pos,
+                query_pos: &query_pos,
                 slot_pos: &slot_pos,
+                positions,
             };
             let what = format!(
                 "{:?} decode, {:?} prefill: {nh}/{nkv} heads of {hd}, window {window}, {n} from {start}",
@@ -1885,16 +1918,16 @@ pub(crate) mod tests {
             });
             let got: Vec<f32> = gpu.read(&ob, 0, n * nh * hd).unwrap();
             let want = anticausal_reference_masked(&q, &k, &v, h, &qslot, slots, &mask);
-            let seen: Vec<bool> = (0..n)
-                .map(|t| {
-                    let own = slot_pos[qslot[t] as usize];
-                    (qslot[t] as usize + 1..slots).any(|s| mask.sees(own, s))
-                })
-                .collect();
-            for t in (0..n).filter(|&t| seen[t]) {
-                let row = t * nh * hd..(t + 1) * nh * hd;
+            // Rows of heads that see no key are left unchecked.
+            let group = nh / nkv;
+            for (t, a) in (0..n).flat_map(|t| (0..nh).map(move |a| (t, a))) {
+                let own = mask.pos(qslot[t] as usize, a / group);
+                if !(qslot[t] as usize + 1..slots).any(|s| mask.sees(own, s, a / group)) {
+                    continue;
+                }
+                let row = (t * nh + a) * hd..(t * nh + a + 1) * hd;
                 let err = max_abs_diff(&got[row.clone()], &want[row]);
-                assert!(err < 2e-5, "{what}: counter-causal row {t}: {err}");
+                assert!(err < 2e-5, "{what}: counter-causal row {t} head {a}: {err}");
             }
         }
     }

@@ -34,13 +34,15 @@ struct Params {
     n_layers: u32,
     max_tokens: u32,
     window: u32,
-    _p: [u32; 3],
+    kpos_lists: u32,
+    kpos_first: u32,
+    kpos_per_kv: u32,
 }
 
 /// How `Params` mirrors `WeightParams` (checked against naga in tests/shaders.rs).
 pub(crate) fn uniform_layout() -> super::UniformLayout {
     super::uniform_layout!(Params as "WeightParams" in [shaders::ATTN_WEIGHTS] {
-        n_heads, n_kv, hd4, scale, mode, slots, n_layers, max_tokens, window, _p
+        n_heads, n_kv, hd4, scale, mode, slots, n_layers, max_tokens, window, kpos_lists, kpos_first, kpos_per_kv
     })
 }
 
@@ -83,6 +85,7 @@ impl AttnWeights {
         let kv = Some(heads.kv_format.into());
         let accumulate = gpu.pipeline(&shaders::ATTN_WEIGHTS, kv, "accumulate", &[])?;
         let reduce = gpu.pipeline(&shaders::ATTN_WEIGHTS, kv, "reduce", &[])?;
+        let positions = layer.window.map(|w| w.positions).unwrap_or_default();
         let params = gpu.uniform(
             "attn-weights-params",
             &Params {
@@ -95,7 +98,9 @@ impl AttnWeights {
                 n_layers: n_layers as u32,
                 max_tokens: max_tokens as u32,
                 window: layer.window.as_ref().map_or(0, |w| w.size),
-                _p: [0; 3],
+                kpos_lists: positions.lists,
+                kpos_first: positions.first,
+                kpos_per_kv: positions.per_kv,
             },
         );
         // Without a window the position bindings are never read: any buffer.
@@ -180,11 +185,12 @@ pub fn reference(
         WeightMode::LastRow => vec![n - 1],
     };
     for t in rows {
-        let keys: Vec<usize> = (0..=start_slot + t)
-            .filter(|&s| mask.is_none_or(|m| m.sees(m.query_pos[t], s)))
-            .collect();
         let scale = mask.map_or(1.0 / (h.head_dim as f64).sqrt(), |m| m.scale);
         for a in 0..h.n_heads {
+            let kvh = a / (h.n_heads / h.n_kv);
+            let keys: Vec<usize> = (0..=start_slot + t)
+                .filter(|&s| mask.is_none_or(|m| m.sees(m.query_pos[t], s, kvh)))
+                .collect();
             let (w, _) = super::attention::reference_softmax(q, k, h, t, a, &keys, scale);
             for (&s, p) in keys.iter().zip(w) {
                 out[s] += p;
@@ -241,6 +247,7 @@ pub(crate) mod tests {
                     window: Some(Window {
                         size: w as u32,
                         slot_positions: &kpos,
+                        positions: Default::default(),
                     }),
                 },
             };
@@ -249,6 +256,7 @@ pub(crate) mod tests {
                 window,
                 query_pos: &slot_pos[start..],
                 slot_pos: &slot_pos,
+                positions: Default::default(),
             };
             let q = rand_vec(n * nh * hd, 5, 1.0);
             let k = rand_vec(slots * nkv * hd, 6, 2.0);

@@ -13,6 +13,7 @@ use bytemuck::{Pod, Zeroable};
 use std::sync::Arc;
 
 use super::attention::AttnLayer;
+use super::compact::Granularity;
 use super::paging::SlotPages;
 use super::rope_kv::Heads;
 use super::{ceil_div, dispatch};
@@ -34,13 +35,17 @@ struct Params {
     kernel: u32,
     src_stride4: u32,
     half_rot: u32,
+    kpos_lists: u32,
+    kpos_first: u32,
+    kpos_per_kv: u32,
+    _p: u32,
 }
 
 /// How `Params` mirrors `QueryParams` (checked against naga in tests/shaders.rs).
 pub(crate) fn uniform_layout() -> super::UniformLayout {
     super::uniform_layout!(Params as "QueryParams" in [shaders::QUERY_SCORES] {
         n_heads, n_kv, hd4, slots, layer, n_layers, ring, scale, window, kernel,
-        src_stride4, half_rot
+        src_stride4, half_rot, kpos_lists, kpos_first, kpos_per_kv, _p
     })
 }
 
@@ -147,8 +152,11 @@ pub struct QuerySources<'a> {
     /// Each layer's key and value cache, paged alike.
     pub k_cache: &'a [SlotPages],
     pub v_cache: &'a [SlotPages],
-    /// `[slots]` u32: the original position of each cache slot.
+    /// `[slots, lists]` u32: the original position of each cache slot in
+    /// each keep list.
     pub slot_positions: &'a wgpu::Buffer,
+    /// Which entries the cache keeps (the keep lists).
+    pub granularity: Granularity,
     /// Each layer's attention scale and sliding window, and its rotary
     /// dimensions.
     pub layers: Vec<(AttnLayer<'a>, usize)>,
@@ -275,6 +283,7 @@ impl QueryScores {
             .zip(&src.layers)
             .enumerate())
         .map(|(l, ((pages, values), (layer, rotary)))| {
+            let positions = src.granularity.positions_of(l, n_layers, heads.n_kv);
             let params = gpu.uniform(
                 "query-scores-params",
                 &Params {
@@ -293,6 +302,10 @@ impl QueryScores {
                     },
                     src_stride4: (src_stride * heads.head_dim / 4) as u32,
                     half_rot: (rotary / 2) as u32,
+                    kpos_lists: positions.lists,
+                    kpos_first: positions.first,
+                    kpos_per_kv: positions.per_kv,
+                    _p: 0,
                 },
             );
             (0..pages.n_pages())
@@ -734,6 +747,7 @@ pub(crate) mod tests {
                 let window = c.layer_window.map(|size| Window {
                     size,
                     slot_positions: &slot_positions,
+                    positions: Default::default(),
                 });
                 (
                     AttnLayer {
@@ -752,6 +766,7 @@ pub(crate) mod tests {
             k_cache: &k_caches,
             v_cache: &v_caches,
             slot_positions: &slot_positions,
+            granularity: Granularity::Token,
             layers,
         };
         let qs = QueryScores::new(gpu, h, src, c.slots, max_tokens, policy).unwrap();

@@ -19,7 +19,7 @@ use std::io::IsTerminal;
 use std::path::PathBuf;
 
 use super::ModelArgs;
-use sieve::cache::CacheOptions;
+use sieve::cache::{CacheOptions, Granularity};
 use sieve::eval::datasets::{task_prompt, TaskItem};
 use sieve::eval::fidelity::RunConfig;
 use sieve::eval::report::write_report;
@@ -92,6 +92,10 @@ pub struct SweepArgs {
     /// Seed of the random policy.
     #[arg(long, default_value_t = 0)]
     pub policy_seed: u64,
+    /// Which entries the cache keeps: token, layer or head (`--granularity`
+    /// of `sieve run`).
+    #[arg(long, default_value = "token", value_parser = parse_granularity)]
+    pub granularity: Granularity,
     /// Output folder: results.jsonl (resumable), report.md/.json/.csv, plots.
     #[arg(long)]
     pub out: PathBuf,
@@ -107,6 +111,7 @@ impl SweepArgs {
             sinks: self.sinks,
             recent: self.recent,
             seed: self.policy_seed,
+            granularity: self.granularity,
             ..CacheOptions::new(Policy::Full, 0, self.chunk)
         }
     }
@@ -148,11 +153,20 @@ impl SweepArgs {
         if self.model.kv_dtype != "f32" {
             s["kv_dtype"] = json!(self.model.kv_dtype);
         }
+        // Likewise only off the default, so older token-granularity folders resume.
+        if self.granularity != Granularity::Token {
+            s["granularity"] = json!(self.granularity.name());
+        }
         if let (Some(m), Some(e)) = (s.as_object_mut(), extra.as_object()) {
             m.extend(e.clone());
         }
         s
     }
+}
+
+/// `--granularity`'s value.
+fn parse_granularity(name: &str) -> Result<Granularity> {
+    Granularity::parse(name)
 }
 
 /// The cache of a config: None for the full cache.

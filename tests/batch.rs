@@ -243,17 +243,22 @@ fn options_small() -> EngineOptions {
 /// schedule between them; every sequence gets the tokens it gets alone.
 #[test]
 fn bounded_caches_with_different_policies_share_steps() {
-    use sieve::cache::{BoundedCache, CacheOptions, FeedOutput};
+    use sieve::cache::{BoundedCache, CacheOptions, FeedOutput, Granularity};
     use sieve::eviction::Policy;
     let model = load("tiny-llama-gqa", KernelSet::Gpu);
     let layers = model.config.num_layers;
     // Windows of 8 queries: the batched steps fill the query rings.
-    let cache_options = |name: &str| CacheOptions {
-        sinks: 2,
-        recent: 4,
-        snapkv_window: 8,
-        ea_window: 8,
-        ..CacheOptions::new(Policy::parse(name).unwrap(), 20, 6)
+    // `policy@granularity`: kept sets per layer or per (layer, KV head).
+    let cache_options = |name: &str| {
+        let (policy, granularity) = name.split_once('@').unwrap_or((name, "token"));
+        CacheOptions {
+            sinks: 2,
+            recent: 4,
+            snapkv_window: 8,
+            ea_window: 8,
+            granularity: Granularity::parse(granularity).unwrap(),
+            ..CacheOptions::new(Policy::parse(policy).unwrap(), 20, 6)
+        }
     };
     let names = [
         "window",
@@ -263,6 +268,9 @@ fn bounded_caches_with_different_policies_share_steps() {
         "ccs",
         "snapkv",
         "expected-attention",
+        "snapkv@head",
+        "keydiff@head",
+        "expected-attention@layer",
         "full",
     ];
     let (prompt_len, steps) = (30, 40);

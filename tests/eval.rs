@@ -458,6 +458,45 @@ fn eval_commands_end_to_end_on_a_tiny_model() {
     );
     let trace = read_json(Path::new(&w("explain-trace.json")));
     assert_eq!(trace[0]["diagnosis"]["refresh"], 0);
+    // A kept set per (layer, KV head): the page says how many lists hold
+    // each token, the trace has every list's kept positions, and each
+    // refresh's diagnosis (the mean over the lists) stays in range.
+    ok(&[
+        "eval",
+        "explain",
+        "--model",
+        m,
+        "--dtype",
+        "f32",
+        "--policy",
+        "keydiff",
+        "--granularity",
+        "head",
+        "--budget",
+        "48",
+        "--chunk",
+        "16",
+        "--recent",
+        "8",
+        "--text",
+        text.to_str().unwrap(),
+        "--out",
+        &page,
+        "--trace",
+        &w("explain-trace.json"),
+    ]);
+    let html = std::fs::read_to_string(&page).unwrap();
+    assert!(
+        html.contains("keep lists"),
+        "no token held by some lists only"
+    );
+    let trace = read_json(Path::new(&w("explain-trace.json")));
+    let lists = trace[0]["kept_lists"].as_array().unwrap();
+    assert!(lists.len() > 1 && lists.iter().all(|k| k.as_array().unwrap().len() == 48));
+    for r in trace.as_array().unwrap() {
+        let overlap = r["diagnosis"]["overlap_rest"].as_f64().unwrap();
+        assert!((0.0..=1.0).contains(&overlap), "{r}");
+    }
     let _ = std::fs::remove_dir_all(&work);
 }
 

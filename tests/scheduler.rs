@@ -62,6 +62,16 @@ fn jobs() -> Vec<(Vec<u32>, GenerateOptions, Option<CacheOptions>)> {
         (prompt(3, 5), opts(12, 1.1), Some(bounded("epikv"))),
         (prompt(4, 31), opts(25, 1.0), Some(bounded("tova"))),
         (prompt(5, 17), opts(16, 1.0), None),
+        // A kept set per (layer, KV head): its engine keeps its own slot
+        // positions beside the pool's cache.
+        (
+            prompt(6, 33),
+            opts(20, 1.0),
+            Some(CacheOptions {
+                granularity: sieve::cache::Granularity::Head,
+                ..bounded("keydiff")
+            }),
+        ),
     ]
 }
 

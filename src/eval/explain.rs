@@ -4,6 +4,12 @@
 //! policy's refreshes against the oracles (docs/POLICIES.md): how many of its
 //! kept entries the oracle would keep too, and how much of the full run's
 //! future attention the entries it evicted would have received.
+//!
+//! At layer or head granularity (a keep list per layer or per (layer, KV
+//! head), whose kept positions the trace records in `kept_lists`) each
+//! list is diagnosed as a token cache would be ([`per_list`]) and the
+//! diagnoses averaged over the lists; a token is evicted once no list
+//! holds it, and the page shows how many lists still hold the others.
 
 use anyhow::Result;
 use serde::Serialize;
@@ -24,16 +30,87 @@ pub struct Fate {
     /// Evicted ones: the attention it would have received from every later
     /// query of the full-cache run (None: not known or not evicted).
     pub lost_attention: Option<f64>,
+    /// At layer or head granularity: (lists holding it at the end, lists).
+    pub held: Option<(usize, usize)>,
 }
 
-/// The fate of each of `n` positions from the refresh records of a run.
+/// Each keep list's refreshes as the records of a token cache: the list's
+/// present entries, its unprotected ones and what it kept. The entries fed
+/// since the last refresh joined every list; the protected ones are the
+/// same in each. Scores are list 0's (left empty for the others). A trace
+/// without `kept_lists` is one list, itself.
+pub fn per_list(trace: &[RefreshRecord]) -> Vec<Vec<RefreshRecord>> {
+    let n_lists = match trace.first().and_then(|r| r.kept_lists.as_ref()) {
+        None => return vec![trace.to_vec()],
+        Some(k) => k.len(),
+    };
+    (0..n_lists)
+        .map(|g| {
+            let mut before: Option<(&[u32], &[u32])> = None;
+            trace
+                .iter()
+                .map(|r| {
+                    let kept = (r.kept_lists.as_ref()).map_or(&r.kept, |k| &k[g]).clone();
+                    let present: Vec<u32> = match before {
+                        None => r.present.clone(),
+                        Some((kept_g, kept_0)) => {
+                            let new = r
+                                .present
+                                .iter()
+                                .filter(|p| kept_0.binary_search(p).is_err());
+                            kept_g.iter().chain(new).copied().collect()
+                        }
+                    };
+                    let unprotected: Vec<u32> = (present.iter())
+                        .filter(|p| r.protected.binary_search(p).is_err())
+                        .copied()
+                        .collect();
+                    let own = r.kept_lists.as_ref().map_or(&r.kept[..], |k| &k[g]);
+                    before = Some((own, &r.kept));
+                    RefreshRecord {
+                        present,
+                        unprotected,
+                        scores: if g == 0 { r.scores.clone() } else { vec![] },
+                        kept,
+                        kept_lists: None,
+                        ..r.clone()
+                    }
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// The fate of each of `n` positions from the refresh records of a run: at
+/// layer or head granularity, evicted at the refresh that took it from the
+/// last list holding it.
 pub fn fates(n: usize, trace: &[RefreshRecord]) -> Vec<Fate> {
+    let lists = per_list(trace);
+    let each: Vec<Vec<Fate>> = lists.iter().map(|t| fates_of_list(n, t)).collect();
+    if each.len() == 1 {
+        return each.into_iter().next().unwrap();
+    }
+    let mut out = each[0].clone();
+    for (p, f) in out.iter_mut().enumerate() {
+        let holding = each.iter().filter(|l| l[p].evicted_at.is_none()).count();
+        f.held = Some((holding, each.len()));
+        f.evicted_at = match holding {
+            0 => each.iter().filter_map(|l| l[p].evicted_at).max(),
+            _ => None,
+        };
+    }
+    out
+}
+
+/// The fates of one list's records.
+fn fates_of_list(n: usize, trace: &[RefreshRecord]) -> Vec<Fate> {
     let mut out = vec![
         Fate {
             evicted_at: None,
             score: None,
             protected: false,
             lost_attention: None,
+            held: None,
         };
         n
     ];
@@ -61,24 +138,19 @@ pub fn fates(n: usize, trace: &[RefreshRecord]) -> Vec<Fate> {
 }
 
 /// Sets each evicted position's `lost_attention`: what it would have received
-/// from every query after the refresh that evicted it.
+/// from every query after the refresh that evicted it (from its last list).
 pub fn add_lost_attention(
     fates: &mut [Fate],
     trace: &[RefreshRecord],
     future: &FutureAttention,
 ) -> Result<()> {
     for r in trace {
-        let evicted: Vec<u32> = r
-            .present
-            .iter()
-            .copied()
-            .filter(|p| r.kept.binary_search(p).is_err())
+        let evicted: Vec<u32> = (0..fates.len() as u32)
+            .filter(|&p| fates[p as usize].evicted_at == Some(r.refresh))
             .collect();
         let mass = future.received(&evicted, r.before_position as usize, future.len)?;
         for (p, m) in evicted.iter().zip(mass) {
-            if let Some(f) = fates.get_mut(*p as usize) {
-                f.lost_attention = Some(m);
-            }
+            fates[*p as usize].lost_attention = Some(m);
         }
     }
     Ok(())
@@ -137,8 +209,33 @@ fn against_oracle(mass: &[f64], kept: &[bool]) -> (f64, f64, f64) {
     (overlap, lost(kept), lost(&oracle))
 }
 
-/// The diagnosis of every refresh of `trace` (chunk `h`) against `future`.
+/// The diagnosis of every refresh of `trace` (chunk `h`) against `future`:
+/// at layer or head granularity, the mean over the keep lists.
 pub fn diagnose(
+    trace: &[RefreshRecord],
+    future: &FutureAttention,
+    h: usize,
+) -> Result<Vec<RefreshDiagnosis>> {
+    let lists = per_list(trace);
+    let each = (lists.iter())
+        .map(|t| diagnose_list(t, future, h))
+        .collect::<Result<Vec<_>>>()?;
+    let k = each.len() as f64;
+    let mut out = each[0].clone();
+    for (i, d) in out.iter_mut().enumerate() {
+        let mean = |f: fn(&RefreshDiagnosis) -> f64| each.iter().map(|l| f(&l[i])).sum::<f64>() / k;
+        d.overlap_next = mean(|d| d.overlap_next);
+        d.lost_next = mean(|d| d.lost_next);
+        d.oracle_lost_next = mean(|d| d.oracle_lost_next);
+        d.overlap_rest = mean(|d| d.overlap_rest);
+        d.lost_rest = mean(|d| d.lost_rest);
+        d.oracle_lost_rest = mean(|d| d.oracle_lost_rest);
+    }
+    Ok(out)
+}
+
+/// [`diagnose`] of one list's records.
+fn diagnose_list(
     trace: &[RefreshRecord],
     future: &FutureAttention,
     h: usize,
@@ -196,7 +293,8 @@ pub struct CategoryLoss {
     pub oracle_lost_rest: f64,
 }
 
-/// Where the evicted attention goes, by category: the token's class
+/// Where the evicted attention goes, by category (summed over the keep
+/// lists at layer or head granularity): the token's class
 /// ([`token_class`]), whether its position is inside the first `window`
 /// positions (EpiKV's first rolling window, whose statistics the sinks
 /// dominate), and its age at the refresh (under `window` positions, or older).
@@ -206,8 +304,9 @@ pub fn loss_by_category(
     pieces: &[String],
     window: u32,
 ) -> Result<BTreeMap<String, CategoryLoss>> {
+    let lists = per_list(trace);
     let mut out: BTreeMap<String, CategoryLoss> = BTreeMap::new();
-    for r in trace {
+    for r in lists.iter().flatten() {
         let p = r.before_position;
         let kept: Vec<bool> = r
             .unprotected
@@ -259,16 +358,28 @@ fn escape(s: &str) -> String {
 pub fn html(title: &str, pieces: &[String], fates: &[Fate], refreshes: usize) -> String {
     let mut body = String::new();
     for (i, (piece, f)) in pieces.iter().zip(fates).enumerate() {
-        let (class, style, what) = match f.evicted_at {
-            None => ("kept", String::new(), "kept to the end".to_string()),
-            Some(k) => {
+        let (class, style, what) = match (f.evicted_at, f.held) {
+            (None, Some((holding, lists))) if holding < lists => {
+                // Held by some lists only: lighter the fewer.
+                let light = 90.0 - 25.0 * holding as f64 / lists as f64;
+                (
+                    "kept",
+                    format!(" style=\"background:hsl(120,55%,{light:.0}%)\""),
+                    format!("kept to the end by {holding} of {lists} keep lists"),
+                )
+            }
+            (None, _) => ("kept", String::new(), "kept to the end".to_string()),
+            (Some(k), _) => {
                 // Early evictions dark red, late ones light.
                 let frac = (k + 1) as f64 / refreshes.max(1) as f64;
                 let light = 45.0 + 45.0 * frac;
                 (
                     "evicted",
                     format!(" style=\"background:hsl(0,75%,{light:.0}%)\""),
-                    format!("evicted at refresh {k}"),
+                    match f.held {
+                        Some(_) => format!("evicted from the last keep list at refresh {k}"),
+                        None => format!("evicted at refresh {k}"),
+                    },
                 )
             }
         };
@@ -348,7 +459,8 @@ mod tests {
                 evicted_at: None,
                 score: None,
                 protected: false,
-                lost_attention: None
+                lost_attention: None,
+                held: None,
             }
         );
         let page = html(
@@ -368,6 +480,45 @@ mod tests {
         assert!(page.contains("&lt;b&gt;") && page.contains("a &lt;test&gt;"));
         assert!(page.contains("position 2: evicted at refresh 1; score 0.2000"));
         assert_eq!(page.matches("class=\"kept\"").count(), 1 + 5); // legend + 0, 3, 4, 5, 6
+    }
+
+    /// Two keep lists: list 0 as in `fates_from_a_trace`, list 1 keeping
+    /// {0, 1, 3, 4} then {0, 1, 4, 5}. A token is evicted once neither
+    /// list holds it, and list 1's records are rebuilt from what it kept
+    /// and what was fed since.
+    #[test]
+    fn fates_and_records_of_each_keep_list() {
+        let record =
+            |refresh, before, present: &[u32], protected: &[u32], kept: &[u32]| RefreshRecord {
+                refresh,
+                before_position: before,
+                present: present.to_vec(),
+                protected: protected.to_vec(),
+                unprotected: vec![],
+                scores: vec![],
+                kept: kept.to_vec(),
+                kept_lists: None,
+            };
+        let mut trace = vec![
+            record(0, 5, &[0, 1, 2, 3, 4], &[0, 4], &[0, 2, 3, 4]),
+            record(1, 6, &[0, 2, 3, 4, 5], &[0, 5], &[0, 3, 4, 5]),
+        ];
+        trace[0].kept_lists = Some(vec![vec![0, 2, 3, 4], vec![0, 1, 3, 4]]);
+        trace[1].kept_lists = Some(vec![vec![0, 3, 4, 5], vec![0, 1, 4, 5]]);
+        let lists = per_list(&trace);
+        assert_eq!(lists.len(), 2);
+        assert_eq!(lists[1][1].present, [0, 1, 3, 4, 5]);
+        assert_eq!(lists[1][1].unprotected, [1, 3, 4]);
+        assert_eq!(lists[0][1].present, trace[1].present);
+        let f = fates(7, &trace);
+        let fate = |p: usize| (f[p].evicted_at, f[p].held);
+        assert_eq!(fate(1), (None, Some((1, 2))));
+        assert_eq!(fate(2), (Some(1), Some((0, 2))));
+        assert_eq!(fate(3), (None, Some((1, 2))));
+        assert_eq!(fate(4), (None, Some((2, 2))));
+        let page = html("t", &vec!["x".to_string(); 7], &f, 2);
+        assert!(page.contains("position 1: kept to the end by 1 of 2 keep lists"));
+        assert!(page.contains("position 2: evicted from the last keep list at refresh 1"));
     }
 
     #[test]

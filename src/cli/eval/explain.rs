@@ -9,7 +9,7 @@ use serde_json::json;
 use std::path::PathBuf;
 
 use super::super::{CacheArgs, ModelArgs};
-use sieve::cache::{BoundedCache, CacheOptions, FeedOutput, RefreshRecord};
+use sieve::cache::{BoundedCache, CacheOptions, FeedOutput, Granularity, RefreshRecord};
 use sieve::engine::Engine;
 use sieve::eval::datasets::{data_dir, DocumentSource};
 use sieve::eval::explain::{
@@ -125,12 +125,17 @@ pub fn main(a: ExplainArgs) -> Result<()> {
     let mut f = fates(ids.len(), &trace);
     add_lost_attention(&mut f, &trace, &future)?;
     let title = format!(
-        "{name}: {} at budget {} (chunk {}, sinks {}, recent {})",
+        "{name}: {} at budget {} (chunk {}, sinks {}, recent {}, a kept set per {})",
         opts.policy.name(),
         opts.budget,
         opts.chunk,
         opts.sinks,
-        opts.recent
+        opts.recent,
+        match opts.granularity {
+            Granularity::Token => "cache",
+            Granularity::Layer => "layer",
+            Granularity::Head => "(layer, KV head)",
+        }
     );
     write_atomic(&a.out, html(&title, &pieces, &f, trace.len()).as_bytes())?;
     if let Some(path) = &a.cache.trace {

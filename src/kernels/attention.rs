@@ -1853,12 +1853,12 @@ pub(crate) mod tests {
             let slot_pos: Vec<u32> = (0..slots as u32)
                 .flat_map(|s| {
                     (0..positions.lists).map(move |list| match s < start as u32 {
-                        true => 2 * s + 5 + (s + list) % 2,
-                        false => 2 * s + 6,
+                        true => 3 * s + 5 + 3 * (list % 2),
+                        false => 3 * s + 8,
                     })
                 })
                 .collect();
-            let query_pos: Vec<u32> = (start as u32..slots as u32).map(|s| 2 * s + 6).collect();
+            let query_pos: Vec<u32> = (start as u32..slots as u32).map(|s| 3 * s + 8).collect();
             let q = rand_vec(n * nh * hd, 11 + n as u64, 1.0);
             let k = rand_vec(slots * nkv * hd, 12, 2.0);
             let v = rand_vec(slots * nkv * hd, 13, 1.0);

@@ -205,6 +205,7 @@ pub(crate) mod tests {
     use super::*;
     use crate::formats::KvFormat;
     use crate::kernels::attention::{Attention, ReferenceMask, Window};
+    use crate::kernels::compact::SlotPositions;
     use crate::kernels::testutil::*;
     use crate::kernels::Step;
 
@@ -238,7 +239,22 @@ pub(crate) mod tests {
             };
             let h = Heads::new(nh, nkv, hd, format);
             let slots = start + n;
-            let slot_pos: Vec<u32> = (0..slots as u32).map(|s| 2 * s + 5).collect();
+            // Each KV head reads its own keep list's positions (list 0
+            // belongs to none); the cached slots' differ between heads.
+            let positions = SlotPositions {
+                lists: nkv as u32 + 1,
+                first: 1,
+                per_kv: 1,
+            };
+            let slot_pos: Vec<u32> = (0..slots as u32)
+                .flat_map(|s| {
+                    (0..positions.lists).map(move |list| match s < start as u32 {
+                        true => 3 * s + 5 + 3 * (list % 2),
+                        false => 3 * s + 8,
+                    })
+                })
+                .collect();
+            let query_pos: Vec<u32> = (start as u32..slots as u32).map(|s| 3 * s + 8).collect();
             let kpos = gpu.storage_from("kpos", &slot_pos);
             let layer = || match window {
                 0 => AttnLayer::default(),
@@ -247,16 +263,16 @@ pub(crate) mod tests {
                     window: Some(Window {
                         size: w as u32,
                         slot_positions: &kpos,
-                        positions: Default::default(),
+                        positions,
                     }),
                 },
             };
             let mask = ReferenceMask {
                 scale: 1.0 / 12.0,
                 window,
-                query_pos: &slot_pos[start..],
+                query_pos: &query_pos,
                 slot_pos: &slot_pos,
-                positions: Default::default(),
+                positions,
             };
             let q = rand_vec(n * nh * hd, 5, 1.0);
             let k = rand_vec(slots * nkv * hd, 6, 2.0);

@@ -583,14 +583,14 @@ pub fn expected_reference(
 }
 
 /// CPU reference of one layer: `k` (`[slots, n_kv * head_dim]`, after
-/// RoPE) with `key_positions`, the window's queries `q` (`[queries,
+/// RoPE) with `key_positions` (each KV head's slot positions), the window's queries `q` (`[queries,
 /// n_heads * head_dim]`, after RoPE, the newest at `last_pos`); each KV
 /// head's score of slots `0..n`, `[n_kv][n]`, the slots from `end` on
 /// scored as the highest plus 1.
 #[allow(clippy::too_many_arguments)]
 pub fn reference(
     (q, k): (&[f32], &[f32]),
-    key_positions: &[u32],
+    key_positions: &[&[u32]],
     heads: Heads,
     layer_window: Option<u32>,
     scale: f32,
@@ -609,9 +609,9 @@ pub fn reference(
             .sum::<f64>()
             * scale as f64
     };
-    let sees = |t: usize, i: usize| {
+    let sees = |t: usize, a: usize, i: usize| {
         let qp = w.last_pos + 1 + t as u32 - w.queries;
-        let kp = key_positions[i];
+        let kp = key_positions[a / group][i];
         kp <= qp && layer_window.is_none_or(|size| qp - kp < size)
     };
     // m[a][i]: the window's mean attention to slot i < end.
@@ -619,7 +619,7 @@ pub fn reference(
     for (a, row) in m.iter_mut().enumerate() {
         for t in 0..queries {
             let logits: Vec<(usize, f64)> = (0..n)
-                .filter(|&i| sees(t, i))
+                .filter(|&i| sees(t, a, i))
                 .map(|i| (i, dot(t, a, i)))
                 .collect();
             let top = logits.iter().map(|x| x.1).fold(f64::MIN, f64::max);
@@ -676,6 +676,11 @@ pub(crate) mod tests {
         page: usize,
         layer_window: Option<u32>,
         rotary: usize,
+        /// The keep lists whose positions the kernels read: each list's
+        /// older entries sit one position later than the last list's
+        /// (every other list), so a kernel reading another list's
+        /// positions sees another window.
+        granularity: Granularity,
     }
 
     /// What the kernels computed and what they read.
@@ -683,7 +688,8 @@ pub(crate) mod tests {
         per_head: Vec<f32>,
         score: Vec<f32>,
         w: QueryWindow,
-        key_positions: Vec<u32>,
+        /// Each keep list's slot positions.
+        key_positions: Vec<Vec<u32>>,
         /// Per layer: keys and values as stored, the window's queries.
         stored: Vec<(Vec<f32>, Vec<f32>, Vec<f32>)>,
         scale: f32,
@@ -719,7 +725,18 @@ pub(crate) mod tests {
             key_positions.push(first_query + j * queries as u32 / (n - older) as u32);
         }
         key_positions.resize(c.slots, u32::MAX);
-        let slot_positions = gpu.storage_from("kpos", &key_positions);
+        let lists = c.granularity.lists(LAYERS, n_kv);
+        let key_positions: Vec<Vec<u32>> = (0..lists)
+            .map(|list| {
+                let mut p = key_positions.clone();
+                p[..older].iter_mut().for_each(|x| *x += (list % 2) as u32);
+                p
+            })
+            .collect();
+        let slot_rows: Vec<u32> = (0..c.slots)
+            .flat_map(|s| key_positions.iter().map(move |p| p[s]))
+            .collect();
+        let slot_positions = gpu.storage_from("kpos", &slot_rows);
         let (mut k_caches, mut v_caches, mut stored) = (vec![], vec![], vec![]);
         for l in 0..LAYERS {
             let k = rand_vec(c.slots * n_kv * hd, 5 + l as u64, 1.0);
@@ -766,7 +783,7 @@ pub(crate) mod tests {
             k_cache: &k_caches,
             v_cache: &v_caches,
             slot_positions: &slot_positions,
-            granularity: Granularity::Token,
+            granularity: c.granularity,
             layers,
         };
         let qs = QueryScores::new(gpu, h, src, c.slots, max_tokens, policy).unwrap();
@@ -857,12 +874,53 @@ pub(crate) mod tests {
     #[cfg_attr(test, test)]
     fn snapkv_matches_reference() {
         let gpu = gpu();
-        // (n_heads, n_kv, hd, slots, n, end, queries, page, kernel, format, layer window)
-        for (n_heads, n_kv, hd, slots, n, end, queries, page, kernel, format, layer_window) in [
-            (2, 1, 32, 40, 37, 30, 7, 0, 5, KvFormat::F32, None),
-            (6, 2, 64, 300, 211, 147, 64, 64, 5, KvFormat::F16, None),
-            (4, 4, 32, 130, 130, 100, 30, 48, 7, KvFormat::F32, Some(50)),
-            (8, 2, 128, 90, 20, 0, 20, 0, 1, KvFormat::F16, None),
+        // (n_heads, n_kv, hd, slots, n, end, queries, page, kernel, format,
+        // layer window, keep lists)
+        use Granularity::*;
+        for (
+            n_heads,
+            n_kv,
+            hd,
+            slots,
+            n,
+            end,
+            queries,
+            page,
+            kernel,
+            format,
+            layer_window,
+            granularity,
+        ) in [
+            (2, 1, 32, 40, 37, 30, 7, 0, 5, KvFormat::F32, None, Token),
+            (
+                6,
+                2,
+                64,
+                300,
+                211,
+                147,
+                64,
+                64,
+                5,
+                KvFormat::F16,
+                Some(120),
+                Layer,
+            ),
+            (
+                4,
+                4,
+                32,
+                130,
+                130,
+                100,
+                30,
+                48,
+                7,
+                KvFormat::F32,
+                Some(50),
+                Head,
+            ),
+            (8, 2, 128, 90, 20, 0, 20, 0, 1, KvFormat::F16, None, Token),
         ] {
             let c = Case {
                 heads: Heads::new(n_heads, n_kv, hd, format),
@@ -874,20 +932,24 @@ pub(crate) mod tests {
                 page: if page == 0 { slots } else { page },
                 layer_window,
                 rotary: hd,
+                granularity,
             };
             let policy = QueryPolicy::SnapKv(SnapKv {
                 window: queries,
                 kernel,
             });
             let run = run_case(&gpu, &c, policy);
-            let want: Vec<_> = (run.stored.iter())
-                .map(|(k, _, q)| {
+            // Each KV head over its keep list's positions.
+            let want: Vec<Vec<Vec<f64>>> = (run.stored.iter().enumerate())
+                .map(|(l, (k, _, q))| {
                     let qk = (q.as_slice(), k.as_slice());
-                    let kp = &run.key_positions;
-                    reference(qk, kp, c.heads, layer_window, run.scale, run.w, kernel)
+                    let kp: Vec<&[u32]> = (0..n_kv)
+                        .map(|hh| run.key_positions[granularity.list_of(l, hh, n_kv)].as_slice())
+                        .collect();
+                    reference(qk, &kp, c.heads, layer_window, run.scale, run.w, kernel)
                 })
                 .collect();
-            check(&c, &run, &want, "snapkv");
+            check(&c, &run, &want, &format!("snapkv, {granularity:?} lists"));
         }
     }
 
@@ -916,6 +978,7 @@ pub(crate) mod tests {
                 page: if page == 0 { slots } else { page },
                 layer_window: None,
                 rotary,
+                granularity: Granularity::Token,
             };
             let policy = QueryPolicy::ExpectedAttention(ExpectedAttention {
                 window: queries,

@@ -13,9 +13,9 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::eviction;
+use super::eviction::BenchPolicy;
 use sieve::cache::FeedOutput;
 use sieve::engine::{Batch, Engine, EngineOptions, SeqStep};
-use sieve::eviction::Policy;
 use sieve::kernels::sample::SamplingParams;
 use sieve::model::Model;
 
@@ -27,7 +27,7 @@ pub enum Setup {
     /// A bounded cache of `policy` at budget J and chunk h, filled with J
     /// tokens first: the timed steps refresh it every h steps.
     Evicting {
-        policy: Policy,
+        policy: BenchPolicy,
         budget: usize,
         chunk: usize,
     },

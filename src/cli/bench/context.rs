@@ -10,6 +10,7 @@ use serde_json::{json, Value};
 use std::sync::Arc;
 use std::time::Instant;
 
+use super::eviction::BenchPolicy;
 use super::BenchArgs;
 use sieve::cache::{BoundedCache, CacheOptions, FeedOutput};
 use sieve::engine::{Engine, EngineOptions, StepOutput};
@@ -118,7 +119,7 @@ fn row(n: usize, policy: &str, budget: Option<usize>, result: Result<Measured>) 
     }
 }
 
-pub fn sweep(model: &Arc<Model>, policies: &[Policy], a: &BenchArgs) -> Result<Vec<Value>> {
+pub fn sweep(model: &Arc<Model>, policies: &[BenchPolicy], a: &BenchArgs) -> Result<Vec<Value>> {
     let mut out = vec![];
     if a.context.is_empty() {
         return Ok(out);
@@ -128,24 +129,23 @@ pub fn sweep(model: &Arc<Model>, policies: &[Policy], a: &BenchArgs) -> Result<V
     let steps = a.decode_steps.max(1);
     for &n in &a.context {
         out.push(row(n, "full", None, full_cache(model, n, steps)));
-        for &policy in policies.iter().filter(|p| **p != Policy::Full) {
-            let eager = matches!(policy, Policy::H2o | Policy::Tova) && a.materialize;
+        for &policy in policies.iter().filter(|p| !p.is_full()) {
+            let eager = matches!(policy.policy, Policy::H2o | Policy::Tova) && a.materialize;
             for materialize in [false, true].into_iter().filter(|m| !m || eager) {
                 for &j in &a.context_budgets {
                     if j + a.chunk > n {
                         continue; // the budget holds the whole context
                     }
                     let opts = CacheOptions {
-                        recent: 64.min(j / 4),
                         materialize,
-                        ..CacheOptions::new(policy, j, a.chunk)
+                        ..policy.options(j, a.chunk)
                     };
                     // Decode long enough for at least two refreshes.
                     let decode = steps.max(2 * a.chunk + 1);
                     let name = if materialize {
                         format!("{} (materialized)", policy.name())
                     } else {
-                        policy.name().to_string()
+                        policy.name()
                     };
                     let r = bounded(model, opts, n, a.fill_step, decode);
                     out.push(row(n, &name, Some(j), r));

@@ -5,30 +5,65 @@ use anyhow::{bail, Result};
 use serde_json::json;
 use std::time::Instant;
 
-use sieve::cache::{BoundedCache, CacheOptions, FeedOutput};
+use sieve::cache::{BoundedCache, CacheOptions, FeedOutput, Granularity};
 use sieve::engine::{Engine, StepIds, Submitted};
 use sieve::eviction::Policy;
 use sieve::kernels::sample::SamplingParams;
 use sieve::model::Model;
 
+/// A `--policies` entry: a policy at a granularity, `name` (one kept set)
+/// or `name@layer` / `name@head` (a set per layer or per (layer, KV head)).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BenchPolicy {
+    pub policy: Policy,
+    pub granularity: Granularity,
+}
+
+impl BenchPolicy {
+    pub fn parse(entry: &str) -> Result<Self> {
+        let (name, granularity) = entry.split_once('@').unwrap_or((entry, "token"));
+        Ok(BenchPolicy {
+            policy: Policy::parse(name)?,
+            granularity: Granularity::parse(granularity)?,
+        })
+    }
+
+    /// As `--policies` names it.
+    pub fn name(&self) -> String {
+        match self.granularity {
+            Granularity::Token => self.policy.name().to_string(),
+            g => format!("{}@{}", self.policy.name(), g.name()),
+        }
+    }
+
+    pub fn is_full(&self) -> bool {
+        self.policy == Policy::Full
+    }
+
+    /// Its cache options at budget J and chunk h (recent 64, at most J / 4).
+    pub fn options(&self, budget: usize, chunk: usize) -> CacheOptions {
+        CacheOptions {
+            recent: 64.min(budget / 4),
+            granularity: self.granularity,
+            ..CacheOptions::new(self.policy, budget, chunk)
+        }
+    }
+}
+
 pub fn cache_for(
     model: &Model,
-    policy: Policy,
+    policy: BenchPolicy,
     budget: usize,
     chunk: usize,
 ) -> Result<BoundedCache> {
-    let opts = CacheOptions {
-        recent: 64.min(budget / 4),
-        ..CacheOptions::new(policy, budget, chunk)
-    };
-    BoundedCache::new(opts, model.config.num_layers)
+    BoundedCache::new(policy.options(budget, chunk), model.config.num_layers)
 }
 
 /// Time of one refresh at cache size C: the cache is filled by a real prefill
 /// under the policy (so its state is real), and the second refresh is timed.
 pub fn refresh(
     model: &std::sync::Arc<Model>,
-    policies: &[Policy],
+    policies: &[BenchPolicy],
     sizes: &[usize],
     chunk: usize,
     step_ms: f64,
@@ -45,7 +80,7 @@ pub fn refresh(
             anyhow::bail!("--refresh-sizes {c}: a cache size must exceed --chunk {chunk}");
         }
         let ids: Vec<u32> = (0..c).map(|i| ((i * 7919 + 13) % vocab) as u32).collect();
-        for &policy in policies.iter().filter(|p| **p != Policy::Full) {
+        for &policy in policies.iter().filter(|p| !p.is_full()) {
             let mut cache = cache_for(model, policy, c - chunk, chunk)?;
             let mut e = Engine::new(model.clone(), cache.engine_options(c, 256, 1))?;
             // Fill to C, refresh once (the first use of each kernel pays for its
@@ -77,7 +112,7 @@ pub fn refresh(
 /// error.
 pub fn decode(
     model: &std::sync::Arc<Model>,
-    policies: &[Policy],
+    policies: &[BenchPolicy],
     budget: usize,
     chunk: usize,
     n: usize,
@@ -119,7 +154,7 @@ pub fn decode(
                 policy.name()
             );
         }
-        let j = if policy == Policy::Full {
+        let j = if policy.is_full() {
             "-".to_string()
         } else {
             budget.to_string()

@@ -18,7 +18,6 @@ use std::time::Instant;
 
 use super::{write_atomic, ModelArgs};
 use sieve::engine::{Engine, EngineOptions, StepIds, StepOutput};
-use sieve::eviction::Policy;
 use sieve::kernels::sample::SamplingParams;
 use sieve::model::Model;
 
@@ -42,7 +41,9 @@ pub struct BenchArgs {
     /// Also write the JSON report to this file.
     #[arg(long)]
     pub json: Option<PathBuf>,
-    /// Eviction policies to measure (refresh latency, decode speed); empty = none.
+    /// Eviction policies to measure (refresh latency, decode speed); empty =
+    /// none. `name@layer` or `name@head`: kept sets per layer or per
+    /// (layer, KV head) (`--granularity`).
     #[arg(long, value_delimiter = ',')]
     pub policies: Vec<String>,
     /// Cache sizes C at which one refresh is timed (the cache is filled by a
@@ -176,7 +177,7 @@ pub fn run(model: &std::sync::Arc<Model>, a: &BenchArgs) -> Result<serde_json::V
     let policies = a
         .policies
         .iter()
-        .map(|p| Policy::parse(p))
+        .map(|p| eviction::BenchPolicy::parse(p))
         .collect::<Result<Vec<_>>>()?;
     let refresh = eviction::refresh(model, &policies, &a.refresh_sizes, a.chunk, step_ms)?;
     let generation = eviction::decode(model, &policies, a.budget, a.chunk, a.generate)?;
@@ -185,7 +186,7 @@ pub fn run(model: &std::sync::Arc<Model>, a: &BenchArgs) -> Result<serde_json::V
     let batched = batch::sweep(model, &a.batch, &setups, a.decode_steps)?;
     setups = policies
         .iter()
-        .filter(|&&p| p != Policy::Full)
+        .filter(|p| !p.is_full())
         .map(|&policy| batch::Setup::Evicting {
             policy,
             budget: a.budget,

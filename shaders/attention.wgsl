@@ -40,7 +40,8 @@
 //   7 lse   storage rw    [row0 + n_tokens, n_heads] f32  log-sum-exp of the scaled scores
 //   8 qslot storage read  [n_tokens] u32  (anticausal_partial only) each query's own slot
 //   9 page  uniform Page  the slots kc/vc hold (page.first a multiple of CHUNK)
-//  10 kpos  storage read  [slots] u32  original positions of the cache slots (a query's: its own slot's)
+//  10 kpos  storage read  [slots, kpos_lists] u32  original positions of the cache slots in each
+//                         keep list (a query's: its own slot's; slot_pos in attention_io.wgsl)
 // With a sliding window (p.window > 0) a key counts only within the window
 // of its query (in_window); chunks with no key in it leave (NEG, 0).
 // Limits: head_dim <= 128 (a multiple of 4), n_heads / n_kv <= 8; the wide

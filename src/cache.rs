@@ -378,6 +378,13 @@ impl BoundedCache {
             present: &self.slots,
             unprotected: &unprotected,
         };
+        if engine.opts.granularity != o.granularity {
+            bail!(
+                "the engine keeps sets per {:?}, the cache per {:?}: build the engine with BoundedCache::engine_options",
+                engine.opts.granularity,
+                o.granularity
+            );
+        }
         let scorer = self.scorer.as_mut().context("refresh without a scorer")?;
         let n_lists = engine.keep_lists();
         // Each list's scores of its unprotected entries: one set for all

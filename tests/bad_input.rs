@@ -503,6 +503,23 @@ fn cache_options_and_sizes_are_checked_before_loading() {
         (vec!["--policy", "window"], "needs a KV budget"),
         (vec!["--budget", "100", "--policy", "full"], "--policy full"),
         (vec!["--budget", "100", "--recent", "96"], "recent 96"),
+        (
+            vec!["--granularity", "head"],
+            "--granularity head needs a bounded cache",
+        ),
+        (
+            vec![
+                "--budget",
+                "100",
+                "--policy",
+                "snapkv",
+                "--granularity",
+                "layer",
+                "--snapkv-window",
+                "200",
+            ],
+            "snapkv_window 200 exceeds recent 64 + chunk 64",
+        ),
         // Issue #11: sums that wrapped around.
         (
             vec!["--budget", "100", "--sinks", "18446744073709551615"],
@@ -543,6 +560,18 @@ fn cache_options_and_sizes_are_checked_before_loading() {
         assert_eq!(code, Some(1), "{extra:?}: {err}");
         assert!(err.contains(want), "{extra:?}: {err}");
     }
+    // A value clap parses itself: its usage error (exit 2) names it.
+    let args: Vec<&str> = base
+        .iter()
+        .copied()
+        .chain(["--granularity", "block"])
+        .collect();
+    let (code, err) = run(&args);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains("unknown granularity 'block'; known: token, layer, head"),
+        "{err}"
+    );
     assert!(!Path::new("/tmp/sieve-never-written.npy").exists());
     // Issue #11: an output path that is not a regular file (or a new name)
     // is refused before the model runs; /dev/full was replaced by a file.

@@ -387,6 +387,10 @@ fn bad_requests_get_their_status_and_error_object() {
         "16",
         "--recent",
         "8",
+        // Kept sets per head: SnapKV's 64-query window outreaches the 8
+        // recent entries and the chunk, so a request for it is refused.
+        "--granularity",
+        "head",
     ]);
     let chat = |body: &[u8]| server.request("POST", "/v1/chat/completions", &[], body);
     let user = json!([{"role": "user", "content": "Hi"}]);
@@ -501,6 +505,22 @@ fn bad_requests_get_their_status_and_error_object() {
                 .into(),
             400,
             Some("frequency_penalty"),
+            None,
+        ),
+        (
+            json!({"messages": user, "sieve": {"policy": "snapkv", "budget": 64}})
+                .to_string()
+                .into(),
+            400,
+            Some("sieve.policy"),
+            None,
+        ),
+        (
+            json!({"messages": user, "sieve": {"policy": "window", "budget": 10}})
+                .to_string()
+                .into(),
+            400,
+            Some("sieve.budget"),
             None,
         ),
         (

@@ -157,8 +157,8 @@ pub struct CacheArgs {
     /// head, SPEC.md), layer (a set per layer) or head (a set per layer
     /// and KV head, as kvpress keeps). Policies that score tokens keep the
     /// same set in each.
-    #[arg(long, default_value = "token")]
-    pub granularity: String,
+    #[arg(long, default_value = "token", value_parser = Granularity::parse)]
+    pub granularity: Granularity,
     /// H2O/TOVA: build each layer's full attention weight matrix the way eager
     /// attention does (same result, quadratic memory; to reproduce the memory wall).
     #[arg(long)]
@@ -180,6 +180,12 @@ impl CacheArgs {
             if self.budget.is_some() {
                 bail!("--budget cannot be used with --policy full (which never evicts)");
             }
+            if self.granularity != Granularity::Token {
+                bail!(
+                    "--granularity {} needs a bounded cache: add --budget J",
+                    self.granularity.name()
+                );
+            }
             return Ok(None);
         }
         let Some(budget) = self.budget else {
@@ -188,7 +194,17 @@ impl CacheArgs {
                 policy.name()
             );
         };
-        let opts = CacheOptions {
+        let opts = self.settings(policy, budget);
+        // The library names the options; the command line adds its flags.
+        opts.validate()
+            .context("in --budget, --chunk, --sinks, --recent, --lag-size, --snapkv-window, --ea-window, --ea-future or --granularity")?;
+        Ok(Some(opts))
+    }
+
+    /// Every cache setting of these flags, with `policy` at `budget`
+    /// (unchecked: `options` checks them; a server checks each request's).
+    pub fn settings(&self, policy: Policy, budget: usize) -> CacheOptions {
+        CacheOptions {
             budget,
             chunk: self.chunk,
             sinks: self.sinks,
@@ -203,12 +219,8 @@ impl CacheArgs {
             snapkv_window: self.snapkv_window,
             ea_window: self.ea_window,
             ea_future: self.ea_future,
-            granularity: Granularity::parse(&self.granularity).context("--granularity")?,
-        };
-        // The library names the options; the command line adds its flags.
-        opts.validate()
-            .context("in --budget, --chunk, --sinks, --recent, --lag-size, --snapkv-window, --ea-window, --ea-future or --granularity")?;
-        Ok(Some(opts))
+            granularity: self.granularity,
+        }
     }
 }
 

@@ -5,7 +5,6 @@ use anyhow::{Context, Result};
 use clap::Args;
 
 use super::{CacheArgs, ModelArgs};
-use sieve::cache::CacheOptions;
 use sieve::eviction::Policy;
 use sieve::server::{serve, ServerOptions};
 use sieve::session::Llm;
@@ -53,14 +52,15 @@ pub struct ServeArgs {
 pub fn main(a: ServeArgs) -> Result<()> {
     let dir = a.model.dir()?;
     let load_options = a.model.load_options()?;
-    // The server's cache, and the chunk, sinks and recent entries of a
+    // The server's cache, and every other cache setting (chunk, sinks,
+    // recent entries, the policies' parameters, the granularity) of a
     // request that asks for a policy of its own.
     let c = &a.cache;
-    let cache = a.cache.options()?.unwrap_or(CacheOptions {
-        sinks: c.sinks,
-        recent: c.recent,
-        ..CacheOptions::new(Policy::Full, 0, c.chunk)
-    });
+    let full = c.budget.is_none() && c.policy.as_deref().is_none_or(|p| p == "full");
+    let cache = match full {
+        true => c.settings(Policy::Full, 0),
+        false => (c.options()?).context("--policy and --budget give a bounded cache")?,
+    };
     let model_name = a.alias.clone().unwrap_or_else(|| {
         dir.file_name()
             .map_or("sieve".into(), |n| n.to_string_lossy().to_string())

@@ -4,8 +4,12 @@
 //! ring; at a refresh the window of the newest ones scores the entries
 //! (`shaders/query_scores.wgsl`): SnapKV by the attention the window pays
 //! each older entry, Expected Attention by the attention queries with the
-//! window's statistics are expected to pay each entry after the sinks. The
-//! cache's one kept set takes the mean over layers and KV heads.
+//! window's statistics are expected to pay each entry after the sinks. At
+//! token granularity the cache's one kept set takes the mean over layers
+//! and KV heads, at layer granularity each layer's mean, at head
+//! granularity each head's own. The slot ranges come from keep list 0's
+//! positions; they hold for every list (the sinks and the window's entries
+//! sit in the same slots of each: `CacheOptions::validate`).
 
 use anyhow::Result;
 

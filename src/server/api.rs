@@ -328,7 +328,17 @@ pub fn parse_cache(
             opts.budget, opts.chunk
         )));
     }
-    opts.validate().map_err(|e| bad_budget(e.to_string()))?;
+    opts.validate().map_err(|e| {
+        // Past the budget's own bound, the request's policy is what the
+        // server's settings cannot take (SnapKV's window per head).
+        let budget_bound = opts.budget <= opts.sinks.saturating_add(opts.recent);
+        let param = if budget_bound {
+            "sieve.budget"
+        } else {
+            "sieve.policy"
+        };
+        ApiError::invalid(Some(param), e.to_string())
+    })?;
     Ok(opts)
 }
 

@@ -33,7 +33,7 @@ use api::{Envelope, Generate, Kind};
 pub use error::ApiError;
 use worker::{Counters, Event, Job};
 
-use crate::cache::CacheOptions;
+use crate::cache::{CacheOptions, Granularity};
 use crate::eviction::Policy;
 use crate::scheduler::SchedulerOptions;
 use crate::session::{GenerateOptions, Generation, Llm, SubmitAhead};
@@ -397,7 +397,14 @@ fn start(
         created: now(),
         model: app.opts.model_name.clone(),
         cache: match bounded {
-            true => json!({"policy": cache.policy.name(), "budget": cache.budget}),
+            true => match cache.granularity {
+                Granularity::Token => {
+                    json!({"policy": cache.policy.name(), "budget": cache.budget})
+                }
+                g => {
+                    json!({"policy": cache.policy.name(), "budget": cache.budget, "granularity": g.name()})
+                }
+            },
             false => json!({"policy": "full", "budget": null}),
         },
         tools: generate.tools.is_some(),

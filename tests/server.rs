@@ -387,10 +387,6 @@ fn bad_requests_get_their_status_and_error_object() {
         "16",
         "--recent",
         "8",
-        // Kept sets per head: SnapKV's 64-query window outreaches the 8
-        // recent entries and the chunk, so a request for it is refused.
-        "--granularity",
-        "head",
     ]);
     let chat = |body: &[u8]| server.request("POST", "/v1/chat/completions", &[], body);
     let user = json!([{"role": "user", "content": "Hi"}]);
@@ -508,14 +504,6 @@ fn bad_requests_get_their_status_and_error_object() {
             None,
         ),
         (
-            json!({"messages": user, "sieve": {"policy": "snapkv", "budget": 64}})
-                .to_string()
-                .into(),
-            400,
-            Some("sieve.policy"),
-            None,
-        ),
-        (
             json!({"messages": user, "sieve": {"policy": "window", "budget": 10}})
                 .to_string()
                 .into(),
@@ -598,6 +586,38 @@ fn bad_requests_get_their_status_and_error_object() {
         &json!({"prompt": "Hello", "max_tokens": 3, "temperature": 0}),
     );
     assert_eq!(status, 200, "{text}");
+}
+
+/// Kept sets per head (`--granularity head`): SnapKV's 64-query window
+/// outreaches the 8 recent entries and the 16-token chunk, so a request
+/// for it is refused naming `sieve.policy`; a token-scoring policy serves,
+/// and the reply names the granularity.
+#[test]
+fn a_policy_the_servers_granularity_cannot_take_is_refused() {
+    let server = Server::start(&["--chunk", "16", "--recent", "8", "--granularity", "head"]);
+    let user = json!([{"role": "user", "content": "Hi"}]);
+    let body =
+        json!({"messages": user, "max_tokens": 2, "sieve": {"policy": "snapkv", "budget": 64}});
+    let (status, _, text) = server.post("/v1/chat/completions", &body);
+    assert_eq!(status, 400, "{text}");
+    let e: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(e["error"]["param"], "sieve.policy", "{text}");
+    assert!(
+        e["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("snapkv_window 64"),
+        "{text}"
+    );
+    let body =
+        json!({"messages": user, "max_tokens": 2, "sieve": {"policy": "keydiff", "budget": 32}});
+    let (status, _, text) = server.post("/v1/chat/completions", &body);
+    assert_eq!(status, 200, "{text}");
+    let r: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(
+        r["sieve"],
+        json!({"policy": "keydiff", "budget": 32, "granularity": "head"})
+    );
 }
 
 /// `response_format` holds (a schema, any JSON object), whole and

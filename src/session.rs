@@ -97,6 +97,19 @@ impl Llm {
             .map_err(|e| Error::classify(e, ErrorKind::InvalidConstraint))
     }
 
+    /// Float32 logits of the last position of `ids` (vocabulary size
+    /// values), fed from position 0 through a fresh cache: the full cache,
+    /// or a bounded one refreshing as it fills. `sieve logits` writes
+    /// these values. Errors are [`ErrorKind::InvalidOptions`] (no ids, an
+    /// id outside the vocabulary, bad cache options),
+    /// [`ErrorKind::PromptTooLong`] (more ids than the model's positions
+    /// without a budget) and the device's.
+    pub fn logits(&self, ids: &[u32], cache: Option<CacheOptions>) -> Result<Vec<f32>> {
+        let mut cache = logits_cache(&self.model, ids, cache)?;
+        last_logits(self.model.clone(), ids, &mut cache, DEFAULT_PREFILL_CHUNK)
+            .map_err(|e| Error::classify(e, ErrorKind::InvalidOptions))
+    }
+
     /// Token ids of a chat rendered with the model's template, ready for the
     /// assistant's answer.
     pub fn chat_prompt(&self, messages: &[Message]) -> Result<Vec<u32>> {
@@ -106,6 +119,55 @@ impl Llm {
         })()
         .map_err(|e| Error::classify(e, ErrorKind::Template))
     }
+}
+
+/// Tokens per prefill step unless a caller says otherwise.
+pub const DEFAULT_PREFILL_CHUNK: usize = 256;
+
+/// The cache [`Llm::logits`] feeds `ids` through: `opts` checked, or the
+/// full cache, which must hold every id.
+pub fn logits_cache(
+    model: &Model,
+    ids: &[u32],
+    opts: Option<CacheOptions>,
+) -> Result<BoundedCache> {
+    if ids.is_empty() {
+        return Err(Error::classify(
+            anyhow::anyhow!("no token ids to compute logits of"),
+            ErrorKind::InvalidOptions,
+        ));
+    }
+    let max_pos = model.config.max_position_embeddings;
+    if opts.is_none() && ids.len() > max_pos {
+        return Err(Error::classify(
+            anyhow::anyhow!(
+                "{} ids exceed the model's context of {max_pos} positions (a bounded cache evicts)",
+                ids.len()
+            ),
+            ErrorKind::PromptTooLong,
+        ));
+    }
+    if let Some(o) = &opts {
+        o.validate()
+            .map_err(|e| Error::classify(e, ErrorKind::InvalidOptions))?;
+    }
+    let opts = opts.unwrap_or(CacheOptions::new(Policy::Full, 0, 0));
+    BoundedCache::new(opts, model.config.num_layers)
+        .map_err(|e| Error::classify(e, ErrorKind::InvalidOptions))
+}
+
+/// The logits of the last of `ids`, fed from position 0 through `cache`
+/// in steps of at most `prefill_chunk` tokens (`Llm::logits`, `sieve
+/// logits`; the cache keeps its trace when it records one).
+pub fn last_logits(
+    model: Arc<Model>,
+    ids: &[u32],
+    cache: &mut BoundedCache,
+    prefill_chunk: usize,
+) -> anyhow::Result<Vec<f32>> {
+    let mut e = Engine::new(model, cache.engine_options(ids.len(), prefill_chunk, 1))?;
+    cache.feed(&mut e, ids, 0, FeedOutput::Last, |_, _| Ok(()))?;
+    e.read_logits(1)
 }
 
 /// Sizes of a session.
@@ -125,7 +187,7 @@ impl Default for SessionOptions {
     fn default() -> Self {
         SessionOptions {
             max_context: 0,
-            prefill_chunk: 256,
+            prefill_chunk: DEFAULT_PREFILL_CHUNK,
             cache: None,
         }
     }

@@ -6,10 +6,8 @@ use clap::Args;
 use std::path::PathBuf;
 
 use super::{parse_ids, write_atomic, CacheArgs, ModelArgs};
-use sieve::cache::{BoundedCache, CacheOptions, FeedOutput};
-use sieve::engine::Engine;
-use sieve::eviction::Policy;
 use sieve::model::Model;
+use sieve::session::{last_logits, logits_cache};
 
 #[derive(Args, Debug)]
 pub struct LogitsArgs {
@@ -24,7 +22,7 @@ pub struct LogitsArgs {
     #[arg(long)]
     pub out: PathBuf,
     /// Tokens per prefill step.
-    #[arg(long, default_value_t = 256)]
+    #[arg(long, default_value_t = sieve::session::DEFAULT_PREFILL_CHUNK)]
     pub prefill_chunk: usize,
 }
 
@@ -58,19 +56,9 @@ pub fn main(a: LogitsArgs) -> Result<()> {
         sieve::files::check_output(path, "--trace")?;
     }
     let model = Model::load(&a.model.dir()?, &a.model.load_options()?)?;
-    let max_pos = model.config.max_position_embeddings;
-    if cache_opts.is_none() && ids.len() > max_pos {
-        anyhow::bail!(
-            "{} ids exceed the model's context of {max_pos} positions (use --budget to evict)",
-            ids.len()
-        );
-    }
-    let full = CacheOptions::new(Policy::Full, 0, 0);
-    let mut cache = BoundedCache::new(cache_opts.unwrap_or(full), model.config.num_layers)?;
+    let mut cache = logits_cache(&model, &ids, cache_opts)?;
     cache.record = a.cache.trace.is_some();
-    let mut e = Engine::new(model, cache.engine_options(ids.len(), a.prefill_chunk, 1))?;
-    cache.feed(&mut e, &ids, 0, FeedOutput::Last, |_, _| Ok(()))?;
-    let logits = e.read_logits(1)?;
+    let logits = last_logits(model, &ids, &mut cache, a.prefill_chunk)?;
     write_atomic(&a.out, &npy_f32(&logits))?;
     if let Some(path) = &a.cache.trace {
         cache.write_trace(path)?;

@@ -77,6 +77,35 @@ impl CacheOptions {
         }
     }
 
+    /// kvpress's compression of a prompt whose context is its first
+    /// `n_context` tokens and whose question and answer take `after` more:
+    /// these options (policy, sinks, recent, parameters) with the budget
+    /// (1 - `ratio`) x `n_context` and a chunk that makes the cache fill
+    /// exactly with the context, so the context is read whole and cut
+    /// once, when the question's first token arrives. kvpress never
+    /// compresses again while answering: a ratio that leaves too little
+    /// room for the question and answer is refused.
+    pub fn compressing(self, ratio: f64, n_context: usize, after: usize) -> Result<Self> {
+        if !(ratio > 0.0 && ratio < 1.0) {
+            bail!("compression ratio {ratio} is not between 0 and 1 (exclusive)");
+        }
+        let budget = ((n_context as f64) * (1.0 - ratio)).floor().max(1.0) as usize;
+        let chunk = n_context.saturating_sub(budget).max(1);
+        if after > chunk {
+            bail!(
+                "compression ratio {ratio}: cutting the {n_context}-token context to {budget} leaves room for {chunk} more tokens; the question and answer need {after} (a larger ratio, a longer context or fewer new tokens)"
+            );
+        }
+        let opts = CacheOptions {
+            budget,
+            chunk,
+            ..self
+        };
+        opts.validate()
+            .with_context(|| format!("compression ratio {ratio} on a {n_context}-token context"))?;
+        Ok(opts)
+    }
+
     /// What the policy's scorer takes of these options.
     pub fn policy_params(&self) -> PolicyParams {
         PolicyParams {

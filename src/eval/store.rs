@@ -65,6 +65,14 @@ fn record_fields(kind: &str, skipped: bool) -> Option<&'static [&'static str]> {
             "stop",
             "text",
         ],
+        ("ruler", _) => &[
+            "task",
+            "index",
+            "context",
+            "answer",
+            "answers",
+            "string_match",
+        ],
         _ => return None,
     })
 }
@@ -354,6 +362,26 @@ mod tests {
     /// Issue #11: a half-written line, a record missing a field, one whose key
     /// is of another kind and one of an unknown kind are not finished work:
     /// their units are recomputed and the lines kept in results.damaged.jsonl.
+    #[test]
+    fn every_kind_a_sweep_writes_is_kept_on_reopening() {
+        // As src/cli/eval/ruler.rs writes its records: a kind the store did
+        // not know was moved aside as damaged on every resume.
+        let dir = scratch("kinds");
+        let settings = json!({"chunk": 32});
+        let ruler = json!({
+            "kind": "ruler", "task": "vt", "index": 0, "policy": "window", "budget": null,
+            "context": 900, "answer": " X", "answers": ["X"], "string_match": 100.0,
+            "seconds": 1.0,
+        });
+        {
+            let mut s = ResultStore::open(&dir, &settings, &[]).unwrap();
+            s.append("ruler|vt/0|window|null", ruler).unwrap();
+        }
+        let s = ResultStore::open(&dir, &settings, &[]).unwrap();
+        assert!(s.contains("ruler|vt/0|window|null"));
+        assert!(!dir.join("results.damaged.jsonl").exists());
+    }
+
     #[test]
     fn damaged_records_are_reported_and_recomputed() {
         let dir = scratch("damaged");

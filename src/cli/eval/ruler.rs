@@ -92,30 +92,14 @@ impl Config {
                 budget,
                 ..*base
             }),
-            Bound::Ratio(r) => {
-                // The cache fills exactly with the context; the question's
-                // first token triggers the one refresh down to `budget`,
-                // and the chunk leaves room for the question and answer.
-                let budget = ((n_context as f64) * (1.0 - r)).floor().max(1.0) as usize;
-                let chunk = n_context.saturating_sub(budget).max(1);
-                // kvpress never compresses again while answering: refuse a
-                // ratio that would leave too little room for that.
-                if after > chunk {
-                    bail!(
-                        "--compression-ratios {r}: cutting the {n_context}-token context to {budget} leaves room for {chunk} more tokens; the question and answer need {after} (a larger ratio or --context)"
-                    );
-                }
-                let opts = CacheOptions {
+            Bound::Ratio(r) => Some(
+                CacheOptions {
                     policy: self.policy,
-                    budget,
-                    chunk,
                     ..*base
-                };
-                opts.validate().with_context(|| {
-                    format!("--compression-ratios {r} on a {n_context}-token context")
-                })?;
-                Some(opts)
-            }
+                }
+                .compressing(r, n_context, after)
+                .with_context(|| format!("--compression-ratios {r}"))?,
+            ),
         })
     }
 }

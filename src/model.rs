@@ -26,6 +26,54 @@ pub struct LoadOptions {
     pub progress: Option<Progress>,
 }
 
+impl LoadOptions {
+    /// The options named as the command line names them (`--dtype`,
+    /// `--kv-dtype`, `--kernels`, `--backend`, `--adapter`; None is the
+    /// default), for the bindings, whose callers pass strings. A name sieve
+    /// does not know is [`ErrorKind::InvalidOptions`](crate::ErrorKind),
+    /// naming the option and what it takes.
+    pub fn from_names(
+        dtype: Option<&str>,
+        kv_dtype: Option<&str>,
+        kernels: Option<&str>,
+        backend: Option<&str>,
+        adapter: Option<&str>,
+    ) -> crate::Result<LoadOptions> {
+        let invalid =
+            |e: anyhow::Error| crate::Error::classify(e, crate::ErrorKind::InvalidOptions);
+        let dtype = match dtype {
+            None | Some("auto") => None,
+            Some(name) => Some(WeightFormat::parse(name).ok_or_else(|| {
+                invalid(anyhow::anyhow!(
+                    "dtype {name:?}: expected auto or one of {}",
+                    WeightFormat::ALL.map(|f| f.name()).join(", ")
+                ))
+            })?),
+        };
+        let kv_dtype = match kv_dtype {
+            None => None,
+            Some(name) => Some(KvFormat::parse(name).ok_or_else(|| {
+                invalid(anyhow::anyhow!("kv_dtype {name:?}: expected f32 or f16"))
+            })?),
+        };
+        let kernels = kernels
+            .map(crate::device::KernelSet::parse)
+            .transpose()
+            .map_err(|e| invalid(e.context("kernels")))?;
+        Ok(LoadOptions {
+            dtype,
+            kv_dtype,
+            gpu: GpuOptions {
+                backend: backend.map(str::to_string),
+                adapter: adapter.map(str::to_string),
+                kernels,
+                ..Default::default()
+            },
+            progress: None,
+        })
+    }
+}
+
 pub(crate) struct LayerWeights {
     pub attn_norm: wgpu::Buffer,
     /// q, k and v projections stacked by rows: `[qkv_dim, hidden]`.

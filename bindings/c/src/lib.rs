@@ -36,12 +36,11 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
-use sieve::formats::KvFormat;
 use sieve::session::Session;
 use sieve::tokenizer::Tokenizer;
 use sieve::{
-    CacheOptions, CancelToken, ErrorKind, GenerateOptions, GpuOptions, KernelSet, Llm, LoadOptions,
-    Policy, Progress, SamplingParams, SessionOptions, StopReason, WeightFormat,
+    CacheOptions, CancelToken, ErrorKind, GenerateOptions, Llm, LoadOptions, Policy, Progress,
+    SamplingParams, SessionOptions, StopReason,
 };
 
 /// What a call did: `SIEVE_OK` (0) or why it failed.
@@ -425,42 +424,19 @@ pub extern "C" fn sieve_generate_options_default() -> sieve_generate_options {
 }
 
 fn load_options(o: &sieve_load_options) -> Result<LoadOptions, Fail> {
-    let dtype = match optional_utf8(o.dtype, "dtype")? {
-        None | Some("auto") => None,
-        Some(name) => Some(WeightFormat::parse(name).ok_or_else(|| {
-            invalid_options(format!(
-                "dtype {name:?}: expected auto or one of {}",
-                WeightFormat::ALL.map(|f| f.name()).join(", ")
-            ))
-        })?),
-    };
-    let kv_dtype =
-        match optional_utf8(o.kv_dtype, "kv_dtype")? {
-            None => None,
-            Some(name) => Some(KvFormat::parse(name).ok_or_else(|| {
-                invalid_options(format!("kv_dtype {name:?}: expected f32 or f16"))
-            })?),
-        };
-    let kernels = optional_utf8(o.kernels, "kernels")?
-        .map(KernelSet::parse)
-        .transpose()
-        .map_err(|e| invalid_options(format!("kernels: {e}")))?;
-    let progress = o.progress.map(|f| {
+    let mut opts = LoadOptions::from_names(
+        optional_utf8(o.dtype, "dtype")?,
+        optional_utf8(o.kv_dtype, "kv_dtype")?,
+        optional_utf8(o.kernels, "kernels")?,
+        optional_utf8(o.backend, "backend")?,
+        optional_utf8(o.adapter, "adapter")?,
+    )?;
+    opts.progress = o.progress.map(|f| {
         let data = UserData(o.progress_user_data);
         // `data` whole, not its field (a closure captures just the field).
         Progress::new(move |done, total| f(done, total, data.get()))
     });
-    Ok(LoadOptions {
-        dtype,
-        kv_dtype,
-        gpu: GpuOptions {
-            backend: optional_utf8(o.backend, "backend")?.map(str::to_string),
-            adapter: optional_utf8(o.adapter, "adapter")?.map(str::to_string),
-            kernels,
-            ..Default::default()
-        },
-        progress,
-    })
+    Ok(opts)
 }
 
 /// Loads a model: a Hugging Face folder (config.json, safetensors weights,

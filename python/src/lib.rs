@@ -1,0 +1,785 @@
+//! `sieve._sieve`: the extension module under sieve's Python package
+//! (python/sieve). It holds the mechanism: loading, token ids, logits as
+//! numpy arrays, generation with the GIL released, streams on a worker
+//! thread, sessions, the exceptions. The package's Python code gives it
+//! its keyword arguments, presses and pipeline (docs/PYTHON.md).
+
+use std::path::Path;
+use std::sync::mpsc::{channel, Receiver};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+
+use numpy::PyArray1;
+use pyo3::create_exception;
+use pyo3::exceptions::{PyException, PyStopIteration};
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+
+use sieve::cache::Granularity;
+use sieve::tokenizer::Message;
+use sieve::{
+    CacheOptions, CancelToken, ErrorKind, GenerateOptions, LoadOptions, Policy, Progress,
+    SamplingParams, SessionOptions, StopReason,
+};
+
+create_exception!(
+    sieve,
+    SieveError,
+    PyException,
+    "Base class of sieve's errors."
+);
+create_exception!(
+    sieve,
+    BadModel,
+    SieveError,
+    "The model file or folder is missing, malformed or unsupported."
+);
+create_exception!(
+    sieve,
+    InvalidOptions,
+    SieveError,
+    "Options out of range, inconsistent, or a value sieve does not know."
+);
+create_exception!(
+    sieve,
+    PromptTooLong,
+    SieveError,
+    "The prompt does not fit the context that is left."
+);
+create_exception!(
+    sieve,
+    GpuOutOfMemory,
+    SieveError,
+    "The device cannot hold the buffers."
+);
+create_exception!(
+    sieve,
+    GpuError,
+    SieveError,
+    "No usable adapter, or the device failed."
+);
+create_exception!(
+    sieve,
+    TemplateError,
+    SieveError,
+    "The model's chat template is missing or does not render."
+);
+create_exception!(
+    sieve,
+    NonFiniteLogits,
+    SieveError,
+    "The model produced NaN or infinite logits."
+);
+create_exception!(
+    sieve,
+    NeedsReset,
+    SieveError,
+    "An earlier error left the session out of step: call reset()."
+);
+
+/// The Python exception of a library error.
+fn py_err(e: sieve::Error) -> PyErr {
+    let msg = e.to_string();
+    match e.kind() {
+        ErrorKind::ModelLoading => BadModel::new_err(msg),
+        ErrorKind::InvalidOptions | ErrorKind::InvalidConstraint => InvalidOptions::new_err(msg),
+        ErrorKind::PromptTooLong => PromptTooLong::new_err(msg),
+        ErrorKind::GpuOutOfMemory => GpuOutOfMemory::new_err(msg),
+        ErrorKind::Gpu => GpuError::new_err(msg),
+        ErrorKind::Template => TemplateError::new_err(msg),
+        ErrorKind::Io => pyo3::exceptions::PyOSError::new_err(msg),
+        ErrorKind::NonFiniteLogits => NonFiniteLogits::new_err(msg),
+        ErrorKind::NeedsReset => NeedsReset::new_err(msg),
+        _ => SieveError::new_err(msg),
+    }
+}
+
+fn invalid(msg: impl Into<String>) -> PyErr {
+    InvalidOptions::new_err(msg.into())
+}
+
+/// Reads the keys of `dict` into named slots, refusing a key no slot takes
+/// (`what` names the dict in the error).
+fn reject_unknown(dict: &Bound<'_, PyDict>, known: &[&str], what: &str) -> PyResult<()> {
+    for key in dict.keys() {
+        let key: String = key.extract()?;
+        if !known.contains(&key.as_str()) {
+            return Err(invalid(format!(
+                "{what}: unknown option {key:?} (known: {})",
+                known.join(", ")
+            )));
+        }
+    }
+    Ok(())
+}
+
+fn item<'py, T: for<'a> FromPyObject<'a, 'py>>(
+    dict: &Bound<'py, PyDict>,
+    key: &str,
+) -> PyResult<Option<T>> {
+    match dict.get_item(key)? {
+        Some(v) if !v.is_none() => Ok(Some(v.extract::<T>().map_err(|e| {
+            let e: PyErr = e.into();
+            invalid(format!("{key}: {}", e.value(dict.py())))
+        })?)),
+        _ => Ok(None),
+    }
+}
+
+/// A cache as the package's presses describe it (`Press._cache()`): a
+/// policy with a budget, or with a compression ratio of the context.
+#[derive(Clone, Copy)]
+struct CacheSpec {
+    opts: CacheOptions,
+    ratio: Option<f64>,
+}
+
+const CACHE_KEYS: [&str; 13] = [
+    "policy",
+    "budget",
+    "chunk",
+    "compression_ratio",
+    "sinks",
+    "recent",
+    "granularity",
+    "seed",
+    "lag_size",
+    "window_size",
+    "ea_window",
+    "n_future_positions",
+    "epikv_window",
+];
+
+fn cache_spec(dict: Option<&Bound<'_, PyDict>>) -> PyResult<Option<CacheSpec>> {
+    let Some(d) = dict else { return Ok(None) };
+    reject_unknown(d, &CACHE_KEYS, "cache")?;
+    let name: String = item(d, "policy")?.unwrap_or_else(|| "full".into());
+    let policy = Policy::parse(&name).map_err(|e| invalid(format!("policy: {e:#}")))?;
+    let budget: Option<usize> = item(d, "budget")?;
+    let ratio: Option<f64> = item(d, "compression_ratio")?;
+    if policy == Policy::Full {
+        if budget.is_some() || ratio.is_some() {
+            return Err(invalid(
+                "the full cache never evicts: a budget or compression_ratio needs a policy",
+            ));
+        }
+        return Ok(None);
+    }
+    match (budget, ratio) {
+        (Some(_), Some(_)) => {
+            return Err(invalid("give a budget or a compression_ratio, not both"))
+        }
+        (None, None) => {
+            return Err(invalid(format!(
+                "policy {name} needs a budget or a compression_ratio"
+            )))
+        }
+        _ => {}
+    }
+    let mut o = CacheOptions::new(policy, budget.unwrap_or(0), item(d, "chunk")?.unwrap_or(64));
+    macro_rules! set {
+        ($key:literal, $field:ident) => {
+            if let Some(v) = item(d, $key)? {
+                o.$field = v;
+            }
+        };
+    }
+    set!("sinks", sinks);
+    set!("recent", recent);
+    set!("seed", seed);
+    set!("lag_size", lag_size);
+    set!("window_size", snapkv_window);
+    set!("ea_window", ea_window);
+    set!("n_future_positions", ea_future);
+    set!("epikv_window", epikv_window);
+    if let Some(g) = item::<String>(d, "granularity")? {
+        o.granularity = Granularity::parse(&g).map_err(|e| invalid(format!("{e:#}")))?;
+    }
+    if ratio.is_none() {
+        o.validate().map_err(|e| invalid(format!("{e:#}")))?;
+    }
+    Ok(Some(CacheSpec { opts: o, ratio }))
+}
+
+impl CacheSpec {
+    /// The cache of a prompt whose context is its first `n_context` ids
+    /// and which is followed by `after` more (question and answer).
+    fn options(&self, n_context: usize, after: usize) -> PyResult<CacheOptions> {
+        match self.ratio {
+            None => Ok(self.opts),
+            Some(r) => self
+                .opts
+                .compressing(r, n_context, after)
+                .map_err(|e| invalid(format!("{e:#}"))),
+        }
+    }
+}
+
+const GENERATE_KEYS: [&str; 7] = [
+    "max_tokens",
+    "temperature",
+    "top_k",
+    "top_p",
+    "seed",
+    "stop",
+    "ignore_eos",
+];
+
+fn generate_options(dict: Option<&Bound<'_, PyDict>>) -> PyResult<GenerateOptions> {
+    let mut g = GenerateOptions::default();
+    let Some(d) = dict else { return Ok(g) };
+    reject_unknown(d, &GENERATE_KEYS, "generate")?;
+    let s = &mut g.sampling;
+    if let Some(v) = item(d, "max_tokens")? {
+        g.max_new_tokens = v;
+    }
+    let temperature: f32 = item(d, "temperature")?.unwrap_or(0.0);
+    let top_p: f32 = item(d, "top_p")?.unwrap_or(1.0);
+    if !(temperature >= 0.0 && temperature.is_finite()) {
+        return Err(invalid(format!("temperature {temperature} is not >= 0")));
+    }
+    if !(top_p > 0.0 && top_p <= 1.0) {
+        return Err(invalid(format!("top_p {top_p} is not in (0, 1]")));
+    }
+    *s = SamplingParams {
+        temperature,
+        top_p,
+        top_k: item(d, "top_k")?.unwrap_or(0),
+        seed: item(d, "seed")?.unwrap_or(0),
+        ..SamplingParams::GREEDY
+    };
+    if let Some(stop) = item::<Vec<String>>(d, "stop")? {
+        g.stop_strings = stop;
+    }
+    g.stop_at_eos = !item(d, "ignore_eos")?.unwrap_or(false);
+    Ok(g)
+}
+
+/// A finished generation: its text, token ids and statistics.
+#[pyclass(frozen, get_all, module = "sieve")]
+#[derive(Clone)]
+struct Generation {
+    /// The generated text (cut before a stop string).
+    text: String,
+    /// The generated token ids.
+    ids: Vec<u32>,
+    /// Tokens of the prompt fed by this call.
+    prompt_tokens: usize,
+    /// Tokens generated.
+    generated_tokens: usize,
+    /// Seconds to read the prompt and sample the first token.
+    prefill_seconds: f64,
+    /// Seconds for the other tokens.
+    decode_seconds: f64,
+    /// Why it stopped: "eos", "stop" (a stop string), "length"
+    /// (max_tokens), "cancelled" or "context_full".
+    stop_reason: &'static str,
+    /// The bounded cache's budget J (None for the full cache).
+    cache_budget: Option<usize>,
+    /// Entries the cache held when the generation ended.
+    cache_entries: usize,
+}
+
+#[pymethods]
+impl Generation {
+    /// Decode speed in tokens per second (the first token is the prefill's).
+    #[getter]
+    fn tokens_per_second(&self) -> f64 {
+        self.generated_tokens.saturating_sub(1) as f64 / self.decode_seconds.max(1e-9)
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "Generation(text={:?}, generated_tokens={}, stop_reason={:?})",
+            self.text, self.generated_tokens, self.stop_reason
+        )
+    }
+}
+
+impl Generation {
+    /// `g` with the state of the cache it ran on.
+    fn new(g: sieve::Generation, session: &mut sieve::Session) -> Self {
+        let cache = session.cache();
+        let bounded = cache.capacity().is_some();
+        Generation {
+            cache_budget: bounded.then_some(cache.opts.budget),
+            cache_entries: cache.slots.len(),
+            text: g.text,
+            ids: g.ids,
+            prompt_tokens: g.stats.prompt_tokens,
+            generated_tokens: g.stats.generated_tokens,
+            prefill_seconds: g.stats.prefill_seconds,
+            decode_seconds: g.stats.decode_seconds,
+            stop_reason: match g.stats.stop {
+                StopReason::Eos | StopReason::ConstraintComplete => "eos",
+                StopReason::StopString => "stop",
+                StopReason::MaxTokens => "length",
+                StopReason::Cancelled => "cancelled",
+                StopReason::ContextFull => "context_full",
+            },
+        }
+    }
+}
+
+fn load_options(
+    dtype: Option<&str>,
+    kv_dtype: Option<&str>,
+    kernels: Option<&str>,
+    backend: Option<&str>,
+    adapter: Option<&str>,
+    progress: Option<Py<PyAny>>,
+) -> PyResult<LoadOptions> {
+    let mut opts =
+        LoadOptions::from_names(dtype, kv_dtype, kernels, backend, adapter).map_err(py_err)?;
+    opts.progress = progress.map(|f| {
+        Progress::new(move |done, total| {
+            Python::attach(|py| {
+                if let Err(e) = f.call1(py, (done, total)) {
+                    e.write_unraisable(py, Some(f.bind(py)));
+                }
+            })
+        })
+    });
+    Ok(opts)
+}
+
+/// A model and its tokenizer on the GPU (python/sieve's `Llm` wraps it).
+#[pyclass(frozen, module = "sieve._sieve")]
+struct Llm {
+    llm: sieve::Llm,
+}
+
+#[pymethods]
+impl Llm {
+    #[new]
+    // The load options as Python keyword arguments.
+    #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (path, dtype=None, kv_dtype=None, kernels=None, backend=None, adapter=None, progress=None))]
+    fn new(
+        py: Python<'_>,
+        path: std::path::PathBuf,
+        dtype: Option<&str>,
+        kv_dtype: Option<&str>,
+        kernels: Option<&str>,
+        backend: Option<&str>,
+        adapter: Option<&str>,
+        progress: Option<Py<PyAny>>,
+    ) -> PyResult<Self> {
+        let opts = load_options(dtype, kv_dtype, kernels, backend, adapter, progress)?;
+        let llm = py
+            .detach(|| sieve::Llm::load(Path::new(&path), &opts))
+            .map_err(py_err)?;
+        Ok(Llm { llm })
+    }
+
+    #[getter]
+    fn vocab_size(&self) -> usize {
+        self.llm.model.config.vocab_size
+    }
+
+    /// The model's longest context (max_position_embeddings).
+    #[getter]
+    fn max_context(&self) -> usize {
+        self.llm.model.config.max_position_embeddings
+    }
+
+    #[getter]
+    fn has_chat_template(&self) -> bool {
+        self.llm.tokenizer.has_chat_template()
+    }
+
+    #[pyo3(signature = (text, add_special_tokens=true))]
+    fn tokenize(&self, text: &str, add_special_tokens: bool) -> PyResult<Vec<u32>> {
+        let t = &self.llm.tokenizer;
+        if add_special_tokens {
+            t.encode(text)
+        } else {
+            t.encode_continuation(text)
+        }
+        .map_err(|e| invalid(format!("{e:#}")))
+    }
+
+    fn detokenize(&self, ids: Vec<u32>) -> PyResult<String> {
+        check_ids(&self.llm, &ids)?;
+        self.llm
+            .tokenizer
+            .decode(&ids)
+            .map_err(|e| invalid(format!("{e:#}")))
+    }
+
+    /// `messages`: (role, content) pairs.
+    fn apply_chat_template(
+        &self,
+        messages: Vec<(String, String)>,
+        add_generation_prompt: bool,
+    ) -> PyResult<String> {
+        let m: Vec<Message> = messages.iter().map(|(r, c)| Message::new(r, c)).collect();
+        self.llm
+            .tokenizer
+            .apply_chat_template(&m, add_generation_prompt)
+            .map_err(|e| TemplateError::new_err(format!("{e:#}")))
+    }
+
+    /// The float32 logits of the last of `ids` as a numpy array (moved, not
+    /// copied, into numpy).
+    #[pyo3(signature = (ids, cache=None))]
+    fn logits<'py>(
+        &self,
+        py: Python<'py>,
+        ids: Vec<u32>,
+        cache: Option<&Bound<'py, PyDict>>,
+    ) -> PyResult<Bound<'py, PyArray1<f32>>> {
+        let cache = cache_spec(cache)?
+            .map(|c| c.options(ids.len(), 0))
+            .transpose()?;
+        let llm = &self.llm;
+        let values = py.detach(|| llm.logits(&ids, cache)).map_err(py_err)?;
+        Ok(PyArray1::from_vec(py, values))
+    }
+
+    /// Generates after `ids` on a fresh cache; with a compression ratio the
+    /// first `n_context` ids are the context it compresses.
+    #[pyo3(signature = (ids, n_context, options=None, cache=None))]
+    fn generate(
+        &self,
+        py: Python<'_>,
+        ids: Vec<u32>,
+        n_context: usize,
+        options: Option<&Bound<'_, PyDict>>,
+        cache: Option<&Bound<'_, PyDict>>,
+    ) -> PyResult<Generation> {
+        let job = self.job(ids, n_context, options, cache)?;
+        py.detach(move || job.run(|_| true))
+    }
+
+    /// As `generate`, streamed: an iterator of text pieces.
+    #[pyo3(signature = (ids, n_context, options=None, cache=None))]
+    fn stream(
+        &self,
+        ids: Vec<u32>,
+        n_context: usize,
+        options: Option<&Bound<'_, PyDict>>,
+        cache: Option<&Bound<'_, PyDict>>,
+    ) -> PyResult<Stream> {
+        let job = self.job(ids, n_context, options, cache)?;
+        let cancel = job.session.cancel_token();
+        Ok(Stream::start(cancel, move |on_piece| job.run(on_piece)))
+    }
+
+    /// A conversation with its own cache (a budget, not a ratio).
+    #[pyo3(signature = (max_context=0, cache=None))]
+    fn session(
+        &self,
+        py: Python<'_>,
+        max_context: usize,
+        cache: Option<&Bound<'_, PyDict>>,
+    ) -> PyResult<Session> {
+        let cache = match cache_spec(cache)? {
+            Some(CacheSpec { ratio: Some(_), .. }) => {
+                return Err(invalid(
+                    "a session holds a conversation, not one context to compress: give its press a budget, not a compression_ratio",
+                ))
+            }
+            spec => spec.map(|s| s.opts),
+        };
+        let llm = &self.llm;
+        let s = py
+            .detach(|| {
+                llm.session(SessionOptions {
+                    max_context,
+                    cache,
+                    ..Default::default()
+                })
+            })
+            .map_err(py_err)?;
+        Ok(Session {
+            cancel: s.cancel_token(),
+            inner: Arc::new(Mutex::new(s)),
+        })
+    }
+}
+
+fn check_ids(llm: &sieve::Llm, ids: &[u32]) -> PyResult<()> {
+    let vocab = llm.model.config.vocab_size;
+    match ids.iter().find(|&&i| i as usize >= vocab) {
+        Some(bad) => Err(invalid(format!(
+            "token id {bad} is outside the vocabulary of {vocab}"
+        ))),
+        None => Ok(()),
+    }
+}
+
+/// One generation on a fresh session, ready to run on any thread.
+struct Job {
+    session: sieve::Session,
+    ids: Vec<u32>,
+    options: GenerateOptions,
+}
+
+impl Job {
+    fn run(mut self, mut on_piece: impl FnMut(&str) -> bool) -> PyResult<Generation> {
+        let g = self
+            .session
+            .generate(&self.ids, &self.options, |p| on_piece(p))
+            .map_err(py_err)?;
+        Ok(Generation::new(g, &mut self.session))
+    }
+}
+
+impl Llm {
+    fn job(
+        &self,
+        ids: Vec<u32>,
+        n_context: usize,
+        options: Option<&Bound<'_, PyDict>>,
+        cache: Option<&Bound<'_, PyDict>>,
+    ) -> PyResult<Job> {
+        let options = generate_options(options)?;
+        if n_context > ids.len() {
+            return Err(invalid(format!(
+                "n_context {n_context} is longer than the {} ids",
+                ids.len()
+            )));
+        }
+        let after = ids.len() - n_context + options.max_new_tokens;
+        let cache = cache_spec(cache)?
+            .map(|c| c.options(n_context, after))
+            .transpose()?;
+        let session = self
+            .llm
+            .session(SessionOptions {
+                cache,
+                ..Default::default()
+            })
+            .map_err(py_err)?;
+        Ok(Job {
+            session,
+            ids,
+            options,
+        })
+    }
+}
+
+/// A conversation: its history and its own KV cache.
+#[pyclass(frozen, module = "sieve._sieve")]
+struct Session {
+    cancel: CancelToken,
+    inner: Arc<Mutex<sieve::Session>>,
+}
+
+fn lock(s: &Mutex<sieve::Session>) -> PyResult<MutexGuard<'_, sieve::Session>> {
+    s.lock()
+        .map_err(|_| SieveError::new_err("the session failed inside an earlier call"))
+}
+
+/// One turn of `session`'s conversation.
+fn chat(
+    session: &Mutex<sieve::Session>,
+    message: &str,
+    options: &GenerateOptions,
+    on_piece: &mut dyn FnMut(&str) -> bool,
+) -> PyResult<Generation> {
+    let mut s = lock(session)?;
+    let g = s.chat(message, options, on_piece).map_err(py_err)?;
+    Ok(Generation::new(g, &mut s))
+}
+
+#[pymethods]
+impl Session {
+    /// One turn: `message` as the user's, on the model's chat template.
+    #[pyo3(signature = (message, options=None))]
+    fn chat(
+        &self,
+        py: Python<'_>,
+        message: String,
+        options: Option<&Bound<'_, PyDict>>,
+    ) -> PyResult<Generation> {
+        let options = generate_options(options)?;
+        self.cancel.reset();
+        let inner = self.inner.clone();
+        py.detach(move || chat(&inner, &message, &options, &mut |_| true))
+    }
+
+    /// As `chat`, streamed.
+    #[pyo3(signature = (message, options=None))]
+    fn stream_chat(
+        &self,
+        message: String,
+        options: Option<&Bound<'_, PyDict>>,
+    ) -> PyResult<Stream> {
+        let options = generate_options(options)?;
+        self.cancel.reset();
+        let inner = self.inner.clone();
+        Ok(Stream::start(self.cancel.clone(), move |on_piece| {
+            chat(&inner, &message, &options, on_piece)
+        }))
+    }
+
+    /// Stops the generation running on this session (from any thread).
+    fn cancel(&self) {
+        self.cancel.cancel();
+    }
+
+    /// Forgets the conversation.
+    fn reset(&self) -> PyResult<()> {
+        lock(&self.inner)?.reset();
+        Ok(())
+    }
+
+    /// The conversation's messages as (role, content) pairs.
+    #[getter]
+    fn messages(&self) -> PyResult<Vec<(String, String)>> {
+        Ok(lock(&self.inner)?
+            .messages()
+            .iter()
+            .map(|m| (m.role.clone(), m.content.clone()))
+            .collect())
+    }
+
+    /// Every token id in the cache's history.
+    #[getter]
+    fn tokens(&self) -> PyResult<Vec<u32>> {
+        Ok(lock(&self.inner)?.tokens().to_vec())
+    }
+}
+
+enum Event {
+    Piece(String),
+    Done(PyResult<Generation>),
+}
+
+/// Text pieces of a generation running on a worker thread. Iterating
+/// waits with the GIL released; `cancel()` (from any thread, so the class
+/// is frozen: a method never holds the object while another runs),
+/// `close()`, or dropping the stream stops the generation.
+#[pyclass(frozen, module = "sieve._sieve")]
+struct Stream {
+    cancel: CancelToken,
+    events: Mutex<Receiver<Event>>,
+    worker: Mutex<Option<JoinHandle<()>>>,
+    result: Mutex<Option<Generation>>,
+}
+
+impl Stream {
+    fn start(
+        cancel: CancelToken,
+        run: impl FnOnce(&mut dyn FnMut(&str) -> bool) -> PyResult<Generation> + Send + 'static,
+    ) -> Stream {
+        let (tx, rx) = channel();
+        let worker = std::thread::spawn(move || {
+            let pieces = tx.clone();
+            let mut on_piece = |p: &str| pieces.send(Event::Piece(p.to_string())).is_ok();
+            let out = run(&mut on_piece);
+            let _ = tx.send(Event::Done(out));
+        });
+        Stream {
+            cancel,
+            events: Mutex::new(rx),
+            worker: Mutex::new(Some(worker)),
+            result: Mutex::new(None),
+        }
+    }
+
+    /// The worker's handle once, to join it.
+    fn take_worker(&self) -> Option<JoinHandle<()>> {
+        self.worker.lock().ok().and_then(|mut w| w.take())
+    }
+
+    fn finished(&self) -> Option<Generation> {
+        self.result.lock().ok().and_then(|r| r.clone())
+    }
+}
+
+impl Drop for Stream {
+    fn drop(&mut self) {
+        self.cancel.cancel();
+        if let Some(w) = self.take_worker() {
+            let _ = w.join();
+        }
+    }
+}
+
+#[pymethods]
+impl Stream {
+    fn __iter__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
+        slf
+    }
+
+    fn __next__(&self, py: Python<'_>) -> PyResult<String> {
+        // One reader at a time; after the end, every call ends at once.
+        let events = &self.events;
+        let event = py.detach(|| {
+            let rx = events.lock().ok()?;
+            if self.finished().is_some() {
+                return None;
+            }
+            rx.recv().ok()
+        });
+        match event {
+            Some(Event::Piece(p)) => Ok(p),
+            Some(Event::Done(out)) => {
+                if let Some(w) = self.take_worker() {
+                    py.detach(|| {
+                        let _ = w.join();
+                    });
+                }
+                let g = out?;
+                if let Ok(mut r) = self.result.lock() {
+                    *r = Some(g);
+                }
+                Err(PyStopIteration::new_err(()))
+            }
+            // The end was read before, or the worker is gone.
+            None => Err(PyStopIteration::new_err(())),
+        }
+    }
+
+    /// Stops the generation from any thread; iteration then ends.
+    fn cancel(&self) {
+        self.cancel.cancel();
+    }
+
+    /// Stops the generation and waits for it; returns its `Generation`.
+    fn close(&self, py: Python<'_>) -> PyResult<Option<Generation>> {
+        self.cancel.cancel();
+        // Drain to the end: the worker's last event is its result.
+        loop {
+            match self.__next__(py) {
+                Ok(_) => {}
+                Err(e) if e.is_instance_of::<PyStopIteration>(py) => break,
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(self.finished())
+    }
+
+    /// The finished generation (None until the iteration ends).
+    #[getter]
+    fn result(&self) -> Option<Generation> {
+        self.finished()
+    }
+}
+
+#[pymodule]
+fn _sieve(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    let py = m.py();
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    m.add_class::<Llm>()?;
+    m.add_class::<Session>()?;
+    m.add_class::<Stream>()?;
+    m.add_class::<Generation>()?;
+    for (name, ty) in [
+        ("SieveError", py.get_type::<SieveError>()),
+        ("BadModel", py.get_type::<BadModel>()),
+        ("InvalidOptions", py.get_type::<InvalidOptions>()),
+        ("PromptTooLong", py.get_type::<PromptTooLong>()),
+        ("GpuOutOfMemory", py.get_type::<GpuOutOfMemory>()),
+        ("GpuError", py.get_type::<GpuError>()),
+        ("TemplateError", py.get_type::<TemplateError>()),
+        ("NonFiniteLogits", py.get_type::<NonFiniteLogits>()),
+        ("NeedsReset", py.get_type::<NeedsReset>()),
+    ] {
+        m.add(name, ty)?;
+    }
+    Ok(())
+}

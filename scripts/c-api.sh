@@ -32,6 +32,8 @@ grep -q Paris "$out/chat.txt" || { echo "c-api: chat.c did not answer Paris" >&2
 # The static library links with the system libraries docs/C.md lists.
 cc "${cflags[@]}" examples/c/chat.c target/release/libsieve_c.a -lm -ldl -lpthread \
   -o "$out/chat-static"
+"$out/chat-static" "$model" > "$out/chat-static.txt"
+grep -q Paris "$out/chat-static.txt" || { echo "c-api: the static chat did not answer Paris" >&2; exit 1; }
 
 cc "${cflags[@]}" -pthread bindings/c/tests/api.c "${link[@]}" -o "$out/api"
 "$out/api" "$model" "$out/logits.f32"
@@ -40,8 +42,9 @@ cc "${cflags[@]}" -pthread bindings/c/tests/api.c "${link[@]}" -o "$out/api"
 cmp <(tail -c "$(stat -c %s "$out/logits.f32")" "$out/logits.npy") "$out/logits.f32" ||
   { echo "c-api: sieve_logits differs from sieve logits" >&2; exit 1; }
 
-# Under AddressSanitizer (memory errors abort the run; leaks are listed at
-# exit). lavapipe's compiled shaders allocate through realloc from code
+# Under AddressSanitizer: the C program is instrumented (its memory errors
+# abort the run); sieve's allocations go through the malloc ASan
+# intercepts, so leaks anywhere are listed at exit. lavapipe's compiled shaders allocate through realloc from code
 # that has no module (two 128-byte blocks); a leak with any frame in a
 # named module (sieve, the C program, a library) fails.
 cc "${cflags[@]}" -g -fsanitize=address -fno-omit-frame-pointer bindings/c/tests/api.c \

@@ -50,7 +50,7 @@ pub struct Gpu {
     pipelines: Mutex<HashMap<String, Arc<wgpu::ComputePipeline>>>,
 }
 
-fn parse_backend(name: &str) -> Result<wgpu::Backends> {
+pub(crate) fn parse_backend(name: &str) -> Result<wgpu::Backends> {
     Ok(match name.to_ascii_lowercase().as_str() {
         "vulkan" | "vk" => wgpu::Backends::VULKAN,
         "metal" => wgpu::Backends::METAL,

@@ -56,6 +56,9 @@ impl LoadOptions {
                 invalid(anyhow::anyhow!("kv_dtype {name:?}: expected f32 or f16"))
             })?),
         };
+        if let Some(b) = backend {
+            crate::gpu::parse_backend(b).map_err(invalid)?;
+        }
         let kernels = kernels
             .map(crate::device::KernelSet::parse)
             .transpose()

@@ -94,9 +94,11 @@ def pipeline(
         raise InvalidOptions("model: give a model folder, a GGUF file or a sieve.Llm")
     if device not in (None, "auto", "cuda", "cuda:0"):
         raise InvalidOptions(f"device {device!r}: sieve runs on one wgpu adapter; choose it with adapter=")
-    for key in model_kwargs or {}:
+    for key, value in (model_kwargs or {}).items():
         if key != "attn_implementation":
             raise InvalidOptions(f"model_kwargs: {key!r} is not supported")
+        if value not in ("flash_attention_2", "sdpa", "eager"):
+            raise InvalidOptions(f"model_kwargs: attn_implementation {value!r} is not one sieve stands for")
     dtype = str(torch_dtype).replace("torch.", "") if torch_dtype is not None else None
     if dtype not in (None, "auto", "float16", "float32"):
         raise InvalidOptions(f"torch_dtype {torch_dtype!r}: sieve stores weights as float16 or float32")

@@ -4,8 +4,10 @@
 //! thread, sessions, the exceptions. The package's Python code gives it
 //! its keyword arguments, presses and pipeline (docs/PYTHON.md).
 
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::Path;
-use std::sync::mpsc::{channel, Receiver};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{sync_channel, Receiver};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 
@@ -164,6 +166,11 @@ fn cache_spec(dict: Option<&Bound<'_, PyDict>>) -> PyResult<Option<CacheSpec>> {
             ));
         }
         return Ok(None);
+    }
+    if ratio.is_some() && d.get_item("chunk")?.is_some_and(|c| !c.is_none()) {
+        return Err(invalid(
+            "chunk: a compression_ratio cuts the context once, with no chunk to choose",
+        ));
     }
     match (budget, ratio) {
         (Some(_), Some(_)) => {
@@ -429,9 +436,14 @@ impl Llm {
         ids: Vec<u32>,
         cache: Option<&Bound<'py, PyDict>>,
     ) -> PyResult<Bound<'py, PyArray1<f32>>> {
-        let cache = cache_spec(cache)?
-            .map(|c| c.options(ids.len(), 0))
-            .transpose()?;
+        let cache = match cache_spec(cache)? {
+            Some(CacheSpec { ratio: Some(_), .. }) => {
+                return Err(invalid(
+                    "logits read the ids and nothing after them, so a compression_ratio never cuts: give the press a budget",
+                ))
+            }
+            spec => spec.map(|s| s.opts),
+        };
         let llm = &self.llm;
         let values = py.detach(|| llm.logits(&ids, cache)).map_err(py_err)?;
         Ok(PyArray1::from_vec(py, values))
@@ -448,7 +460,7 @@ impl Llm {
         options: Option<&Bound<'_, PyDict>>,
         cache: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<Generation> {
-        let job = self.job(ids, n_context, options, cache)?;
+        let job = self.job(py, ids, n_context, options, cache)?;
         py.detach(move || job.run(|_| true))
     }
 
@@ -456,12 +468,13 @@ impl Llm {
     #[pyo3(signature = (ids, n_context, options=None, cache=None))]
     fn stream(
         &self,
+        py: Python<'_>,
         ids: Vec<u32>,
         n_context: usize,
         options: Option<&Bound<'_, PyDict>>,
         cache: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<Stream> {
-        let job = self.job(ids, n_context, options, cache)?;
+        let job = self.job(py, ids, n_context, options, cache)?;
         let cancel = job.session.cancel_token();
         Ok(Stream::start(cancel, move |on_piece| job.run(on_piece)))
     }
@@ -478,6 +491,11 @@ impl Llm {
             Some(CacheSpec { ratio: Some(_), .. }) => {
                 return Err(invalid(
                     "a session holds a conversation, not one context to compress: give its press a budget, not a compression_ratio",
+                ))
+            }
+            Some(_) if max_context != 0 => {
+                return Err(invalid(
+                    "max_context sizes the full cache; a press's budget sizes a bounded one",
                 ))
             }
             spec => spec.map(|s| s.opts),
@@ -529,6 +547,7 @@ impl Job {
 impl Llm {
     fn job(
         &self,
+        py: Python<'_>,
         ids: Vec<u32>,
         n_context: usize,
         options: Option<&Bound<'_, PyDict>>,
@@ -545,11 +564,19 @@ impl Llm {
         let cache = cache_spec(cache)?
             .map(|c| c.options(n_context, after))
             .transpose()?;
-        let session = self
-            .llm
-            .session(SessionOptions {
-                cache,
-                ..Default::default()
+        // A full cache of the prompt and answer, within the model's context
+        // (a longer prompt is refused as too long).
+        let max_context = (ids.len() + options.max_new_tokens)
+            .min(self.llm.model.config.max_position_embeddings)
+            .max(1);
+        let llm = &self.llm;
+        let session = py
+            .detach(|| {
+                llm.session(SessionOptions {
+                    max_context,
+                    cache,
+                    ..Default::default()
+                })
             })
             .map_err(py_err)?;
         Ok(Job {
@@ -580,6 +607,10 @@ fn chat(
     on_piece: &mut dyn FnMut(&str) -> bool,
 ) -> PyResult<Generation> {
     let mut s = lock(session)?;
+    // A cancel is for the generation running when it is made: one left
+    // over from an earlier call (or a stream dropped after it ended) does
+    // not stop this one.
+    s.cancel_token().reset();
     let g = s.chat(message, options, on_piece).map_err(py_err)?;
     Ok(Generation::new(g, &mut s))
 }
@@ -595,7 +626,6 @@ impl Session {
         options: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<Generation> {
         let options = generate_options(options)?;
-        self.cancel.reset();
         let inner = self.inner.clone();
         py.detach(move || chat(&inner, &message, &options, &mut |_| true))
     }
@@ -608,7 +638,6 @@ impl Session {
         options: Option<&Bound<'_, PyDict>>,
     ) -> PyResult<Stream> {
         let options = generate_options(options)?;
-        self.cancel.reset();
         let inner = self.inner.clone();
         Ok(Stream::start(self.cancel.clone(), move |on_piece| {
             chat(&inner, &message, &options, on_piece)
@@ -621,25 +650,27 @@ impl Session {
     }
 
     /// Forgets the conversation.
-    fn reset(&self) -> PyResult<()> {
-        lock(&self.inner)?.reset();
-        Ok(())
+    fn reset(&self, py: Python<'_>) -> PyResult<()> {
+        // The lock waits for a running chat: without the GIL.
+        py.detach(|| lock(&self.inner).map(|mut s| s.reset()))
     }
 
     /// The conversation's messages as (role, content) pairs.
     #[getter]
-    fn messages(&self) -> PyResult<Vec<(String, String)>> {
-        Ok(lock(&self.inner)?
-            .messages()
-            .iter()
-            .map(|m| (m.role.clone(), m.content.clone()))
-            .collect())
+    fn messages(&self, py: Python<'_>) -> PyResult<Vec<(String, String)>> {
+        py.detach(|| {
+            Ok(lock(&self.inner)?
+                .messages()
+                .iter()
+                .map(|m| (m.role.clone(), m.content.clone()))
+                .collect())
+        })
     }
 
     /// Every token id in the cache's history.
     #[getter]
-    fn tokens(&self) -> PyResult<Vec<u32>> {
-        Ok(lock(&self.inner)?.tokens().to_vec())
+    fn tokens(&self, py: Python<'_>) -> PyResult<Vec<u32>> {
+        py.detach(|| Ok(lock(&self.inner)?.tokens().to_vec()))
     }
 }
 
@@ -652,10 +683,17 @@ enum Event {
 /// waits with the GIL released; `cancel()` (from any thread, so the class
 /// is frozen: a method never holds the object while another runs),
 /// `close()`, or dropping the stream stops the generation.
+///
+/// The worker hands each piece over and waits until it is taken (a
+/// rendezvous channel), so it is never more than one token ahead of the
+/// reader: a reader that stops stops the GPU work.
 #[pyclass(frozen, module = "sieve._sieve")]
 struct Stream {
     cancel: CancelToken,
-    events: Mutex<Receiver<Event>>,
+    /// Set while the generation runs: a stream that ended must not cancel,
+    /// since a session's token is shared with its next call.
+    running: Arc<AtomicBool>,
+    events: Mutex<Option<Receiver<Event>>>,
     worker: Mutex<Option<JoinHandle<()>>>,
     result: Mutex<Option<Generation>>,
 }
@@ -665,18 +703,35 @@ impl Stream {
         cancel: CancelToken,
         run: impl FnOnce(&mut dyn FnMut(&str) -> bool) -> PyResult<Generation> + Send + 'static,
     ) -> Stream {
-        let (tx, rx) = channel();
+        let (tx, rx) = sync_channel(0);
+        let running = Arc::new(AtomicBool::new(true));
+        let flag = running.clone();
         let worker = std::thread::spawn(move || {
             let pieces = tx.clone();
             let mut on_piece = |p: &str| pieces.send(Event::Piece(p.to_string())).is_ok();
-            let out = run(&mut on_piece);
+            // A panic inside sieve ends the stream with an error, not as if
+            // the answer were complete.
+            let out = catch_unwind(AssertUnwindSafe(|| run(&mut on_piece))).unwrap_or_else(|_| {
+                Err(SieveError::new_err(
+                    "internal error in sieve while generating (please report)",
+                ))
+            });
+            flag.store(false, Ordering::SeqCst);
             let _ = tx.send(Event::Done(out));
         });
         Stream {
             cancel,
-            events: Mutex::new(rx),
+            running,
+            events: Mutex::new(Some(rx)),
             worker: Mutex::new(Some(worker)),
             result: Mutex::new(None),
+        }
+    }
+
+    /// Stops the generation if it still runs.
+    fn stop(&self) {
+        if self.running.load(Ordering::SeqCst) {
+            self.cancel.cancel();
         }
     }
 
@@ -692,7 +747,11 @@ impl Stream {
 
 impl Drop for Stream {
     fn drop(&mut self) {
-        self.cancel.cancel();
+        self.stop();
+        // Without a reader the worker's next hand-over fails and it ends.
+        if let Ok(mut rx) = self.events.lock() {
+            rx.take();
+        }
         if let Some(w) = self.take_worker() {
             let _ = w.join();
         }
@@ -713,7 +772,7 @@ impl Stream {
             if self.finished().is_some() {
                 return None;
             }
-            rx.recv().ok()
+            rx.as_ref()?.recv().ok()
         });
         match event {
             Some(Event::Piece(p)) => Ok(p),
@@ -736,12 +795,12 @@ impl Stream {
 
     /// Stops the generation from any thread; iteration then ends.
     fn cancel(&self) {
-        self.cancel.cancel();
+        self.stop();
     }
 
     /// Stops the generation and waits for it; returns its `Generation`.
     fn close(&self, py: Python<'_>) -> PyResult<Option<Generation>> {
-        self.cancel.cancel();
+        self.stop();
         // Drain to the end: the worker's last event is its result.
         loop {
             match self.__next__(py) {

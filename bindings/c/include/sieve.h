@@ -87,7 +87,8 @@ typedef struct sieve_load_options {
 // A conversation's context and KV cache.
 typedef struct sieve_session_options {
   // Longest context (prompt and answers) of a full cache; 0 = the
-  // model's, at most 8192. A bounded cache ignores it.
+  // model's, at most 8192. Only for the full cache: with a policy it
+  // must be 0.
   size_t max_context;
   // Eviction policy of a bounded cache ("window", "tova", "epikv",
   // "snapkv", "expected-attention", ...; docs/POLICIES.md), or NULL /
@@ -234,7 +235,8 @@ enum sieve_status sieve_tokenize(const struct sieve_llm *llm,
                                  size_t *n_ids);
 
 // The text of `n_ids` token ids into `text`, which holds `capacity` bytes:
-// UTF-8 and a NUL; `*len` gets the length without the NUL.
+// UTF-8 and a NUL; `*len` gets the length without the NUL, so the
+// capacity needed is `*len + 1`.
 enum sieve_status sieve_detokenize(const struct sieve_llm *llm,
                                    const uint32_t *ids,
                                    size_t n_ids,

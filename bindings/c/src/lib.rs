@@ -16,11 +16,16 @@
 //! * Output buffers are the caller's, with their capacity; the size needed
 //!   is always written, and a buffer too small gives
 //!   `SIEVE_ERROR_BUFFER_TOO_SMALL` with nothing else written.
-//! * No Rust panic crosses into C: a bug inside sieve comes back as
-//!   `SIEVE_ERROR_INTERNAL`.
+//! * No Rust panic crosses into C: a bug inside a function that returns a
+//!   status comes back as `SIEVE_ERROR_INTERNAL`; the `*_free` functions
+//!   catch one too.
+//! * The piece callback runs on the calling thread while the session is
+//!   locked: from it, only `sieve_cancel` and `sieve_cancel_reset` may be
+//!   called on that session (anything else on it waits forever), and it
+//!   must return normally (no longjmp, no C++ exception).
 //!
 //! A `sieve_llm` may be shared by threads (sessions, tokenize, logits
-//! concurrently). A `sieve_session` is one conversation: calls on it are
+//! concurrently); it must not be freed while another thread uses it. A `sieve_session` is one conversation: calls on it are
 //! serialized, except [`sieve_cancel`], meant for another thread. A
 //! session keeps the model alive: the `sieve_llm` may be freed first.
 
@@ -144,7 +149,8 @@ pub struct sieve_load_options {
 #[repr(C)]
 pub struct sieve_session_options {
     /// Longest context (prompt and answers) of a full cache; 0 = the
-    /// model's, at most 8192. A bounded cache ignores it.
+    /// model's, at most 8192. Only for the full cache: with a policy it
+    /// must be 0.
     pub max_context: usize,
     /// Eviction policy of a bounded cache ("window", "tova", "epikv",
     /// "snapkv", "expected-attention", ...; docs/POLICIES.md), or NULL /
@@ -337,18 +343,18 @@ fn give<T>(out: *mut *mut T, value: T) {
     unsafe { *out = Box::into_raw(Box::new(value)) };
 }
 
-/// Frees the handle at `*handle` and sets it to NULL.
+/// Frees the handle at `*handle` and sets it to NULL; a panic while
+/// dropping it is caught (the handle is gone either way).
 fn take<T>(handle: *mut *mut T) {
     if handle.is_null() {
         return;
     }
     // SAFETY: `*handle` is NULL or a handle this library made and has not
     // freed (freeing sets it to NULL).
-    unsafe {
-        let p = std::mem::replace(&mut *handle, std::ptr::null_mut());
-        if !p.is_null() {
-            drop(Box::from_raw(p));
-        }
+    let p = unsafe { std::mem::replace(&mut *handle, std::ptr::null_mut()) };
+    if !p.is_null() {
+        // SAFETY: `p` came from `Box::into_raw` in `give`.
+        let _ = catch_unwind(AssertUnwindSafe(|| drop(unsafe { Box::from_raw(p) })));
     }
 }
 
@@ -490,6 +496,11 @@ fn cache_options(o: &sieve_session_options) -> Result<Option<CacheOptions>, Fail
             ));
         }
         return Ok(None);
+    }
+    if o.max_context != 0 {
+        return Err(invalid_options(
+            "max_context sizes the full cache; a bounded cache holds budget + chunk entries",
+        ));
     }
     if o.budget == 0 {
         return Err(invalid_options(format!(
@@ -760,7 +771,8 @@ pub extern "C" fn sieve_tokenize(
 }
 
 /// The text of `n_ids` token ids into `text`, which holds `capacity` bytes:
-/// UTF-8 and a NUL; `*len` gets the length without the NUL.
+/// UTF-8 and a NUL; `*len` gets the length without the NUL, so the
+/// capacity needed is `*len + 1`.
 #[no_mangle]
 pub extern "C" fn sieve_detokenize(
     llm: *const sieve_llm,
@@ -822,6 +834,9 @@ pub extern "C" fn sieve_logits(
             None => None,
         };
         let vocab = llm.model.config.vocab_size;
+        if logits.is_null() && capacity > 0 {
+            return Err(invalid_argument("logits is NULL and its capacity not 0"));
+        }
         if capacity < vocab {
             // Refused before the model runs.
             return write_out(

@@ -71,10 +71,28 @@ static bool collect(const char *piece, size_t len, void *user_data) {
 }
 
 static void *cancel_soon(void *session) {
-    struct timespec pause = {0, 300 * 1000 * 1000};
+    struct timespec pause = {0, 100 * 1000 * 1000};
     nanosleep(&pause, NULL);
     CHECK(sieve_cancel(session) == SIEVE_OK);
     return NULL;
+}
+
+/* Starts a thread that cancels `user_data`'s session once the first piece
+ * arrived, so the cancel lands while tokens are generated. */
+struct canceller {
+    sieve_session *session;
+    pthread_t thread;
+    int started;
+};
+
+static bool start_canceller(const char *piece, size_t len, void *user_data) {
+    (void)piece;
+    (void)len;
+    struct canceller *c = user_data;
+    if (!c->started) {
+        c->started = pthread_create(&c->thread, NULL, cancel_soon, c->session) == 0;
+    }
+    return true;
 }
 
 static void *fail_here(void *llm) {
@@ -107,6 +125,9 @@ int main(int argc, char **argv) {
     lo = sieve_load_options_default();
     lo.kv_dtype = "f8";
     EXPECT_ERROR(sieve_llm_load(model, &lo, &llm), SIEVE_ERROR_INVALID_OPTIONS, "kv_dtype");
+    lo = sieve_load_options_default();
+    lo.backend = "glide";
+    EXPECT_ERROR(sieve_llm_load(model, &lo, &llm), SIEVE_ERROR_INVALID_OPTIONS, "glide");
     lo = sieve_load_options_default();
     lo.kernels = "fast";
     EXPECT_ERROR(sieve_llm_load(model, &lo, &llm), SIEVE_ERROR_INVALID_OPTIONS, "fast");
@@ -153,6 +174,8 @@ int main(int argc, char **argv) {
     EXPECT_ERROR(sieve_logits(llm, three, 3, NULL, logits, vocab - 1, &n_logits),
                  SIEVE_ERROR_BUFFER_TOO_SMALL, "do not fit");
     CHECK(n_logits == vocab);
+    EXPECT_ERROR(sieve_logits(llm, three, 3, NULL, NULL, vocab, &n_logits),
+                 SIEVE_ERROR_INVALID_ARGUMENT, "logits is NULL");
     EXPECT_ERROR(sieve_logits(llm, three, 0, NULL, logits, vocab, &n_logits),
                  SIEVE_ERROR_INVALID_OPTIONS, "no token ids");
     EXPECT_ERROR(sieve_logits(llm, &bad_id, 1, NULL, logits, vocab, &n_logits),
@@ -188,6 +211,11 @@ int main(int argc, char **argv) {
     so.recent = 100;
     EXPECT_ERROR(sieve_session_new(llm, &so, &s), SIEVE_ERROR_INVALID_OPTIONS, "sinks");
     EXPECT_ERROR(sieve_session_new(NULL, NULL, &s), SIEVE_ERROR_INVALID_ARGUMENT, "llm");
+    so = sieve_session_options_default();
+    so.policy = "window";
+    so.budget = 128;
+    so.max_context = 512;
+    EXPECT_ERROR(sieve_session_new(llm, &so, &s), SIEVE_ERROR_INVALID_OPTIONS, "max_context");
     CHECK(s == NULL);
 
     /* A prompt longer than a small full cache. */
@@ -197,7 +225,7 @@ int main(int argc, char **argv) {
     EXPECT_ERROR(sieve_session_chat(s, "Tell me everything you know about the history of "
                                        "the city of Paris, its people and its rivers.",
                                     NULL, NULL, NULL, NULL),
-                 SIEVE_ERROR_PROMPT_TOO_LONG, "");
+                 SIEVE_ERROR_PROMPT_TOO_LONG, "the context is 32 tokens");
     sieve_session_free(&s);
     CHECK(s == NULL);
     sieve_session_free(&s); /* a second free through the handle does nothing */
@@ -262,12 +290,13 @@ int main(int argc, char **argv) {
 
     /* A cancel from another thread stops an endless answer. */
     go.max_tokens = 100000;
-    pthread_t canceller;
-    CHECK(pthread_create(&canceller, NULL, cancel_soon, s) == 0);
-    CHECK(sieve_session_chat(s, "Write a long story.", &go, NULL, NULL, &stats) == SIEVE_OK);
-    pthread_join(canceller, NULL);
+    struct canceller canceller = {s, 0, 0};
+    CHECK(sieve_session_chat(s, "Write a long story.", &go, start_canceller, &canceller,
+                             &stats) == SIEVE_OK);
+    CHECK(canceller.started);
+    if (canceller.started) pthread_join(canceller.thread, NULL);
     CHECK(stats.stop == SIEVE_STOP_CANCELLED);
-    CHECK(stats.generated_tokens < 100000);
+    CHECK(stats.generated_tokens >= 1 && stats.generated_tokens < 100000);
     CHECK(sieve_cancel_reset(s) == SIEVE_OK);
 
     /* Error messages are per thread. */

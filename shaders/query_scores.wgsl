@@ -14,13 +14,16 @@
 //              + t) and query head a, the log-sum-exp over the present slots
 //              the query sees (key position <= its own; inside the layer's
 //              sliding window) of scale * q.k, merged page by page (the
-//              first page overwrites). One workgroup of 64 per (t, a):
-//              dispatch (queries, n_heads, 1).
+//              first page overwrites). One workgroup of 64 per TILE (8)
+//              queries and query head: dispatch (ceil(queries / 8), n_heads, 1).
 //   snap_mean  per page: m[a, i] = (1 / queries) * sum over the window
 //              queries t that see slot i of exp(scale q_t.k_i - lse[t, a]),
 //              for the slots before `end` (the entries older than the
 //              window). Dispatch (ceil(slots in page before end / 64),
 //              n_heads, 1).
+//   Both, and ea_logits, read the window TILE rows at a time into
+//   workgroup memory (8 KB: head_dim at most 256), so each key read from
+//   the cache serves TILE queries.
 //   snap_pool  per_head[l, h, i] = mean over h's query heads a of
 //              (1 / kernel) * sum over t in i - kernel/2 ..= i + kernel/2,
 //              0 <= t < end, of m[a, t] (avg_pool1d, zero padding counted).
@@ -72,8 +75,8 @@
 //  11 vc        storage read  [page.len, n_kv * hd4] KvPacked  the same page of the
 //                             layer's value cache (Expected Attention)
 // (Eight storage buffers: WebGPU's default limit.)
-// Per-invocation loop counts: hd4 (keep), page.len * hd4 / 64 (snap_lse),
-// queries * hd4 (snap_mean, ea_logits), kernel * heads per KV head
+// Per-invocation loop counts: hd4 (keep), page.len * hd4 * 8 / 64
+// (snap_lse), queries * hd4 (snap_mean, ea_logits), kernel * heads per KV head
 // (snap_pool), queries (ea_mean), slots / 64 (ea_softmax), hd4 * heads per
 // KV head (ea_combine), n_kv * slots / 64 (top_up), n_layers * n_kv (mean).
 struct QueryParams {
@@ -182,24 +185,6 @@ fn query_position(t: u32) -> u32 {
     return count.last_pos + 1u + t - count.queries;
 }
 
-// scale * q.k of window query t, head a, and the entry in slot i (in the
-// bound page); whether the query sees the entry.
-fn logit(t: u32, a: u32, i: u32) -> vec2<f32> {
-    let qp = query_position(t);
-    let kvh = a / (p.n_heads / p.n_kv);
-    let kp = kpos[i * p.kpos_lists + p.kpos_first + kvh * p.kpos_per_kv];
-    if (kp > qp || (p.window > 0u && qp - kp >= p.window)) {
-        return vec2<f32>(0.0, 0.0);
-    }
-    let qb = (p.layer * p.ring + qp % p.ring) * p.n_heads * p.hd4 + a * p.hd4;
-    let kb = (i - page.first) * p.n_kv * p.hd4 + kvh * p.hd4;
-    var s = 0.0;
-    for (var d = 0u; d < bounded(p.hd4); d++) {
-        s += dot(ring[qb + d], unpack_kv(kc[kb + d]));
-    }
-    return vec2<f32>(s * p.scale, 1.0);
-}
-
 // Slots of the bound page below `limit`.
 fn page_below(limit: u32) -> u32 {
     if (limit <= page.first) {
@@ -230,50 +215,137 @@ fn merge_workgroup(lid: u32, acc: vec2<f32>) -> vec2<f32> {
     return partial[0];
 }
 
+// Window queries are read TILE at a time into `qtile` (one query head's
+// rows): every key a lane loads then serves TILE queries, which cuts the
+// key-cache reads TILE-fold (head_dim at most 4 x QTILE_VEC4 / TILE).
+const TILE: u32 = 8u;
+const QTILE_VEC4: u32 = 512u;
+var<workgroup> qtile: array<vec4<f32>, QTILE_VEC4>;
+
+// Loads rows t0 .. t0 + TILE of query head a into `qtile` (u * hd4 + d),
+// zeros past the window: the window's queries from the ring, or with
+// `centered` Expected Attention's centered rotated rows from the scratch.
+// The whole workgroup calls it.
+fn load_tile(lid: u32, t0: u32, a: u32, centered: bool) {
+    workgroupBarrier();
+    for (var c = lid; c < bounded(TILE * p.hd4); c += 64u) {
+        let t = t0 + c / p.hd4;
+        var v = vec4<f32>(0.0);
+        if (t < count.queries && a < p.n_heads) {
+            let row = select(ring_row(t) + a * p.hd4, scratch_at(t, a), centered);
+            v = ring[row + c % p.hd4];
+        }
+        qtile[c] = v;
+    }
+    workgroupBarrier();
+}
+
+// scale * q.k for the TILE queries in `qtile` and the key at vec4 `kb` of
+// the bound page.
+fn tile_logits(kb: u32) -> array<f32, TILE> {
+    var s: array<f32, TILE>;
+    for (var d = 0u; d < bounded(p.hd4); d++) {
+        let k = unpack_kv(kc[kb + d]);
+        for (var u = 0u; u < TILE; u++) {
+            s[u] += dot(qtile[u * p.hd4 + d], k);
+        }
+    }
+    for (var u = 0u; u < TILE; u++) {
+        s[u] *= p.scale;
+    }
+    return s;
+}
+
+// Whether the query at position qp sees the key at position kp.
+fn sees(qp: u32, kp: u32) -> bool {
+    return kp <= qp && (p.window == 0u || qp - kp < p.window);
+}
+
+// The key position of slot i for query head a's KV head.
+fn key_position(a: u32, i: u32) -> u32 {
+    let kvh = a / (p.n_heads / p.n_kv);
+    return kpos[i * p.kpos_lists + p.kpos_first + kvh * p.kpos_per_kv];
+}
+
+// The vec4 where slot i's key for query head a starts in the bound page.
+fn key_base(a: u32, i: u32) -> u32 {
+    let kvh = a / (p.n_heads / p.n_kv);
+    return (i - page.first) * p.n_kv * p.hd4 + kvh * p.hd4;
+}
+
+// One workgroup per TILE window queries and query head: each lane takes
+// every 64th slot of the page and keeps a (max, sum) per query.
 @compute @workgroup_size(64)
 fn snap_lse(
     @builtin(workgroup_id) wid: vec3<u32>,
     @builtin(local_invocation_index) lid: u32,
 ) {
-    let t = wid.x;
+    let t0 = wid.x * TILE;
     let a = wid.y;
-    if (t >= count.queries || a >= p.n_heads) {
-        return;
+    load_tile(lid, t0, a, false);
+    var acc: array<vec2<f32>, TILE>;
+    for (var u = 0u; u < TILE; u++) {
+        acc[u] = vec2<f32>(-3.4e38, 0.0);
     }
-    var acc = vec2<f32>(-3.4e38, 0.0);
-    for (var j = lid; j < bounded(page_below(count.n)); j += 64u) {
-        let l = logit(t, a, page.first + j);
-        if (l.y > 0.0) {
-            acc = merge(acc, vec2<f32>(l.x, 1.0));
+    if (a < p.n_heads) {
+        for (var j = lid; j < bounded(page_below(count.n)); j += 64u) {
+            let i = page.first + j;
+            let kp = key_position(a, i);
+            let s = tile_logits(key_base(a, i));
+            for (var u = 0u; u < TILE; u++) {
+                if (sees(query_position(t0 + u), kp)) {
+                    acc[u] = merge(acc[u], vec2<f32>(s[u], 1.0));
+                }
+            }
         }
     }
-    let total = merge_workgroup(lid, acc);
-    if (lid == 0u) {
-        let at = t * p.n_heads + a;
-        if (page.first == 0u) {
-            lse_set(at, total);
-        } else {
-            lse_set(at, merge(lse_get(at), total));
+    for (var u = 0u; u < TILE; u++) {
+        let total = merge_workgroup(lid, acc[u]);
+        let t = t0 + u;
+        if (lid == 0u && t < count.queries && a < p.n_heads) {
+            let at = t * p.n_heads + a;
+            if (page.first == 0u) {
+                lse_set(at, total);
+            } else {
+                lse_set(at, merge(lse_get(at), total));
+            }
         }
+        // merge_workgroup's next call overwrites `partial`.
+        workgroupBarrier();
     }
 }
 
 @compute @workgroup_size(64)
-fn snap_mean(@builtin(global_invocation_id) gid: vec3<u32>) {
+fn snap_mean(
+    @builtin(global_invocation_id) gid: vec3<u32>,
+    @builtin(local_invocation_index) lid: u32,
+) {
     let a = gid.y;
-    if (gid.x >= page_below(count.end) || a >= p.n_heads) {
-        return;
-    }
+    let live = gid.x < page_below(count.end) && a < p.n_heads;
     let i = page.first + gid.x;
+    var kp = 0u;
+    var kb = 0u;
+    if (live) {
+        kp = key_position(a, i);
+        kb = key_base(a, i);
+    }
     var sum = 0.0;
-    for (var t = 0u; t < bounded(count.queries); t++) {
-        let l = logit(t, a, i);
-        if (l.y > 0.0) {
-            let s = lse_get(t * p.n_heads + a);
-            sum += exp(l.x - s.x) / s.y;
+    for (var t0 = 0u; t0 < bounded(count.queries); t0 += TILE) {
+        load_tile(lid, t0, a, false);
+        if (live) {
+            let s = tile_logits(kb);
+            for (var u = 0u; u < TILE; u++) {
+                let t = t0 + u;
+                if (t < count.queries && sees(query_position(t), kp)) {
+                    let l = lse_get(t * p.n_heads + a);
+                    sum += exp(s[u] - l.x) / l.y;
+                }
+            }
         }
     }
-    work[m_at(a, i)] = sum / f32(count.queries);
+    if (live) {
+        work[m_at(a, i)] = sum / f32(count.queries);
+    }
 }
 
 fn cell(h: u32, i: u32) -> u32 {
@@ -398,30 +470,38 @@ fn ea_center(@builtin(global_invocation_id) gid: vec3<u32>) {
 }
 
 @compute @workgroup_size(64)
-fn ea_logits(@builtin(global_invocation_id) gid: vec3<u32>) {
+fn ea_logits(
+    @builtin(global_invocation_id) gid: vec3<u32>,
+    @builtin(local_invocation_index) lid: u32,
+) {
     let a = gid.y;
     let i = page.first + gid.x;
-    if (gid.x >= page_below(count.end) || i < count.first || a >= p.n_heads) {
-        return;
-    }
-    let kvh = a / (p.n_heads / p.n_kv);
-    let kb = (i - page.first) * p.n_kv * p.hd4 + kvh * p.hd4;
-    let mb = scratch_at(count.queries + 1u, a);
+    let live = gid.x < page_below(count.end) && i >= count.first && a < p.n_heads;
+    var kb = 0u;
     var linear = 0.0;
-    for (var d = 0u; d < bounded(p.hd4); d++) {
-        linear += dot(ring[mb + d], unpack_kv(kc[kb + d]));
-    }
-    var quadratic = 0.0;
-    for (var t = 0u; t < bounded(count.queries); t++) {
-        let cb = scratch_at(t, a);
-        var c = 0.0;
+    if (live) {
+        kb = key_base(a, i);
+        let mb = scratch_at(count.queries + 1u, a);
         for (var d = 0u; d < bounded(p.hd4); d++) {
-            c += dot(ring[cb + d], unpack_kv(kc[kb + d]));
+            linear += dot(ring[mb + d], unpack_kv(kc[kb + d]));
         }
-        quadratic += c * c;
     }
-    let z = p.scale * linear + p.scale * p.scale * quadratic / (2.0 * f32(count.queries));
-    work[m_at(a, i)] = z;
+    // The centered rotated rows, TILE at a time (rows past the window are
+    // zero and add nothing): scale^2 sum_t (c_t.k)^2.
+    var quadratic = 0.0;
+    for (var t0 = 0u; t0 < bounded(count.queries); t0 += TILE) {
+        load_tile(lid, t0, a, true);
+        if (live) {
+            let s = tile_logits(kb);
+            for (var u = 0u; u < TILE; u++) {
+                quadratic += s[u] * s[u];
+            }
+        }
+    }
+    if (live) {
+        let z = p.scale * linear + quadratic / (2.0 * f32(count.queries));
+        work[m_at(a, i)] = z;
+    }
 }
 
 @compute @workgroup_size(64)

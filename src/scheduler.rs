@@ -27,7 +27,7 @@
 //! ```
 
 use anyhow::Context;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use web_time::Instant;
 
@@ -782,6 +782,81 @@ fn make_room(
         *evicted.entry(s.cache.opts.policy.name()).or_default() += gone;
     }
     Ok(())
+}
+
+/// A generation for [`run_jobs`]: its prompt and its cache (None: the full
+/// one).
+pub type Job = (Vec<u32>, Option<CacheOptions>);
+
+/// Most generations [`jobs_that_fit`] steps together: past a few dozen, a
+/// step is bound by the mat-muls' arithmetic and by every sequence's own
+/// attention dispatches, and more sequences add memory but little speed.
+pub const AUTO_BATCH_CAP: usize = 32;
+
+/// Cache slots a sequence of `jobs` needs with up to `max_new` new tokens:
+/// the longest prompt and answer (within the model's context) or the
+/// largest bounded cache (budget + chunk).
+fn job_slots(model: &Model, jobs: &[Job], max_new: usize) -> usize {
+    let full = |p: &[u32]| (p.len() + max_new + 1).min(model.config.max_position_embeddings);
+    let slots = jobs
+        .iter()
+        .map(|(p, c)| c.map_or_else(|| full(p), |c| c.capacity()));
+    slots.max().unwrap_or(1).max(1)
+}
+
+/// Sequences to step `jobs` with up to `max_new` new tokens each in:
+/// as many as the jobs, the device's memory and [`AUTO_BATCH_CAP`] allow.
+pub fn jobs_that_fit(model: &Model, jobs: &[Job], max_new: usize) -> usize {
+    let slots = job_slots(model, jobs, max_new);
+    SchedulerOptions::sequences_that_fit(model, slots, AUTO_BATCH_CAP).min(jobs.len())
+}
+
+/// Generations of `jobs`, all with `opts`, `max_sequences` at a time
+/// stepped together on one scheduler (the weights read once per step for
+/// all of them), each as if alone: no cache is reused, and a full cache
+/// holds the longest prompt and answer within the model's context (a
+/// longer one ends with `ContextFull`, as alone). `done(job index, generation,
+/// seconds from its start to its end)` is called as each finishes, in that
+/// order. The first error, of a sequence or of `done`, ends the run.
+pub fn run_jobs<E: From<Error>>(
+    llm: &Llm,
+    jobs: &[Job],
+    opts: &GenerateOptions,
+    max_sequences: usize,
+    mut done: impl FnMut(usize, Generation, f64) -> std::result::Result<(), E>,
+) -> std::result::Result<(), E> {
+    let max_sequences = max_sequences.clamp(1, jobs.len().max(1));
+    let sched = SchedulerOptions {
+        max_sequences,
+        step_tokens: SchedulerOptions::default().step_tokens.max(max_sequences),
+        max_context: job_slots(&llm.model, jobs, opts.max_new_tokens),
+        cache: None,
+        reuse: false,
+    };
+    let mut scheduler = Scheduler::new(llm, sched)?;
+    let mut running = HashMap::new();
+    let mut next = 0;
+    loop {
+        while next < jobs.len() && scheduler.active() < max_sequences {
+            let (prompt, cache) = &jobs[next];
+            let id = scheduler.add(prompt, opts.clone(), *cache, |_| true)?;
+            running.insert(id, (next, Instant::now()));
+            next += 1;
+        }
+        if scheduler.active() == 0 {
+            return Ok(());
+        }
+        let finished = scheduler.step()?;
+        if let Some((_, e)) = scheduler.take_failed().into_iter().next() {
+            return Err(e.into());
+        }
+        for (id, g) in finished {
+            // Every finished sequence was added above.
+            if let Some((i, t)) = running.remove(&id) {
+                done(i, g, t.elapsed().as_secs_f64())?;
+            }
+        }
+    }
 }
 
 /// The KV pool of a scheduler: `max_sequences` caches of `max_context`

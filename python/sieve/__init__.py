@@ -6,7 +6,7 @@
     'The capital of France is Paris.'
 
 ``Llm`` loads a model (a Hugging Face folder or a GGUF file); ``generate``,
-``stream``, ``chat`` and ``session`` run it; ``logits`` returns numpy
+``stream``, ``chat``, ``session`` and ``batch`` run it; ``logits`` returns numpy
 arrays; ``sieve.presses`` bound the KV cache as kvpress's presses do, and
 ``sieve.pipeline`` answers questions about a context as kvpress's pipeline
 does. Errors are ``sieve.SieveError`` subclasses. The GIL is released
@@ -278,13 +278,16 @@ class Llm:
         stop: Union[str, Sequence[str], None] = None,
         ignore_eos: bool = False,
         cache: Optional[Press] = None,
+        trace: bool = False,
     ) -> Generation:
         """Continues ``prompt`` (text as it is, no chat template; or token
         ids) on a fresh cache, the full one or the press's. A press with a
-        compression_ratio compresses the prompt once, before the answer."""
+        compression_ratio compresses the prompt once, before the answer.
+        With ``trace`` (a press only) the Generation's ``trace`` holds each
+        refresh's kept and evicted positions and scores as numpy arrays."""
         ids = self._ids(prompt)
         opts = _options(max_tokens, temperature, top_k, top_p, seed, stop, ignore_eos)
-        return self._llm.generate(ids, len(ids), opts, _cache(cache))
+        return self._llm.generate(ids, len(ids), opts, _cache(cache), trace)
 
     def stream(
         self,
@@ -298,11 +301,38 @@ class Llm:
         stop: Union[str, Sequence[str], None] = None,
         ignore_eos: bool = False,
         cache: Optional[Press] = None,
+        trace: bool = False,
     ) -> Stream:
         """As ``generate``, streamed: ``for piece in llm.stream(...)``."""
         ids = self._ids(prompt)
         opts = _options(max_tokens, temperature, top_k, top_p, seed, stop, ignore_eos)
-        return Stream(self._llm.stream(ids, len(ids), opts, _cache(cache)))
+        return Stream(self._llm.stream(ids, len(ids), opts, _cache(cache), trace))
+
+    def batch(
+        self,
+        prompts: Sequence[Union[str, Sequence[int]]],
+        *,
+        max_tokens: int = 256,
+        temperature: float = 0.0,
+        top_k: int = 0,
+        top_p: float = 1.0,
+        seed: int = 0,
+        stop: Union[str, Sequence[str], None] = None,
+        ignore_eos: bool = False,
+        cache: Optional[Press] = None,
+        max_sequences: Optional[int] = None,
+    ) -> list:
+        """``generate`` for every prompt, stepped together on sieve's
+        scheduler (the weights read once per step for all of them): up to
+        ``max_sequences`` at a time (None: as many as the device's memory
+        allows, at most 32), each on a fresh cache (the full one or its own
+        of the press). The Generations, in the order of ``prompts``; their
+        ``cache_entries`` is None."""
+        if isinstance(prompts, str):
+            raise TypeError("batch takes a list of prompts, not one string")
+        ids = [self._ids(p) for p in prompts]
+        opts = _options(max_tokens, temperature, top_k, top_p, seed, stop, ignore_eos)
+        return self._llm.batch(ids, [len(i) for i in ids], opts, _cache(cache), max_sequences)
 
     def chat(
         self,
@@ -316,6 +346,7 @@ class Llm:
         stop: Union[str, Sequence[str], None] = None,
         ignore_eos: bool = False,
         cache: Optional[Press] = None,
+        trace: bool = False,
     ) -> Generation:
         """The assistant's answer to ``messages`` on the model's chat template."""
         return self.generate(
@@ -328,6 +359,7 @@ class Llm:
             stop=stop,
             ignore_eos=ignore_eos,
             cache=cache,
+            trace=trace,
         )
 
     def session(self, *, cache: Optional[Press] = None, max_context: int = 0) -> Session:

@@ -29,9 +29,11 @@ class Generation:
     decode_seconds: float
     stop_reason: str
     cache_budget: Optional[int]
-    cache_entries: int
+    cache_entries: Optional[int]
     @property
     def tokens_per_second(self) -> float: ...
+    @property
+    def trace(self) -> Optional[list[dict]]: ...
 
 class Stream:
     def __iter__(self) -> "Stream": ...
@@ -73,9 +75,27 @@ class Llm:
     def apply_chat_template(self, messages: Sequence[tuple[str, str]], add_generation_prompt: bool) -> str: ...
     def logits(self, ids: Sequence[int], cache: Optional[dict] = None) -> npt.NDArray[np.float32]: ...
     def generate(
-        self, ids: Sequence[int], n_context: int, options: Optional[dict] = None, cache: Optional[dict] = None
+        self,
+        ids: Sequence[int],
+        n_context: int,
+        options: Optional[dict] = None,
+        cache: Optional[dict] = None,
+        trace: bool = False,
     ) -> Generation: ...
     def stream(
-        self, ids: Sequence[int], n_context: int, options: Optional[dict] = None, cache: Optional[dict] = None
+        self,
+        ids: Sequence[int],
+        n_context: int,
+        options: Optional[dict] = None,
+        cache: Optional[dict] = None,
+        trace: bool = False,
     ) -> Stream: ...
+    def batch(
+        self,
+        prompts: Sequence[Sequence[int]],
+        n_contexts: Sequence[int],
+        options: Optional[dict] = None,
+        cache: Optional[dict] = None,
+        max_sequences: Optional[int] = None,
+    ) -> list[Generation]: ...
     def session(self, max_context: int = 0, cache: Optional[dict] = None) -> Session: ...

@@ -17,7 +17,8 @@ use pyo3::exceptions::{PyException, PyStopIteration};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
-use sieve::cache::Granularity;
+use sieve::cache::{Granularity, RefreshRecord};
+use sieve::scheduler::{jobs_that_fit, run_jobs};
 use sieve::tokenizer::Message;
 use sieve::{
     CacheOptions, CancelToken, ErrorKind, GenerateOptions, LoadOptions, Policy, Progress,
@@ -263,28 +264,41 @@ fn generate_options(dict: Option<&Bound<'_, PyDict>>) -> PyResult<GenerateOption
 }
 
 /// A finished generation: its text, token ids and statistics.
-#[pyclass(frozen, get_all, module = "sieve")]
+#[pyclass(frozen, module = "sieve")]
 #[derive(Clone)]
 struct Generation {
+    /// With `trace=True`: the bounded cache's refreshes (the `trace`
+    /// getter turns them into numpy arrays).
+    refreshes: Option<Arc<Vec<RefreshRecord>>>,
     /// The generated text (cut before a stop string).
+    #[pyo3(get)]
     text: String,
     /// The generated token ids.
+    #[pyo3(get)]
     ids: Vec<u32>,
     /// Tokens of the prompt fed by this call.
+    #[pyo3(get)]
     prompt_tokens: usize,
     /// Tokens generated.
+    #[pyo3(get)]
     generated_tokens: usize,
     /// Seconds to read the prompt and sample the first token.
+    #[pyo3(get)]
     prefill_seconds: f64,
     /// Seconds for the other tokens.
+    #[pyo3(get)]
     decode_seconds: f64,
     /// Why it stopped: "eos", "stop" (a stop string), "length"
     /// (max_tokens), "cancelled" or "context_full".
+    #[pyo3(get)]
     stop_reason: &'static str,
     /// The bounded cache's budget J (None for the full cache).
+    #[pyo3(get)]
     cache_budget: Option<usize>,
-    /// Entries the cache held when the generation ended.
-    cache_entries: usize,
+    /// Entries the cache held when the generation ended (None from
+    /// `batch`, whose caches go back to the scheduler's pool).
+    #[pyo3(get)]
+    cache_entries: Option<usize>,
 }
 
 #[pymethods]
@@ -293,6 +307,37 @@ impl Generation {
     #[getter]
     fn tokens_per_second(&self) -> f64 {
         self.generated_tokens.saturating_sub(1) as f64 / self.decode_seconds.max(1e-9)
+    }
+
+    /// With `trace=True`, one dict per refresh of the bounded cache (the
+    /// records `sieve run --trace` writes): `refresh`, `before_position`,
+    /// and numpy arrays `present`, `protected`, `unprotected`, `kept`
+    /// (uint32 positions), `scores` (float64, one per unprotected entry),
+    /// `kept_lists` (at layer or head granularity, each keep list's kept
+    /// positions; else None). None without `trace`.
+    #[getter]
+    fn trace<'py>(&self, py: Python<'py>) -> PyResult<Option<Vec<Bound<'py, PyDict>>>> {
+        let Some(records) = &self.refreshes else {
+            return Ok(None);
+        };
+        let array = |v: &[u32]| PyArray1::from_slice(py, v);
+        let dicts = records.iter().map(|r| {
+            let d = PyDict::new(py);
+            d.set_item("refresh", r.refresh)?;
+            d.set_item("before_position", r.before_position)?;
+            d.set_item("present", array(&r.present))?;
+            d.set_item("protected", array(&r.protected))?;
+            d.set_item("unprotected", array(&r.unprotected))?;
+            d.set_item("scores", PyArray1::from_slice(py, &r.scores))?;
+            d.set_item("kept", array(&r.kept))?;
+            let lists = r.kept_lists.as_ref();
+            d.set_item(
+                "kept_lists",
+                lists.map(|l| l.iter().map(|k| array(k)).collect::<Vec<_>>()),
+            )?;
+            Ok(d)
+        });
+        dicts.collect::<PyResult<Vec<_>>>().map(Some)
     }
 
     fn __repr__(&self) -> String {
@@ -304,13 +349,26 @@ impl Generation {
 }
 
 impl Generation {
-    /// `g` with the state of the cache it ran on.
+    /// `g` with the state of the cache it ran on, and its refreshes when
+    /// the cache recorded them (taken: the next turn records its own).
     fn new(g: sieve::Generation, session: &mut sieve::Session) -> Self {
         let cache = session.cache();
-        let bounded = cache.capacity().is_some();
+        let budget = cache.capacity().is_some().then_some(cache.opts.budget);
+        let refreshes = cache
+            .record
+            .then(|| Arc::new(std::mem::take(&mut cache.trace)));
         Generation {
-            cache_budget: bounded.then_some(cache.opts.budget),
-            cache_entries: cache.slots.len(),
+            refreshes,
+            ..Generation::of(g, budget, Some(cache.slots.len()))
+        }
+    }
+
+    /// `g` with its cache's budget (None: the full cache) and entries.
+    fn of(g: sieve::Generation, cache_budget: Option<usize>, cache_entries: Option<usize>) -> Self {
+        Generation {
+            refreshes: None,
+            cache_budget,
+            cache_entries,
             text: g.text,
             ids: g.ids,
             prompt_tokens: g.stats.prompt_tokens,
@@ -451,7 +509,7 @@ impl Llm {
 
     /// Generates after `ids` on a fresh cache; with a compression ratio the
     /// first `n_context` ids are the context it compresses.
-    #[pyo3(signature = (ids, n_context, options=None, cache=None))]
+    #[pyo3(signature = (ids, n_context, options=None, cache=None, trace=false))]
     fn generate(
         &self,
         py: Python<'_>,
@@ -459,13 +517,14 @@ impl Llm {
         n_context: usize,
         options: Option<&Bound<'_, PyDict>>,
         cache: Option<&Bound<'_, PyDict>>,
+        trace: bool,
     ) -> PyResult<Generation> {
-        let job = self.job(py, ids, n_context, options, cache)?;
+        let job = self.job(py, ids, n_context, options, cache, trace)?;
         py.detach(move || job.run(|_| true))
     }
 
     /// As `generate`, streamed: an iterator of text pieces.
-    #[pyo3(signature = (ids, n_context, options=None, cache=None))]
+    #[pyo3(signature = (ids, n_context, options=None, cache=None, trace=false))]
     fn stream(
         &self,
         py: Python<'_>,
@@ -473,10 +532,62 @@ impl Llm {
         n_context: usize,
         options: Option<&Bound<'_, PyDict>>,
         cache: Option<&Bound<'_, PyDict>>,
+        trace: bool,
     ) -> PyResult<Stream> {
-        let job = self.job(py, ids, n_context, options, cache)?;
+        let job = self.job(py, ids, n_context, options, cache, trace)?;
         let cancel = job.session.cancel_token();
         Ok(Stream::start(cancel, move |on_piece| job.run(on_piece)))
+    }
+
+    /// Generations after each of `prompts` (ids; the first `n_contexts[i]`
+    /// of prompt i are the context a compression ratio compresses), up to
+    /// `max_sequences` stepped together on one scheduler (None: as many as
+    /// fit, at most 32), each on a fresh cache; in the order of `prompts`.
+    #[pyo3(signature = (prompts, n_contexts, options=None, cache=None, max_sequences=None))]
+    fn batch(
+        &self,
+        py: Python<'_>,
+        prompts: Vec<Vec<u32>>,
+        n_contexts: Vec<usize>,
+        options: Option<&Bound<'_, PyDict>>,
+        cache: Option<&Bound<'_, PyDict>>,
+        max_sequences: Option<usize>,
+    ) -> PyResult<Vec<Generation>> {
+        let options = generate_options(options)?;
+        let spec = cache_spec(cache)?;
+        if prompts.len() != n_contexts.len() {
+            return Err(invalid("one n_context per prompt"));
+        }
+        let mut jobs = Vec::with_capacity(prompts.len());
+        for (ids, n_context) in prompts.into_iter().zip(n_contexts) {
+            let cache =
+                Llm::job_cache(spec.as_ref(), ids.len(), n_context, options.max_new_tokens)?;
+            jobs.push((ids, cache));
+        }
+        if jobs.is_empty() {
+            return Ok(vec![]);
+        }
+        let llm = &self.llm;
+        let max_sequences = match max_sequences {
+            Some(0) => return Err(invalid("max_sequences must be at least 1")),
+            Some(n) => n,
+            None => jobs_that_fit(&llm.model, &jobs, options.max_new_tokens).max(1),
+        };
+        let mut done: Vec<Option<sieve::Generation>> = (0..jobs.len()).map(|_| None).collect();
+        py.detach(|| {
+            run_jobs(llm, &jobs, &options, max_sequences, |i, g, _| {
+                done[i] = Some(g);
+                Ok::<_, sieve::Error>(())
+            })
+        })
+        .map_err(py_err)?;
+        (done.into_iter().zip(&jobs))
+            .map(|(g, (_, cache))| {
+                let g =
+                    g.ok_or_else(|| SieveError::new_err("a batch generation did not finish"))?;
+                Ok(Generation::of(g, cache.map(|c| c.budget), None))
+            })
+            .collect()
     }
 
     /// A conversation with its own cache (a budget, not a ratio).
@@ -500,16 +611,7 @@ impl Llm {
             }
             spec => spec.map(|s| s.opts),
         };
-        let llm = &self.llm;
-        let s = py
-            .detach(|| {
-                llm.session(SessionOptions {
-                    max_context,
-                    cache,
-                    ..Default::default()
-                })
-            })
-            .map_err(py_err)?;
+        let s = self.new_session(py, max_context, cache)?;
         Ok(Session {
             cancel: s.cancel_token(),
             inner: Arc::new(Mutex::new(s)),
@@ -545,6 +647,41 @@ impl Job {
 }
 
 impl Llm {
+    /// A session (allocating its cache) without the GIL.
+    fn new_session(
+        &self,
+        py: Python<'_>,
+        max_context: usize,
+        cache: Option<CacheOptions>,
+    ) -> PyResult<sieve::Session> {
+        let llm = &self.llm;
+        py.detach(|| {
+            llm.session(SessionOptions {
+                max_context,
+                cache,
+                ..Default::default()
+            })
+        })
+        .map_err(py_err)
+    }
+
+    /// The cache of a prompt of `len` ids whose first `n_context` are the
+    /// context, answered in up to `max_new` tokens.
+    fn job_cache(
+        spec: Option<&CacheSpec>,
+        len: usize,
+        n_context: usize,
+        max_new: usize,
+    ) -> PyResult<Option<CacheOptions>> {
+        if n_context > len {
+            return Err(invalid(format!(
+                "n_context {n_context} is longer than the {len} ids"
+            )));
+        }
+        spec.map(|c| c.options(n_context, len - n_context + max_new))
+            .transpose()
+    }
+
     fn job(
         &self,
         py: Python<'_>,
@@ -552,33 +689,23 @@ impl Llm {
         n_context: usize,
         options: Option<&Bound<'_, PyDict>>,
         cache: Option<&Bound<'_, PyDict>>,
+        trace: bool,
     ) -> PyResult<Job> {
         let options = generate_options(options)?;
-        if n_context > ids.len() {
-            return Err(invalid(format!(
-                "n_context {n_context} is longer than the {} ids",
-                ids.len()
-            )));
-        }
-        let after = ids.len() - n_context + options.max_new_tokens;
-        let cache = cache_spec(cache)?
-            .map(|c| c.options(n_context, after))
-            .transpose()?;
+        let spec = cache_spec(cache)?;
+        let cache = Llm::job_cache(spec.as_ref(), ids.len(), n_context, options.max_new_tokens)?;
         // A full cache of the prompt and answer, within the model's context
         // (a longer prompt is refused as too long).
         let max_context = (ids.len() + options.max_new_tokens)
             .min(self.llm.model.config.max_position_embeddings)
             .max(1);
-        let llm = &self.llm;
-        let session = py
-            .detach(|| {
-                llm.session(SessionOptions {
-                    max_context,
-                    cache,
-                    ..Default::default()
-                })
-            })
-            .map_err(py_err)?;
+        if trace && cache.is_none() {
+            return Err(invalid(
+                "trace records a bounded cache's refreshes; the full cache has none: give a press",
+            ));
+        }
+        let mut session = self.new_session(py, max_context, cache)?;
+        session.cache().record = trace;
         Ok(Job {
             session,
             ids,

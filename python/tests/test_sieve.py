@@ -6,6 +6,7 @@ kvpress-style script, the README's example.
     SIEVE_ROOT=. python -m pytest python/tests   (scripts/python-api.sh)
 """
 
+import json
 import os
 import pathlib
 import re
@@ -120,6 +121,47 @@ def test_a_press_keeps_the_budget_it_should(llm):
     assert g.cache_budget == 100 and g.cache_entries <= 116
     full = llm.generate(prompt, max_tokens=8, ignore_eos=True)
     assert full.cache_budget is None and full.cache_entries >= n
+
+
+def test_a_batch_answers_as_each_prompt_alone(llm):
+    prompts = ["The capital of France is", "Once upon a time", [1, 2, 3, 4, 5]]
+    press = WindowPress(budget=8, chunk=4, n_sink=2, recent=2)
+    # Two at a time: the third joins when one of the first two finishes.
+    got = llm.batch(prompts, max_tokens=10, ignore_eos=True, cache=press, max_sequences=2)
+    assert [g.text for g in got] == [llm.generate(p, max_tokens=10, ignore_eos=True, cache=press).text for p in prompts]
+    assert [g.generated_tokens for g in got] == [10, 10, 10]
+    assert all(g.cache_budget == 8 and g.cache_entries is None for g in got)
+    full = llm.batch(prompts[:2], max_tokens=6)
+    assert [g.text for g in full] == [llm.generate(p, max_tokens=6).text for p in prompts[:2]]
+    assert llm.batch([]) == []
+    with pytest.raises(sieve.InvalidOptions, match="max_sequences"):
+        llm.batch(prompts, max_sequences=0)
+    with pytest.raises(sieve.InvalidOptions, match="vocabulary"):
+        llm.batch(["fine", [llm.vocab_size]])
+
+
+def test_a_trace_holds_the_refreshes_sieve_run_writes(llm, tmp_path):
+    prompt = "The capital of France is"
+    press = TOVAPress(budget=16, chunk=8, recent=8)
+    g = llm.generate(prompt, max_tokens=60, ignore_eos=True, cache=press, trace=True)
+    path = tmp_path / "trace.json"
+    subprocess.run(
+        [CLI, "run", "--model", MODEL, "--raw", "--ignore-eos", "--max-tokens", "60", "--policy", "tova",
+         "--budget", "16", "--chunk", "8", "--recent", "8", "--trace", str(path), "--prompt", prompt],
+        check=True,
+        capture_output=True,
+    )
+    want = json.loads(path.read_text())
+    assert len(g.trace) == len(want) >= 4
+    for got, w in zip(g.trace, want):
+        assert got["refresh"] == w["refresh"] and got["before_position"] == w["before_position"]
+        for key in ("present", "protected", "unprotected", "kept"):
+            assert got[key].dtype == np.uint32 and got[key].tolist() == w[key], key
+        assert got["scores"].dtype == np.float64 and np.allclose(got["scores"], w["scores"], rtol=1e-6)
+        assert got["kept_lists"] is None
+    assert llm.generate(prompt, max_tokens=4, cache=press).trace is None
+    with pytest.raises(sieve.InvalidOptions, match="trace"):
+        llm.generate(prompt, trace=True)
 
 
 def test_errors_are_their_exceptions(llm):

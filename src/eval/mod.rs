@@ -13,12 +13,11 @@ pub mod report;
 pub mod ruler;
 pub mod store;
 
-use anyhow::{Context, Result};
-use std::collections::HashMap;
+use anyhow::Result;
 use std::time::Instant;
 
 use crate::cache::CacheOptions;
-use crate::scheduler::{Scheduler, SchedulerOptions};
+use crate::scheduler::{jobs_that_fit, run_jobs, Job};
 use crate::session::{GenerateOptions, Generation, Llm, SessionOptions};
 
 /// Greedy generation of up to `max_new` tokens after `prompt`, with a bounded
@@ -42,16 +41,12 @@ pub fn greedy(
 }
 
 /// A greedy generation to run: its prompt and cache (None: the full one).
-pub type GreedyJob = (Vec<u32>, Option<CacheOptions>);
+pub type GreedyJob = Job;
 
 /// Tokens of a prompt read in one step (as `greedy` reads it).
 const PROMPT_CHUNK: usize = 256;
 
-/// Most generations `greedy_jobs` steps together when not told: past a
-/// few dozen, a step is bound by the mat-muls' arithmetic and by every
-/// sequence's own attention dispatches, and more sequences add memory but
-/// little speed.
-pub const AUTO_BATCH_CAP: usize = 32;
+pub use crate::scheduler::AUTO_BATCH_CAP;
 
 /// Greedy generations of `jobs` (prompt, cache), up to `max_new` tokens
 /// each, `batch` at a time stepped together (`Scheduler`: the weights read
@@ -66,12 +61,7 @@ pub fn greedy_jobs(
     batch: Option<usize>,
     mut done: impl FnMut(usize, Generation, f64) -> Result<()>,
 ) -> Result<()> {
-    let max_context = jobs.iter().map(|(p, _)| p.len() + max_new + 1).max();
-    let max_context = max_context.unwrap_or(1);
-    let batch = batch.unwrap_or_else(|| {
-        SchedulerOptions::sequences_that_fit(&llm.model, max_context, AUTO_BATCH_CAP)
-            .min(jobs.len())
-    });
+    let batch = batch.unwrap_or_else(|| jobs_that_fit(&llm.model, jobs, max_new));
     if batch <= 1 {
         for (i, (prompt, cache)) in jobs.iter().enumerate() {
             let t = Instant::now();
@@ -80,42 +70,11 @@ pub fn greedy_jobs(
         }
         return Ok(());
     }
-    let opts = SchedulerOptions {
-        max_sequences: batch,
-        step_tokens: PROMPT_CHUNK.max(batch),
-        max_context,
-        cache: None,
-        // Each generation as if alone.
-        reuse: false,
-    };
-    let mut scheduler = Scheduler::new(llm, opts)?;
     let generate = GenerateOptions {
         max_new_tokens: max_new,
         ..Default::default()
     };
-    let mut running = HashMap::new();
-    let mut next = 0;
-    loop {
-        while next < jobs.len() && scheduler.active() < batch {
-            let (prompt, cache) = &jobs[next];
-            let id = scheduler.add(prompt, generate.clone(), *cache, |_| true)?;
-            running.insert(id, (next, Instant::now()));
-            next += 1;
-        }
-        if scheduler.active() == 0 {
-            return Ok(());
-        }
-        let finished = scheduler.step()?;
-        if let Some((_, e)) = scheduler.take_failed().into_iter().next() {
-            return Err(e.into());
-        }
-        for (id, g) in finished {
-            let (i, t) = running
-                .remove(&id)
-                .context("a finished sequence was added")?;
-            done(i, g, t.elapsed().as_secs_f64())?;
-        }
-    }
+    run_jobs(llm, jobs, &generate, batch, done)
 }
 
 /// Length of the common prefix of two token sequences.

@@ -163,8 +163,15 @@ pub struct QuerySources<'a> {
 }
 
 /// The most queries a window may hold: the kernels dispatch one workgroup
-/// per window query (65,535 per dimension at most) and keep them all.
+/// per `QUERY_TILE` window queries (65,535 per dimension at most) and keep
+/// them all.
 pub const MAX_WINDOW: usize = 4096;
+
+/// Window queries the kernels read into workgroup memory at a time
+/// (TILE in query_scores.wgsl), and the largest head they fit
+/// (QTILE_VEC4 vec4s: 8 KB).
+const QUERY_TILE: u32 = 8;
+const MAX_HEAD_DIM: usize = 256;
 
 /// The most future positions Expected Attention averages its rotation over
 /// (the host sums them at every refresh).
@@ -237,6 +244,12 @@ impl QueryScores {
                 )
             }
             _ => {}
+        }
+        if heads.head_dim > MAX_HEAD_DIM {
+            bail!(
+                "SnapKV and Expected Attention hold query heads in workgroup memory: head_dim at most {MAX_HEAD_DIM}, this model has {}",
+                heads.head_dim
+            );
         }
         let half_rot: Vec<usize> = src.layers.iter().map(|(_, r)| r / 2).collect();
         if policy.before_rope() {
@@ -431,7 +444,8 @@ impl QueryScores {
             match self.policy {
                 QueryPolicy::SnapKv(_) => {
                     for (_, group) in below(w.n) {
-                        dispatch(pass, &self.lse, group, (w.queries, n_heads, 1));
+                        let tiles = ceil_div(w.queries, QUERY_TILE);
+                        dispatch(pass, &self.lse, group, (tiles, n_heads, 1));
                     }
                     for (r, group) in scored() {
                         dispatch(pass, &self.snap_mean, group, (slots_of(r), n_heads, 1));
@@ -921,6 +935,8 @@ pub(crate) mod tests {
                 Head,
             ),
             (8, 2, 128, 90, 20, 0, 20, 0, 1, KvFormat::F16, None, Token),
+            // The largest head the workgroup's query tile holds.
+            (2, 1, 256, 50, 45, 33, 9, 0, 3, KvFormat::F32, None, Token),
         ] {
             let c = Case {
                 heads: Heads::new(n_heads, n_kv, hd, format),
@@ -967,6 +983,7 @@ pub(crate) mod tests {
             (6, 2, 64, 64, 300, 211, 4, 64, 64, KvFormat::F16),
             (4, 4, 64, 32, 130, 130, 0, 30, 48, KvFormat::F32),
             (8, 2, 128, 128, 90, 20, 3, 16, 0, KvFormat::F16),
+            (2, 1, 256, 256, 50, 45, 2, 9, 0, KvFormat::F32),
         ] {
             let c = Case {
                 heads: Heads::new(n_heads, n_kv, hd, format),
